@@ -1,0 +1,26 @@
+# Every target creates the virtual environment it needs by itself.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-0.1
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch==2.13.0 is pinned: it resolves to the local CPU build; an unpinned torch pulls CUDA.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,plot]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/clairvoyant demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

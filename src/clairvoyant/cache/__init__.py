@@ -1,0 +1,1 @@
+"""MECHANISM: node-local tiers, atomic publish, locks."""

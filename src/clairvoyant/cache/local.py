@@ -1,0 +1,100 @@
+"""MECHANISM: the node-local staging directory of one source.
+
+Layout under ``local_dir``::
+
+    v1/<source id>/data/<xx>/<sha1 of key>   published samples
+    v1/<source id>/tmp/<pid>.<name>.<rand>   writes in progress
+    v1/<source id>/locks                     byte-range locks, one byte per key hash
+
+Several processes (the ranks of a node) may share one directory: a byte-range
+lock on the key's slot in ``locks`` makes sure a sample is copied once. POSIX
+record locks vanish with their process, so a killed rank never leaves a stale
+lock behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import stat
+from typing import Iterator
+
+from ..errors import LocalDirNotWritable
+from .publish import publish, remove_orphans
+
+LAYOUT = "v1"
+
+
+def prepare_root(local_dir: str) -> str:
+    """Create ``local_dir`` with mode 0700 if needed and check that it is safe and writable."""
+    local_dir = os.path.abspath(os.path.expanduser(local_dir))
+    try:
+        os.makedirs(local_dir, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise LocalDirNotWritable(
+            f"cannot create local_dir {local_dir!r}: {e.strerror or e}; pass local_dir= on a writable node-local disk") from e
+    st = os.stat(local_dir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise LocalDirNotWritable(f"local_dir {local_dir!r} is not a directory: pass a directory")
+    if st.st_uid != os.getuid():
+        raise LocalDirNotWritable(
+            f"local_dir {local_dir!r} belongs to uid {st.st_uid}, not to you: pass your own local_dir=")
+    if not os.access(local_dir, os.W_OK | os.X_OK):
+        raise LocalDirNotWritable(
+            f"local_dir {local_dir!r} is not writable: fix its permissions or pass another local_dir=")
+    return local_dir
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
+class LocalStore:
+    """Published samples of one source in one node-local directory."""
+
+    def __init__(self, local_dir: str, source_uri: str) -> None:
+        self.local_dir = prepare_root(local_dir)
+        self.root = os.path.join(self.local_dir, LAYOUT, _digest(source_uri)[:16])
+        self.data_dir = os.path.join(self.root, "data")
+        self.tmp_dir = os.path.join(self.root, "tmp")
+        try:
+            for d in (self.data_dir, self.tmp_dir):
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            for i in range(256):
+                os.makedirs(os.path.join(self.data_dir, f"{i:02x}"), exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.root, "locks"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise LocalDirNotWritable(
+                f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
+        self.orphans_removed = remove_orphans(self.tmp_dir)
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def path_for(self, key: str) -> str:
+        d = _digest(key)
+        return os.path.join(self.data_dir, d[:2], d)
+
+    def has(self, key: str, size: int) -> bool:
+        """Published with the expected size (a different size is a stale entry)."""
+        try:
+            return os.stat(self.path_for(key)).st_size == size
+        except FileNotFoundError:
+            return False
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Exclusive, across the processes of the node, for the duration of one copy."""
+        offset = int(_digest(key)[:8], 16)
+        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, offset)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
+
+    def put(self, key: str, data: bytes) -> None:
+        publish(data, self.path_for(key), self.tmp_dir)

@@ -1,0 +1,1 @@
+"""Topology and, later, the MPI exchange between nodes."""

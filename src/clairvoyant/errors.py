@@ -1,0 +1,64 @@
+"""The whole exception hierarchy of clairvoyant.
+
+Every error derives from :class:`ClairvoyantError` and also from the builtin
+that existing ``except`` clauses expect (``ValueError``, ``OSError``, ...).
+Messages name the path or sample involved and say what to do next.
+"""
+
+from __future__ import annotations
+
+
+class ClairvoyantError(Exception):
+    """Root of every error raised by clairvoyant."""
+
+
+class ConfigError(ClairvoyantError, ValueError):
+    """An argument or option is out of range or inconsistent."""
+
+
+class SourceError(ClairvoyantError, OSError):
+    """The data source cannot be listed or read."""
+
+
+class SourceNotFound(SourceError, FileNotFoundError):
+    """The source path does not exist."""
+
+
+class EmptySourceError(SourceError):
+    """The source holds no samples."""
+
+
+class SampleReadError(SourceError):
+    """One sample of the source cannot be read."""
+
+
+class SourceChanged(SourceError):
+    """A sample on the source no longer matches the persisted manifest."""
+
+
+class ManifestError(ClairvoyantError, ValueError):
+    """A persisted manifest is malformed or belongs to another source."""
+
+
+class CacheError(ClairvoyantError, OSError):
+    """The node-local cache directory cannot be used."""
+
+
+class LocalDirNotWritable(CacheError, PermissionError):
+    """``local_dir`` cannot be created or written, or is unsafe to share."""
+
+
+class LocalStorageFull(CacheError):
+    """The node-local device ran out of space while staging."""
+
+
+class DecodeError(ClairvoyantError, ValueError):
+    """A sample's bytes could not be decoded."""
+
+
+class WorkerError(ClairvoyantError, RuntimeError):
+    """A reader worker raised an exception."""
+
+
+class WorkerDied(WorkerError):
+    """A reader worker process exited unexpectedly (killed, crashed)."""

@@ -1,0 +1,1 @@
+"""Readers, collation, shared-memory batches and the Loader."""

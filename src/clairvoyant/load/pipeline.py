@@ -1,0 +1,216 @@
+"""One pass over one epoch's plan: stager threads feed reader processes, batches leave in order.
+
+Data flow for batch k: the stager copies its samples to local_dir; when the last
+one lands, k is handed to a worker with a free slot (lowest k first, and only
+within ``total slots`` of the batch the loop needs next, so the needed batch can
+never be starved of a slot); the worker decodes and collates into the slot; the
+consumer copies batch k out when the training loop asks for it.
+
+Lifecycle: ``close()`` stops the threads, stops and reaps the workers and frees
+the slots. It runs on exhaustion, on an error, on garbage collection of the
+iterator, and at interpreter exit, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from ..cache.local import LocalStore
+from ..errors import DecodeError, SampleReadError, SourceError, WorkerDied, WorkerError
+from ..manifest import Manifest
+from ..source import Source
+from ..stage.engine import Stager
+from ..tune.stats import Stats
+from .pool import WorkerPool
+from .transport import unpack
+
+_LIVE: "weakref.WeakSet[EpochRun]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for run in list(_LIVE):
+        run.close()
+
+
+class EpochRun:
+    def __init__(self, *, source: Source, manifest: Manifest, store: LocalStore, batches: list[np.ndarray],
+                 epoch: int, num_workers: int, slots_per_worker: int, stage_threads: int, lookahead: int,
+                 decode: Callable, collate_fn: Callable | None, skip_errors: bool, convert: Callable,
+                 stats: Stats, known: set[int], mp_context: str) -> None:
+        self._manifest, self._store, self._batches, self._epoch = manifest, store, batches, epoch
+        self._skip, self._convert, self._stats = skip_errors, convert, stats
+        self._lookahead = max(1, lookahead)
+        self._lock = threading.Lock()
+        self._remaining = [len(b) for b in batches]
+        self._failed: dict[int, list[tuple[int, BaseException]]] = {}
+        self._ready: list[int] = []
+        self._results: dict[int, tuple] = {}
+        self._inflight: dict[int, int] = {}  # batch -> worker id
+        self._next = 0
+        self._submitted = 0
+        self._closed = False
+        self._owner_pid = os.getpid()
+        # Fork the readers before any staging thread exists.
+        self._pool = WorkerPool(num_workers, slots_per_worker, decode, collate_fn, mp_context)
+        self._total_slots = num_workers * slots_per_worker
+        self._stager = Stager(source, store, manifest, threads=stage_threads, on_done=self._on_staged,
+                              stats=stats, known=known)
+        _LIVE.add(self)
+        self._stager.start()
+        self._fill_window()
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @property
+    def position(self) -> int:
+        return self._next
+
+    # -- staging side (called from stager threads) -------------------------------------------
+
+    def _on_staged(self, k: int, idx: int, err: BaseException | None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if err is not None:
+                self._failed.setdefault(k, []).append((idx, err))
+            self._remaining[k] -= 1
+            if self._remaining[k] == 0:
+                heapq.heappush(self._ready, k)
+                self._dispatch_locked()
+
+    def _fill_window(self) -> None:
+        end = min(len(self._batches), self._next + self._lookahead)
+        while self._submitted < end:
+            k = self._submitted
+            self._stager.submit(k, self._batches[k])
+            self._submitted += 1
+
+    def _dispatch_locked(self) -> None:
+        limit = self._next + self._total_slots
+        while self._ready and self._ready[0] < limit:
+            worker = max(self._pool.workers, key=lambda w: len(w.free))
+            if not worker.free:
+                return
+            k = heapq.heappop(self._ready)
+            failed = self._failed.get(k, [])
+            if failed and not self._skip:
+                idx, err = failed[0]
+                self._results[k] = ("fail", err)
+                continue
+            bad = {idx for idx, _ in failed}
+            for idx, err in failed:
+                self._stats.skipped.append(self._manifest.keys[idx])
+            items = [(self._manifest.keys[i], self._store.path_for(self._manifest.keys[i]),
+                      int(self._manifest.labels[i])) for i in self._batches[k] if int(i) not in bad]
+            slot = worker.free.pop()
+            self._inflight[k] = worker.wid
+            worker.conn.send((k, slot, items, self._skip))
+
+    # -- consumer side (the training loop's thread) ------------------------------------------
+
+    def next(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        k = self._next
+        if k >= len(self._batches):
+            self.close()
+            raise StopIteration
+        try:
+            if k not in self._results:
+                t0 = time.perf_counter()
+                with self._lock:
+                    missing = self._remaining[k]
+                self._stats.add(on_demand=missing, waits=1)
+                while k not in self._results:
+                    self._poll(0.1)
+                self._stats.add(wait_seconds=time.perf_counter() - t0)
+            out = self._take(k)
+        except BaseException:
+            self.close()
+            raise
+        self._next = k + 1
+        self._fill_window()
+        with self._lock:
+            self._dispatch_locked()
+        return out
+
+    def _take(self, k: int) -> Any:
+        res = self._results.pop(k)
+        if res[0] == "fail":
+            raise self._as_error(res[1])
+        if res[0] == "err":
+            _, _, _, kind, key, message, tb = res
+            if kind == "decode":
+                raise DecodeError(
+                    f"sample {key!r} of the source could not be decoded ({message}): pass on_error='skip' to "
+                    "skip bad samples, or fix or remove the file and re-index the source")
+            raise WorkerError(f"reader worker failed on batch {k} at sample {key!r}: {message}\n{tb}")
+        _, _, slot_id, spec, size, skipped = res
+        wid = self._inflight.pop(k)
+        worker = self._pool.workers[wid]
+        try:
+            out = unpack(spec, worker.slots[slot_id], size, self._convert)
+        finally:
+            with self._lock:
+                worker.free.append(slot_id)
+        if skipped:
+            self._stats.skipped.extend(key for key, _ in skipped)
+        n = len(self._batches[k]) - len(skipped) - len(self._failed.get(k, ()))
+        self._stats.add(batches=1, samples=n)
+        return out
+
+    def _poll(self, timeout: float) -> None:
+        ready = self._pool.wait(timeout)
+        died = []
+        for w in self._pool.workers:
+            if w.conn in ready:
+                try:
+                    while w.conn.poll():
+                        self._receive(w, w.conn.recv())
+                except (EOFError, OSError):
+                    died.append(w)
+            if w.process.sentinel in ready:
+                died.append(w)
+        for w in died:
+            batches = [k for k, wid in self._inflight.items() if wid == w.wid and k not in self._results]
+            if batches or w.process.exitcode is not None:
+                w.process.join(1.0)
+                raise WorkerDied(
+                    f"reader worker {w.wid} (pid {w.process.pid}) {w.describe_exit()} while loading "
+                    f"batch {min(batches) if batches else '-'} of epoch {self._epoch}: it may have run out of "
+                    "memory (see `dmesg`) or been killed; the loader stopped, restart the epoch or resume "
+                    "from a state_dict")
+
+    def _receive(self, w, msg: tuple) -> None:
+        k = msg[1]
+        if msg[0] == "err":  # the worker wrote nothing into the slot: it is free again
+            self._inflight.pop(k, None)
+            with self._lock:
+                w.free.append(msg[2])
+        self._results[k] = msg
+
+    def _as_error(self, err: BaseException) -> BaseException:
+        if isinstance(err, (SourceError, WorkerError)) or not isinstance(err, OSError):
+            return err
+        return SampleReadError(str(err))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if os.getpid() != self._owner_pid:
+            return  # a forked child must not tear down its parent's workers
+        self._stager.close()
+        self._pool.close()
+        _LIVE.discard(self)

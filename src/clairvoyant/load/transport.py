@@ -1,0 +1,143 @@
+"""Batches in shared memory: a slot is an anonymous memory file shared by fork.
+
+A reader worker writes a collated batch into one of its slots and sends back
+only a small description (dtypes, shapes, offsets); the training process maps
+the same memory and copies the arrays out, so batch data never goes through a
+pickle. Slots are anonymous (memfd), so nothing can be left in /dev/shm, even
+after SIGKILL.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+_ALIGN = 64
+
+
+class Slot:
+    """A growable shared buffer; create it before forking the processes that share it."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("clairvoyant-batch", 0)
+        else:  # an unlinked temporary file serves the same purpose elsewhere
+            self.fd = os.dup(tempfile.TemporaryFile().fileno())
+        self._mm: mmap.mmap | None = None
+        self._mapped = 0
+
+    def buffer(self, size: int, grow: bool = False) -> mmap.mmap:
+        """A mapping of at least ``size`` bytes; the writer grows the file, the reader follows."""
+        if self._mm is None or self._mapped < size:
+            actual = os.fstat(self.fd).st_size
+            if actual < size:
+                if not grow:
+                    raise RuntimeError(f"batch slot holds {actual} bytes, {size} expected")
+                actual = max(size + size // 4, 1 << 20)
+                os.ftruncate(self.fd, actual)
+            if self._mm is not None:
+                self._mm.close()
+            self._mm = mmap.mmap(self.fd, actual)
+            self._mapped = actual
+        return self._mm
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # an array still views it; the mapping goes with the array
+                pass
+            self._mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Stack:
+    """A leaf of a collated batch still to be stacked: stacked straight into the slot."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+
+
+def _leaf_array(x: Any) -> np.ndarray | None:
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch") and hasattr(x, "numpy"):
+        return x.detach().cpu().numpy()
+    return None
+
+
+def _plan(tree: Any, cursor: list[int], jobs: list) -> Any:
+    """Describe ``tree`` and assign offsets; ``jobs`` collects (offset, shape, dtype, source)."""
+    if isinstance(tree, Stack):
+        first = np.asarray(tree.arrays[0])
+        shape = (len(tree.arrays),) + first.shape
+        for a in tree.arrays:
+            if np.shape(a) != first.shape:
+                raise ValueError(
+                    f"cannot stack samples of shapes {first.shape} and {np.shape(a)} into one batch: "
+                    "resize them in decode=, or pass a collate_fn")
+        return _place(shape, first.dtype, tree, cursor, jobs)
+    arr = _leaf_array(tree)
+    if arr is not None:
+        return _place(arr.shape, arr.dtype, arr, cursor, jobs)
+    if isinstance(tree, tuple):
+        return ("t", [_plan(x, cursor, jobs) for x in tree])
+    if isinstance(tree, list):
+        return ("l", [_plan(x, cursor, jobs) for x in tree])
+    if isinstance(tree, dict):
+        return ("d", [(k, _plan(v, cursor, jobs)) for k, v in tree.items()])
+    return ("o", tree)
+
+
+def _place(shape: tuple, dtype: np.dtype, src: Any, cursor: list[int], jobs: list) -> tuple:
+    if dtype.hasobject:
+        raise TypeError("arrays of Python objects cannot travel in shared memory: decode to numeric arrays")
+    offset = cursor[0]
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    cursor[0] = offset + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    jobs.append((offset, shape, dtype, src))
+    return ("a", dtype.str, list(shape), offset)
+
+
+def pack(tree: Any, slot: Slot) -> tuple[Any, int]:
+    """Write every array of ``tree`` into ``slot``; return (description, bytes used)."""
+    cursor, jobs = [0], []
+    spec = _plan(tree, cursor, jobs)
+    buf = slot.buffer(cursor[0], grow=True)
+    for offset, shape, dtype, src in jobs:
+        out = np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
+        if isinstance(src, Stack):
+            for i, a in enumerate(src.arrays):
+                out[i] = a
+        else:
+            out[...] = src
+    return spec, cursor[0]
+
+
+def unpack(spec: Any, slot: Slot, size: int, convert) -> Any:
+    """Copy a packed batch out of ``slot``; ``convert`` turns each copied array into the output type."""
+    buf = slot.buffer(size)
+    return _unpack(spec, buf, convert)
+
+
+def _unpack(spec: Any, buf: mmap.mmap, convert) -> Any:
+    kind = spec[0]
+    if kind == "a":
+        _, dtype, shape, offset = spec
+        view = np.ndarray(tuple(shape), dtype=np.dtype(dtype), buffer=buf, offset=offset)
+        return convert(view)
+    if kind == "t":
+        return tuple(_unpack(s, buf, convert) for s in spec[1])
+    if kind == "l":
+        return [_unpack(s, buf, convert) for s in spec[1]]
+    if kind == "d":
+        return {k: _unpack(s, buf, convert) for k, s in spec[1]}
+    return spec[1]

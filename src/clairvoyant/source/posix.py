@@ -1,0 +1,85 @@
+"""A source that is a directory tree on a (possibly shared) POSIX file system."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Iterator
+
+from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
+
+
+class PosixSource:
+    """Every regular, non-hidden file below ``root`` is a sample keyed by its relative path."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.uri = "file://" + self.root
+
+    def __repr__(self) -> str:
+        return f"PosixSource({self.root!r})"
+
+    def check(self) -> None:
+        """Raise a typed error if the root is missing or not a directory."""
+        if not os.path.exists(self.root):
+            raise SourceNotFound(
+                f"data source {self.root!r} does not exist: check the path (is the file system mounted?)")
+        if not os.path.isdir(self.root):
+            raise SourceError(f"data source {self.root!r} is not a directory: pass the directory that holds the samples")
+        if not os.access(self.root, os.R_OK | os.X_OK):
+            raise SourceError(f"data source {self.root!r} cannot be listed (permission denied): check its permissions")
+
+    def listdir(self, rel: str) -> list[tuple[str, bool, int]]:
+        """One directory listing: ``(name, is_dir, size)`` for each visible entry.
+        Subclasses override this to charge or count metadata operations."""
+        out: list[tuple[str, bool, int]] = []
+        path = os.path.join(self.root, rel) if rel else self.root
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if entry.name.startswith("."):
+                        continue
+                    st = entry.stat()
+                    if stat.S_ISDIR(st.st_mode):
+                        out.append((entry.name, True, 0))
+                    elif stat.S_ISREG(st.st_mode):
+                        out.append((entry.name, False, st.st_size))
+        except PermissionError as e:
+            raise SourceError(f"cannot list {path!r} of data source {self.root!r}: permission denied") from e
+        return out
+
+    def scan(self) -> Iterator[tuple[str, int]]:
+        """Walk in sorted order, so that keys come out the same on every node."""
+        self.check()
+        found = False
+        for item in self._walk(""):
+            found = True
+            yield item
+        if not found:
+            raise EmptySourceError(
+                f"data source {self.root!r} holds no files: point it at the directory that holds the samples")
+
+    def _walk(self, rel: str) -> Iterator[tuple[str, int]]:
+        for name, is_dir, size in sorted(self.listdir(rel)):
+            key = f"{rel}/{name}" if rel else name
+            if is_dir:
+                yield from self._walk(key)
+            else:
+                yield key, size
+
+    def path_of(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def read(self, key: str) -> bytes:
+        path = self.path_of(key)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise SampleReadError(
+                f"sample {key!r} is gone from the source ({path}): the source changed since it was "
+                "indexed; run `clairvoyant index --force` on it, or pass reindex=True") from e
+        except OSError as e:
+            what = "permission denied" if e.errno == errno.EACCES else (e.strerror or str(e))
+            raise SampleReadError(f"cannot read sample {key!r} at {path}: {what}; check the file and its permissions") from e

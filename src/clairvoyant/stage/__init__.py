@@ -1,0 +1,1 @@
+"""The staging engine: copies upcoming samples to node-local storage."""

@@ -1,0 +1,1 @@
+"""Metrics, verdict and (later) the autotuner."""

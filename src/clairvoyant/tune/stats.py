@@ -1,0 +1,32 @@
+"""Counters the loader keeps, shared by the staging threads and the consumer."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class Stats:
+    source_files: int = 0        # samples read from the source by this loader
+    source_bytes: int = 0
+    staged_files: int = 0        # samples this loader published to local_dir
+    local_hits: int = 0          # samples already in local_dir (earlier epoch, run or another rank)
+    on_demand: int = 0           # samples still missing when the training loop asked for their batch
+    waits: int = 0               # next() calls that had to wait for their batch
+    wait_seconds: float = 0.0    # total time the training loop waited inside next()
+    batches: int = 0
+    samples: int = 0
+    skipped: list = field(default_factory=list)  # keys skipped with on_error="skip"
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: float) -> None:
+        with self._lock:
+            for name, d in deltas.items():
+                setattr(self, name, getattr(self, name) + d)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+            d["skipped"] = list(self.skipped)
+        return d
