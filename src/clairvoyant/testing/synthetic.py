@@ -1,7 +1,7 @@
 """A synthetic ImageNet-like data set: JPEGs that compress like photographs.
 
 Each image is a sum of a few coloured low-frequency waves (the scene), a
-blocky mid-frequency texture and sensor-like noise; at quality 85 a 256x256
+blocky mid-frequency texture and sensor-like noise; at quality 90 a 256x256
 image is about 30 KB, close to ImageNet's average.
 """
 
@@ -35,7 +35,7 @@ def synth_image(rng: np.random.Generator, size: int = 256) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def make_dataset(root: str, num_images: int, *, num_classes: int = 100, size: int = 256, quality: int = 85,
+def make_dataset(root: str, num_images: int, *, num_classes: int = 100, size: int = 256, quality: int = 90,
                  seed: int = 0, progress: Callable[[int], None] | None = None) -> str:
     """Create (once) an ImageFolder tree of ``num_images`` JPEGs under ``root``; return ``root``.
 

@@ -1,0 +1,1 @@
+"""Command line: thin wrappers over the library."""

@@ -1,0 +1,102 @@
+"""The `clairvoyant` command: thin, it parses, calls the library and prints (``--json`` for scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..errors import ClairvoyantError
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from .. import manifest as manifest_mod
+    from ..source import as_source
+
+    source = as_source(args.source)
+    path = args.output or manifest_mod.default_manifest_path(source.uri)
+    if os.path.exists(path) and not args.force:
+        man = manifest_mod.load(path)
+        built = False
+    else:
+        from tqdm import tqdm
+        bar = tqdm(desc=f"listing {args.source}", unit=" files", disable=args.json or not sys.stderr.isatty())
+        last = [0]
+
+        def progress(n: int) -> None:
+            bar.update(n - last[0])
+            last[0] = n
+
+        man = manifest_mod.build(source, progress=progress)
+        bar.close()
+        manifest_mod.save(man, path)
+        built = True
+    info = {"source": source.uri, "manifest": path, "samples": len(man), "bytes": man.total_bytes,
+            "classes": len(man.classes), "built": built, "fingerprint": man.fingerprint}
+    if args.json:
+        print(json.dumps(info))
+    else:
+        verb = "indexed" if built else "already indexed (use --force to walk it again)"
+        print(f"{source.uri}: {verb}: {len(man)} samples, {man.total_bytes} bytes, "
+              f"{len(man.classes)} classes -> {path}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ..experiments import staging
+
+    grid = tuple(int(w) for w in args.workers.split(","))
+    summary = staging.run(batches=args.batches, batch_size=args.batch_size, workers_grid=grid,
+                          data_dir=args.data_dir, stage_threads=args.stage_threads,
+                          open_latency=args.open_latency_ms / 1e3, read_latency=args.read_latency_ms / 1e3,
+                          bandwidth=args.bandwidth_mbs * 1e6, progress=not args.json and sys.stderr.isatty())
+    jpath, ppath = staging.write(summary, args.out)
+    if args.json:
+        print(json.dumps({"json": jpath, "plot": ppath, "targets": summary["targets"]}))
+    else:
+        print(staging.format_table(summary))
+        print(f"\nwrote {jpath} and {ppath}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clairvoyant", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    ix = sub.add_parser("index", help="list a source once and persist its manifest")
+    ix.add_argument("source", help="directory of the data set")
+    ix.add_argument("-o", "--output", help="manifest path (default: the per-user cache)")
+    ix.add_argument("--force", action="store_true", help="walk the source again even if indexed")
+    ix.add_argument("--json", action="store_true")
+    ix.set_defaults(fn=_cmd_index)
+
+    dm = sub.add_parser("demo", help="staging vs. PyTorch's DataLoader on an emulated slow store")
+    dm.add_argument("--batches", type=int, default=100, help="mini-batches to draw (the paper: 1000)")
+    dm.add_argument("--batch-size", type=int, default=32)
+    dm.add_argument("--workers", default="2,4,8,16", help="DataLoader worker counts to try")
+    dm.add_argument("--stage-threads", type=int, default=32)
+    dm.add_argument("--open-latency-ms", type=float, default=10.0)
+    dm.add_argument("--read-latency-ms", type=float, default=2.0)
+    dm.add_argument("--bandwidth-mbs", type=float, default=400.0)
+    dm.add_argument("--data-dir", help="where the synthetic data set is generated (default: the cache)")
+    dm.add_argument("--out", default="out/demo", help="folder for the JSON and the PNG")
+    dm.add_argument("--json", action="store_true")
+    dm.set_defaults(fn=_cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ClairvoyantError as e:
+        print(f"clairvoyant: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("clairvoyant: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reproducible experiments shared by the CLI demo and benchmarks/."""

@@ -1,0 +1,263 @@
+"""Serizawa & Tatebe's measurement on the emulated store: time to draw N mini-batches, no compute.
+
+Configurations, all on the same data and the same emulated store, in one process:
+  (a) PyTorch's DataLoader reading the emulated store directly, for each worker count;
+  (b) the same DataLoader on a complete local copy, the copy's time left out (the ideal);
+  (c) copy everything (with as many threads as clairvoyant stages with), then the best (b);
+  (d) clairvoyant with a cold local_dir; then a second epoch, warm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import manifest as manifest_mod
+from ..load.decode import decode_image
+from ..load.loader import Loader
+from ..paths import cache_home
+from ..testing.emulated import EmulatedStore
+from ..testing.synthetic import make_dataset
+
+
+@dataclass
+class RunResult:
+    name: str
+    label: str
+    images: int
+    seconds: float
+    first_batch: float
+    batch_times: list[float] = field(default_factory=list)  # seconds to the k-th batch
+    workers: int | None = None
+    source_bytes: int | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else float("inf")
+
+
+class _ReadDataset:
+    """A map-style dataset as users write it: read the file, decode, return (image, label)."""
+
+    def __init__(self, read, keys, labels) -> None:
+        self.read, self.keys, self.labels = read, keys, labels
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int):
+        return decode_image(self.read(self.keys[i])), int(self.labels[i])
+
+
+def _local_reader(root: str):
+    def read(key: str) -> bytes:
+        with open(os.path.join(root, key), "rb") as f:
+            return f.read()
+    return read
+
+
+def _time_batches(it, n_batches: int, progress) -> tuple[float, float, list[float], int]:
+    t0 = time.perf_counter()
+    times, images = [], 0
+    for batch in it:
+        images += len(batch[1])
+        times.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress.update(1)
+        if len(times) == n_batches:
+            break
+    return times[-1], times[0], times, images
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="batch", leave=False)
+
+
+def run_dataloader(read, keys, labels, *, workers: int, batch_size: int, n_batches: int, seed: int,
+                   progress: bool) -> tuple[float, float, list[float], int]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    ds = _ReadDataset(read, keys, labels)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    dl = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=g)
+    bar = _bar(n_batches, f"DataLoader {workers}w", progress)
+    it = iter(dl)
+    try:
+        return _time_batches(it, n_batches, bar)
+    finally:
+        del it
+        if bar is not None:
+            bar.close()
+
+
+def copy_all(store: EmulatedStore, keys, dest: str, threads: int) -> float:
+    """Copy the whole data set to ``dest`` with ``threads`` parallel readers; return seconds."""
+    t0 = time.perf_counter()
+    for d in {os.path.dirname(k) for k in keys}:
+        os.makedirs(os.path.join(dest, d), exist_ok=True)
+
+    def one(key: str) -> None:
+        data = store.read(key)
+        with open(os.path.join(dest, key), "wb") as f:
+            f.write(data)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, keys))
+    return time.perf_counter() - t0
+
+
+def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ...] = (2, 4, 8, 16),
+        data_dir: str | None = None, work_dir: str | None = None, stage_threads: int = 32,
+        open_latency: float = 0.010, read_latency: float = 0.002, bandwidth: float = 400e6,
+        max_inflight: int = 64, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    num_images = batches * batch_size
+    data_dir = data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{num_images}")
+    bar = _bar(num_images, "generating synthetic ImageNet", progress) if not os.path.exists(
+        os.path.join(data_dir, ".complete.json")) else None
+    make_dataset(data_dir, num_images, progress=(bar.update if bar is not None else None))
+    if bar is not None:
+        bar.close()
+    store = EmulatedStore(data_dir, open_latency=open_latency, read_latency=read_latency,
+                          bandwidth=bandwidth, max_inflight=max_inflight)
+    man = manifest_mod.build(store)  # listed once, untimed, for every configuration alike
+    keys, labels = list(man.keys), man.labels
+    work = tempfile.mkdtemp(prefix="clairvoyant-demo-", dir=work_dir)
+    results: list[RunResult] = []
+    try:
+        for w in workers_grid:
+            store.reset()
+            secs, first, times, n = run_dataloader(store.read, keys, labels, workers=w, batch_size=batch_size,
+                                                   n_batches=batches, seed=seed, progress=progress)
+            results.append(RunResult(f"a{w}", f"(a) DataLoader on store, {w} workers", n, secs, first, times, w,
+                                     store.counters().bytes))
+        copy_dir = os.path.join(work, "copy")
+        store.reset()
+        copy_s = copy_all(store, keys, copy_dir, stage_threads)
+        best_b: RunResult | None = None
+        for w in workers_grid:
+            secs, first, times, n = run_dataloader(_local_reader(copy_dir), keys, labels, workers=w,
+                                                   batch_size=batch_size, n_batches=batches, seed=seed,
+                                                   progress=progress)
+            r = RunResult(f"b{w}", f"(b) DataLoader on local copy, {w} workers", n, secs, first, times, w, 0)
+            if best_b is None or r.images_per_s > best_b.images_per_s:
+                best_b = r
+        results.append(best_b)
+        results.append(RunResult("c", f"(c) copy all ({stage_threads} threads), then (b) {best_b.workers}w",
+                                 best_b.images, copy_s + best_b.seconds, copy_s + best_b.first_batch,
+                                 [copy_s + t for t in best_b.batch_times], best_b.workers, man.total_bytes))
+        shutil.rmtree(copy_dir)
+        # (d) clairvoyant, cold local_dir; manifest handed over like the DataLoader's file list
+        mpath = os.path.join(work, "manifest.json")
+        manifest_mod.save(man, mpath)
+        loader = Loader(store, batch_size=batch_size, local_dir=os.path.join(work, "local"), seed=seed,
+                        manifest=mpath, stage_threads=stage_threads)
+        try:
+            for epoch, name in ((0, "d"), (1, "d2")):
+                loader.set_epoch(epoch)
+                store.reset()
+                bar = _bar(batches, f"clairvoyant epoch {epoch}", progress)
+                secs, first, times, n = _time_batches(iter(loader), batches, bar)
+                if bar is not None:
+                    bar.close()
+                label = "(d) clairvoyant, cold local_dir" if epoch == 0 else "(d') clairvoyant, 2nd epoch (warm)"
+                results.append(RunResult(name, label, n, secs, first, times, loader.num_workers,
+                                         store.counters().bytes))
+            stats = loader.stats()
+        finally:
+            loader.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return summarize(results, stats=stats, params=dict(
+        batches=batches, batch_size=batch_size, images=num_images, workers_grid=list(workers_grid),
+        stage_threads=stage_threads, open_latency=open_latency, read_latency=read_latency, bandwidth=bandwidth,
+        max_inflight=max_inflight, dataset_bytes=man.total_bytes, cpus=os.cpu_count()))
+
+
+def summarize(results: list[RunResult], *, stats: dict, params: dict) -> dict[str, Any]:
+    by = {r.name: r for r in results}
+    a_runs = [r for r in results if r.name.startswith("a")]
+    best_a = max(a_runs, key=lambda r: r.images_per_s)
+    best_a8 = max((r for r in a_runs if (r.workers or 0) <= 8), key=lambda r: r.images_per_s, default=best_a)
+    a16 = by.get("a16")
+    b = next(r for r in results if r.name.startswith("b"))
+    d = by["d"]
+    rows = []
+    for r in results:
+        rows.append(dict(name=r.name, label=r.label, images_per_s=r.images_per_s, seconds=r.seconds,
+                         first_batch_s=r.first_batch, speedup_vs_best_a=r.images_per_s / best_a.images_per_s,
+                         fraction_of_b=r.images_per_s / b.images_per_s, source_bytes=r.source_bytes))
+    targets = {
+        "d_over_best_a_upto_8_workers": d.images_per_s / best_a8.images_per_s,
+        "d_over_a16": (d.images_per_s / a16.images_per_s) if a16 else None,
+        "d_over_b": d.images_per_s / b.images_per_s,
+        "d_total_over_c_total": d.seconds / by["c"].seconds,
+        "d_first_batch_s": d.first_batch,
+        "second_epoch_source_bytes": by["d2"].source_bytes,
+    }
+    return {"params": params, "rows": rows, "targets": targets, "loader_stats": stats,
+            "curves": {r.name: r.batch_times for r in results}, "labels": {r.name: r.label for r in results}}
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [f"{'configuration':48s} {'images/s':>9s} {'vs best (a)':>11s} {'of (b)':>7s} "
+             f"{'1st batch':>9s} {'total s':>8s}"]
+    for r in summary["rows"]:
+        lines.append(f"{r['label']:48s} {r['images_per_s']:9.0f} {r['speedup_vs_best_a']:10.2f}x "
+                     f"{r['fraction_of_b']:6.2f}x {r['first_batch_s']:8.3f}s {r['seconds']:8.2f}")
+    t = summary["targets"]
+    lines.append("")
+    lines.append(f"(d) / best (a) at <= 8 workers: {t['d_over_best_a_upto_8_workers']:.2f}x   (target >= 2.5)")
+    if t["d_over_a16"] is not None:
+        lines.append(f"(d) / (a) at 16 workers:        {t['d_over_a16']:.2f}x   (target >= 1.8)")
+    lines.append(f"(d) / (b):                      {t['d_over_b']:.2f}x   (target >= 0.85)")
+    lines.append(f"(d) total / (c) total:          {t['d_total_over_c_total']:.2f}x   (target <= 0.8)")
+    lines.append(f"(d) time to first batch:        {t['d_first_batch_s']:.3f} s (target < 1 s)")
+    lines.append(f"2nd epoch bytes from the store: {t['second_epoch_source_bytes']}   (target 0)")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, times in summary["curves"].items():
+        ax.plot(np.arange(1, len(times) + 1), times, label=summary["labels"][name],
+                linewidth=2.5 if name.startswith("d") else 1.2)
+    ax.set_xlabel("mini-batch k")
+    ax.set_ylabel("seconds to the k-th mini-batch")
+    p = summary["params"]
+    ax.set_title(f"{p['images']} images, batch {p['batch_size']}, emulated store "
+                 f"({p['open_latency'] * 1e3:.0f} ms open, {p['read_latency'] * 1e3:.0f} ms read, "
+                 f"{p['bandwidth'] / 1e6:.0f} MB/s)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(summary: dict[str, Any], out_dir: str) -> tuple[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    jpath, ppath = os.path.join(out_dir, "staging.json"), os.path.join(out_dir, "staging.png")
+    with open(jpath, "w") as f:
+        json.dump(summary, f, indent=1)
+    plot(summary, ppath)
+    return jpath, ppath
+
+
+__all__ = ["run", "summarize", "format_table", "plot", "write", "RunResult"]
