@@ -19,9 +19,10 @@ import fcntl
 import hashlib
 import os
 import stat
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import LocalDirNotWritable
+from ..source.posix import write_all
 from .publish import publish, remove_orphans
 
 LAYOUT = "v1"
@@ -97,4 +98,8 @@ class LocalStore:
             fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
 
     def put(self, key: str, data: bytes) -> None:
-        publish(data, self.path_for(key), self.tmp_dir)
+        publish(self.path_for(key), self.tmp_dir, lambda fd: write_all(fd, data))
+
+    def put_from(self, key: str, fill: Callable[[int], int]) -> int:
+        """Publish what ``fill(fd)`` writes (e.g. an in-kernel copy from the source)."""
+        return publish(self.path_for(key), self.tmp_dir, fill)

@@ -7,35 +7,40 @@ pid, so a later process can remove what a killed writer left behind.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+from typing import Callable
 
 from ..errors import CacheError, LocalStorageFull
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+_SEQ = itertools.count()
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
 def tmp_name(tmp_dir: str, final: str) -> str:
-    return os.path.join(tmp_dir, f"{os.getpid()}.{os.path.basename(final)}.{os.urandom(4).hex()}")
+    """Unique per process (pid) and per write (a counter); the pid lets a later process
+    recognise orphans of a killed writer."""
+    return os.path.join(tmp_dir, f"{_PID[0]}.{os.path.basename(final)}.{next(_SEQ)}")
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """os.write until done (a hook that fault injection replaces)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
+    """Make ``final`` hold what ``fill(fd)`` writes, atomically; return ``fill``'s result.
 
-
-def publish(data: bytes, final: str, tmp_dir: str) -> None:
-    """Make ``final`` hold ``data`` atomically; on any failure leave neither a partial nor a temporary file."""
+    On any failure, ``fill``'s own included, neither a partial nor a temporary file is left.
+    """
     tmp = tmp_name(tmp_dir, final)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            write_all(fd, data)
+            n = fill(fd)
         finally:
             os.close(fd)
         os.replace(tmp, final)
+        return n
     except BaseException as e:
         try:
             os.unlink(tmp)
@@ -44,7 +49,7 @@ def publish(data: bytes, final: str, tmp_dir: str) -> None:
         if isinstance(e, OSError) and e.errno in _FULL:
             raise LocalStorageFull(
                 f"the node-local device of {os.path.dirname(os.path.dirname(final))} is full "
-                f"({e.strerror}) while staging {len(data)} bytes: free space there or choose another "
+                f"({e.strerror}) while staging {os.path.basename(final)}: free space there or choose another "
                 "local_dir= on a larger node-local disk") from e
         if isinstance(e, OSError) and not isinstance(e, CacheError):
             raise CacheError(f"cannot write {final} in the local cache: {e.strerror or e}") from e

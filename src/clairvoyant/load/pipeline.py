@@ -27,7 +27,7 @@ from ..cache.local import LocalStore
 from ..errors import DecodeError, SampleReadError, SourceError, WorkerDied, WorkerError
 from ..manifest import Manifest
 from ..source import Source
-from ..stage.engine import Stager
+from ..stage.engine import COPIED, HIT, Stager
 from ..tune.stats import Stats
 from .pool import WorkerPool
 from .transport import unpack
@@ -63,7 +63,7 @@ class EpochRun:
         self._pool = WorkerPool(num_workers, slots_per_worker, decode, collate_fn, mp_context)
         self._total_slots = num_workers * slots_per_worker
         self._stager = Stager(source, store, manifest, threads=stage_threads, on_done=self._on_staged,
-                              stats=stats, known=known)
+                              known=known)
         _LIVE.add(self)
         self._stager.start()
         self._fill_window()
@@ -77,12 +77,19 @@ class EpochRun:
 
     # -- staging side (called from stager threads) -------------------------------------------
 
-    def _on_staged(self, k: int, idx: int, err: BaseException | None) -> None:
+    def _on_staged(self, k: int, idx: int, outcome: str | BaseException) -> None:
         with self._lock:
             if self._closed:
                 return
-            if err is not None:
-                self._failed.setdefault(k, []).append((idx, err))
+            st = self._stats
+            if outcome == COPIED:
+                st.source_files += 1
+                st.source_bytes += int(self._manifest.sizes[idx])
+                st.staged_files += 1
+            elif outcome == HIT:
+                st.local_hits += 1
+            else:
+                self._failed.setdefault(k, []).append((idx, outcome))
             self._remaining[k] -= 1
             if self._remaining[k] == 0:
                 heapq.heappush(self._ready, k)
@@ -110,8 +117,9 @@ class EpochRun:
             bad = {idx for idx, _ in failed}
             for idx, err in failed:
                 self._stats.skipped.append(self._manifest.keys[idx])
-            items = [(self._manifest.keys[i], self._store.path_for(self._manifest.keys[i]),
-                      int(self._manifest.labels[i])) for i in self._batches[k] if int(i) not in bad]
+            m = self._manifest
+            items = [(m.keys[i], self._store.path_for(m.keys[i]), int(m.sizes[i]), int(m.labels[i]))
+                     for i in self._batches[k] if int(i) not in bad]
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
             worker.conn.send((k, slot, items, self._skip))
@@ -129,8 +137,8 @@ class EpochRun:
             if k not in self._results:
                 t0 = time.perf_counter()
                 with self._lock:
-                    missing = self._remaining[k]
-                self._stats.add(on_demand=missing, waits=1)
+                    self._stats.on_demand += self._remaining[k]
+                    self._stats.waits += 1
                 while k not in self._results:
                     self._poll(0.1)
                 self._stats.add(wait_seconds=time.perf_counter() - t0)

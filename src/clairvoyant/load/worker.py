@@ -1,6 +1,6 @@
 """The reader worker process: read staged files, decode, collate into a shared slot.
 
-Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, label), ...]``,
+Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label), ...]``,
 or ``None`` to stop. Messages out: ``("ok", k, slot, spec, size, skipped)`` or
 ``("err", k, slot, kind, key, message, traceback)``. Only our own small tuples cross
 the pipe; batch data travels in the slot.
@@ -13,6 +13,7 @@ import signal
 import traceback
 from typing import Any, Callable
 
+from ..source.posix import read_file
 from .collate import default_collate
 from .transport import Slot, pack
 
@@ -43,10 +44,9 @@ def worker_main(wid: int, conn, slots: list[Slot], decode: Callable[[bytes], Any
 
 def _load_batch(k, slot_id, items, skip, slots, decode, collate) -> tuple:
     samples, skipped = [], []
-    for key, path, label in items:
+    for key, path, size, label in items:
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_file(path, size)
         except OSError as e:
             return ("err", k, slot_id, "read", key, f"cannot read staged copy {path}: {e}", traceback.format_exc())
         try:

@@ -10,6 +10,48 @@ from typing import Iterator
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
 
 
+def read_file(path: str, size: int = -1) -> bytes:
+    """The whole file in as few system calls as possible (open, [fstat,] read, close)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if size < 0:
+            size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+        if len(data) < size:  # short read: a large file, or a pipe-like file system
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data
+    finally:
+        os.close(fd)
+
+
+_NO_RANGE = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
+
+
+def copy_fd(src: int, dst: int) -> int:
+    """Copy the rest of ``src`` to ``dst`` inside the kernel where it can (copy_file_range)."""
+    total = 0
+    try:
+        while n := os.copy_file_range(src, dst, 1 << 30):
+            total += n
+        return total
+    except (AttributeError, OSError) as e:
+        if total or (isinstance(e, OSError) and e.errno not in _NO_RANGE):
+            raise
+    while chunk := os.read(src, 1 << 20):
+        write_all(dst, chunk)
+        total += len(chunk)
+    return total
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class PosixSource:
     """Every regular, non-hidden file below ``root`` is a sample keyed by its relative path."""
 
@@ -74,12 +116,32 @@ class PosixSource:
     def read(self, key: str) -> bytes:
         path = self.path_of(key)
         try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError as e:
-            raise SampleReadError(
-                f"sample {key!r} is gone from the source ({path}): the source changed since it was "
-                "indexed; run `clairvoyant index --force` on it, or pass reindex=True") from e
+            data = read_file(path)
         except OSError as e:
-            what = "permission denied" if e.errno == errno.EACCES else (e.strerror or str(e))
-            raise SampleReadError(f"cannot read sample {key!r} at {path}: {what}; check the file and its permissions") from e
+            raise self._read_error(key, path, e) from e
+        self._charge(len(data))
+        return data
+
+    def _charge(self, nbytes: int) -> None:
+        """Called once per sample read with its size; emulated storage charges its costs here."""
+
+    def copy_to(self, key: str, dst_fd: int) -> int:
+        """Copy sample ``key`` into the open file ``dst_fd`` inside the kernel; return its size."""
+        path = self.path_of(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise self._read_error(key, path, e) from e
+        try:
+            self._charge(os.fstat(fd).st_size)
+            return copy_fd(fd, dst_fd)
+        finally:
+            os.close(fd)
+
+    def _read_error(self, key: str, path: str, e: OSError) -> SampleReadError:
+        if isinstance(e, FileNotFoundError):
+            return SampleReadError(
+                f"sample {key!r} is gone from the source ({path}): the source changed since it was "
+                "indexed; run `clairvoyant index --force` on it, or pass reindex=True")
+        what = "permission denied" if e.errno == errno.EACCES else (e.strerror or str(e))
+        return SampleReadError(f"cannot read sample {key!r} at {path}: {what}; check the file and its permissions")

@@ -1,15 +1,16 @@
 """The staging engine: I/O threads that copy upcoming samples from the source to local_dir.
 
 Work arrives in batch units, in plan order, a bounded window ahead of the
-readers. The queue is ordered by need (batch index, then position), so the
-sample the training loop is about to wait for is always at its front; when the
-loop does wait, the missing samples are counted as on-demand fetches.
-Reads from the source release the GIL, so threads, not processes, do this.
+readers. Batches are submitted in the order the training loop will need them
+and the queue is first-in first-out, so the sample the loop is about to wait
+for is always the next one taken. Reads from the source release the GIL, so
+threads, not processes, do this; the queue is a C-level SimpleQueue and each
+sample costs one callback, to keep the GIL hand-offs per sample few.
 """
 
 from __future__ import annotations
 
-import heapq
+import queue
 import threading
 from typing import Callable
 
@@ -17,22 +18,22 @@ from ..cache.local import LocalStore
 from ..errors import SourceChanged
 from ..manifest import Manifest
 from ..source import Source
-from ..tune.stats import Stats
+from ..source.posix import write_all
 
-OnDone = Callable[[int, int, "BaseException | None"], None]
+HIT, COPIED = "hit", "copied"
+# on_done(batch, index, outcome): outcome is HIT, COPIED or the exception that stopped the copy
+OnDone = Callable[[int, int, "str | BaseException"], None]
 
 
 class Stager:
     """Copies samples in need order with a fixed number of threads."""
 
     def __init__(self, source: Source, store: LocalStore, manifest: Manifest, *, threads: int,
-                 on_done: OnDone, stats: Stats, known: set[int]) -> None:
+                 on_done: OnDone, known: set[int]) -> None:
         self._source, self._store, self._manifest = source, store, manifest
-        self._on_done, self._stats, self._known = on_done, stats, known
-        self._heap: list[tuple[int, int, int]] = []
-        self._cond = threading.Condition()
+        self._on_done, self._known = on_done, known
+        self._queue: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self._stop = False
-        self._seq = 0
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
 
@@ -41,53 +42,53 @@ class Stager:
             t.start()
 
     def submit(self, batch_id: int, indices) -> None:
-        with self._cond:
-            for idx in indices:
-                heapq.heappush(self._heap, (batch_id, self._seq, int(idx)))
-                self._seq += 1
-            self._cond.notify(len(indices))
+        for idx in indices:
+            self._queue.put((batch_id, int(idx)))
 
     def close(self, timeout: float = 10.0) -> None:
-        with self._cond:
-            self._stop = True
-            self._heap.clear()
-            self._cond.notify_all()
+        """Stop taking work; each thread finishes (and publishes or removes) the sample in hand."""
+        self._stop = True
+        for _ in self._threads:
+            self._queue.put(None)
         for t in self._threads:
             if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout)
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap and not self._stop:
-                    self._cond.wait(0.5)
-                if self._stop:
-                    return
-                batch_id, _, idx = heapq.heappop(self._heap)
-            err: BaseException | None = None
-            try:
-                self._stage(idx)
-            except Exception as e:  # delivered to the consumer, which raises it in the training loop
-                err = e
-            if not self._stop:
-                self._on_done(batch_id, idx, err)
-
-    def _stage(self, idx: int) -> None:
-        key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
-        if idx in self._known or self._store.has(key, size):
-            self._known.add(idx)
-            self._stats.add(local_hits=1)
-            return
-        with self._store.lock(key):
-            if self._store.has(key, size):  # another rank of this node copied it meanwhile
-                self._known.add(idx)
-                self._stats.add(local_hits=1)
+        while not self._stop:
+            item = self._queue.get()
+            if item is None or self._stop:
                 return
-            data = self._source.read(key)
-            if len(data) != size:
-                raise SourceChanged(
-                    f"sample {key!r} is {len(data)} bytes on the source but {size} in the manifest: the source "
-                    "changed since it was indexed; run `clairvoyant index --force` on it, or pass reindex=True")
-            self._store.put(key, data)
+            batch_id, idx = item
+            try:
+                outcome: str | BaseException = self._stage(idx)
+            except Exception as e:  # delivered to the consumer, which raises it in the training loop
+                outcome = e
+            if not self._stop:
+                self._on_done(batch_id, idx, outcome)
+
+    def _stage(self, idx: int) -> str:
+        if idx in self._known:
+            return HIT
+        key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
+        with self._store.lock(key):
+            if self._store.has(key, size):  # an earlier run, or another rank of this node, copied it
+                self._known.add(idx)
+                return HIT
+            self._store.put_from(key, lambda fd: self._fill(key, size, fd))
         self._known.add(idx)
-        self._stats.add(source_files=1, source_bytes=len(data), staged_files=1)
+        return COPIED
+
+    def _fill(self, key: str, size: int, fd: int) -> int:
+        copy_to = getattr(self._source, "copy_to", None)
+        if copy_to is not None:
+            n = copy_to(key, fd)
+        else:
+            data = self._source.read(key)
+            write_all(fd, data)
+            n = len(data)
+        if n != size:  # raised inside the publish: the temporary file is removed, nothing is served
+            raise SourceChanged(
+                f"sample {key!r} is {n} bytes on the source but {size} in the manifest: the source "
+                "changed since it was indexed; run `clairvoyant index --force` on it, or pass reindex=True")
+        return n

@@ -13,6 +13,7 @@ sit near that for ~30 KB images.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import mmap
@@ -22,13 +23,20 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..paths import _user
 from ..source.posix import PosixSource
 
-# opens, reads, bytes, listings, inflight, peak inflight, next free time of the shared pipe
-_STATE = struct.Struct("<qqqqqqd")
+# opens, reads, bytes, listings, peak in flight, next free time of the shared pipe; then one
+# end time per request slot
+_STATE = struct.Struct("<qqqqqd")
+_MAX_SLOTS = 1024
+_SIZE = _STATE.size + 8 * _MAX_SLOTS
 _CHUNK = 4 << 20
+_PID = [os.getpid()]  # kept current across fork without a getpid() per request
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 @dataclass(frozen=True)
@@ -48,14 +56,14 @@ class EmulatedStore(PosixSource):
         super().__init__(path)
         if open_latency < 0 or read_latency < 0:
             raise ConfigError("latencies must be >= 0 seconds")
-        if bandwidth <= 0 or max_inflight < 1:
-            raise ConfigError("bandwidth must be > 0 bytes/s and max_inflight >= 1")
+        if bandwidth <= 0 or not 1 <= max_inflight <= _MAX_SLOTS:
+            raise ConfigError(f"bandwidth must be > 0 bytes/s and max_inflight in [1, {_MAX_SLOTS}]")
         self.uri = "emulated+file://" + self.root
         self.open_latency, self.read_latency = float(open_latency), float(read_latency)
         self.bandwidth, self.max_inflight = float(bandwidth), int(max_inflight)
         base = state_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"clairvoyant-emulated-{_user()}")
         digest = hashlib.sha1(self.root.encode()).hexdigest()[:16]
-        self.state_path = os.path.join(base, f"{digest}.state")
+        self.state_path = os.path.join(base, f"{digest}.v2.state")
         self._pid = -1
         self._fd = -1
         self._mm: mmap.mmap | None = None
@@ -66,72 +74,69 @@ class EmulatedStore(PosixSource):
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
-        d.update(_pid=-1, _fd=-1, _mm=None)
+        d.update(_pid=-1, _fd=-1, _mm=None, _ends=None)
         return d
 
     # -- shared state ---------------------------------------------------------------------------
 
     def _state(self) -> mmap.mmap:
-        if self._pid != os.getpid():  # each process opens its own description, so flock excludes
+        if self._pid != _PID[0]:  # each process opens its own description, so flock excludes
             os.makedirs(os.path.dirname(self.state_path), mode=0o700, exist_ok=True)
             fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT, 0o600)
-            if os.fstat(fd).st_size < _STATE.size:
-                os.ftruncate(fd, 4096)
-            self._fd, self._mm, self._pid = fd, mmap.mmap(fd, 4096), os.getpid()
+            if os.fstat(fd).st_size < _SIZE:
+                os.ftruncate(fd, _SIZE)
+            mm = mmap.mmap(fd, _SIZE)
+            self._fd, self._mm, self._pid = fd, mm, _PID[0]
+            self._ends = np.ndarray((_MAX_SLOTS,), dtype="<f8", buffer=mm, offset=_STATE.size)
         assert self._mm is not None
         return self._mm
 
-    def _update(self, fn) -> object:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[mmap.mmap]:
         mm = self._state()
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            values = list(_STATE.unpack_from(mm, 0))
-            result = fn(values)
-            if result is not None:
-                _STATE.pack_into(mm, 0, *values)
-            return result
+            yield mm
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def counters(self) -> Counters:
         v = _STATE.unpack_from(self._state(), 0)
-        return Counters(opens=v[0], reads=v[1], bytes=v[2], listings=v[3], peak_inflight=v[5])
+        return Counters(opens=v[0], reads=v[1], bytes=v[2], listings=v[3], peak_inflight=v[4])
 
     def reset(self) -> None:
-        """Zero the counters (and the in-flight count, which a killed reader may have left up)."""
-        self._update(lambda v: v.__setitem__(slice(None), [0, 0, 0, 0, 0, 0, 0.0]) or True)
+        """Zero the counters and forget requests in flight."""
+        with self._locked() as mm:
+            mm[:] = bytes(_SIZE)
 
     def _request(self, opens: int, reads: int, nbytes: int, listings: int = 0) -> None:
-        """Take a slot, pay latency and a share of the bandwidth, release the slot."""
+        """Take one of ``max_inflight`` slots until this request's end time, then sleep until then.
+
+        A slot is free once its end time has passed, so admission is one locked
+        update and a killed reader cannot hold a slot for ever.
+        """
         fixed = opens * self.open_latency + reads * self.read_latency
-
-        def admit(v: list) -> float | None:
-            if v[4] >= self.max_inflight:
-                return None
-            now = time.monotonic()
-            v[0] += opens
-            v[1] += reads
-            v[2] += nbytes
-            v[3] += listings
-            v[4] += 1
-            v[5] = max(v[5], v[4])
-            start = max(now + fixed, v[6])
-            end = start + nbytes / self.bandwidth
-            if nbytes:
-                v[6] = end
-            return end if nbytes else now + fixed
-
         while True:
-            end = self._update(admit)
-            if end is not None:
-                break
-            time.sleep(0.0005)
-        try:
-            delay = end - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        finally:
-            self._update(lambda v: v.__setitem__(4, max(0, v[4] - 1)) or True)
+            with self._locked() as mm:
+                now = time.monotonic()
+                ends = self._ends[:self.max_inflight]
+                busy = ends > now
+                n_busy = int(busy.sum())
+                if n_busy < self.max_inflight:
+                    o, r, b, li, peak, next_free = _STATE.unpack_from(mm, 0)
+                    end = now + fixed
+                    if nbytes:
+                        end = max(end, next_free) + nbytes / self.bandwidth
+                        next_free = end
+                    ends[int(np.argmin(busy))] = end
+                    _STATE.pack_into(mm, 0, o + opens, r + reads, b + nbytes, li + listings,
+                                     max(peak, n_busy + 1), next_free)
+                    break
+                wake = float(ends.min())
+            time.sleep(max(wake - now, 0.0002))
+        delay = end - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
 
     # -- the source interface -------------------------------------------------------------------
 
@@ -140,10 +145,8 @@ class EmulatedStore(PosixSource):
         self._request(opens=1, reads=0, nbytes=0, listings=1)
         return entries
 
-    def read(self, key: str) -> bytes:
-        data = super().read(key)
-        self._request(opens=1, reads=max(1, -(-len(data) // _CHUNK)), nbytes=len(data))
-        return data
+    def _charge(self, nbytes: int) -> None:
+        self._request(opens=1, reads=max(1, -(-nbytes // _CHUNK)), nbytes=nbytes)
 
     def scan(self) -> Iterator[tuple[str, int]]:
         return super().scan()
