@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 from ..errors import LocalDirNotWritable
 from ..source.posix import write_all
-from .publish import publish, remove_orphans
+from . import publish as _publish
+from .publish import remove_orphans
 
 LAYOUT = "v1"
 
@@ -98,8 +99,8 @@ class LocalStore:
             fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
 
     def put(self, key: str, data: bytes) -> None:
-        publish(self.path_for(key), self.tmp_dir, lambda fd: write_all(fd, data))
+        _publish.publish(self.path_for(key), self.tmp_dir, lambda fd: write_all(fd, data))
 
     def put_from(self, key: str, fill: Callable[[int], int]) -> int:
         """Publish what ``fill(fd)`` writes (e.g. an in-kernel copy from the source)."""
-        return publish(self.path_for(key), self.tmp_dir, fill)
+        return _publish.publish(self.path_for(key), self.tmp_dir, fill)

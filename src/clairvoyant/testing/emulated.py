@@ -19,6 +19,7 @@ import hashlib
 import mmap
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -67,6 +68,7 @@ class EmulatedStore(PosixSource):
         self._pid = -1
         self._fd = -1
         self._mm: mmap.mmap | None = None
+        self._tlock = threading.Lock()
 
     def __repr__(self) -> str:
         return (f"EmulatedStore({self.root!r}, open_latency={self.open_latency}, read_latency={self.read_latency}, "
@@ -74,8 +76,12 @@ class EmulatedStore(PosixSource):
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
-        d.update(_pid=-1, _fd=-1, _mm=None, _ends=None)
+        d.update(_pid=-1, _fd=-1, _mm=None, _ends=None, _tlock=None)
         return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._tlock = threading.Lock()
 
     # -- shared state ---------------------------------------------------------------------------
 
@@ -93,12 +99,15 @@ class EmulatedStore(PosixSource):
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[mmap.mmap]:
+        """flock excludes other processes; the threads of this one share a file description,
+        so a thread lock excludes them."""
         mm = self._state()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield mm
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        with self._tlock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield mm
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def counters(self) -> Counters:
         v = _STATE.unpack_from(self._state(), 0)

@@ -1,0 +1,57 @@
+"""Fault injection: sources that fail on chosen samples, a local device that fills up."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from typing import Iterator
+
+from ..cache import publish as publish_mod
+from ..errors import SampleReadError
+from ..source.posix import PosixSource
+
+
+class FaultySource(PosixSource):
+    """A directory source whose listed ``bad_keys`` cannot be read (as a permission error would)."""
+
+    def __init__(self, root: str | os.PathLike[str], bad_keys: set[str] | frozenset[str]) -> None:
+        super().__init__(root)
+        self.uri = "faulty+file://" + self.root
+        self.bad_keys = frozenset(bad_keys)
+
+    def read(self, key: str) -> bytes:
+        self._fail(key)
+        return super().read(key)
+
+    def copy_to(self, key: str, dst_fd: int) -> int:
+        self._fail(key)
+        return super().copy_to(key, dst_fd)
+
+    def _fail(self, key: str) -> None:
+        if key in self.bad_keys:
+            raise SampleReadError(f"cannot read sample {key!r} at {self.path_of(key)}: permission denied "
+                                  "(injected); check the file and its permissions")
+
+
+@contextlib.contextmanager
+def disk_full_after(nbytes: int) -> Iterator[None]:
+    """Within the block, staging writes in this process fail with ENOSPC once ``nbytes``
+    have been published, as a filling node-local device would."""
+    original = publish_mod.publish
+    written = [0]
+
+    def fill_limited(final: str, tmp_dir: str, fill):
+        def limited(fd: int) -> int:
+            n = fill(fd)
+            written[0] += n
+            if written[0] > nbytes:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return n
+        return original(final, tmp_dir, limited)
+
+    publish_mod.publish = fill_limited
+    try:
+        yield
+    finally:
+        publish_mod.publish = original

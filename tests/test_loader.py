@@ -1,0 +1,194 @@
+"""The Loader end to end: same samples as a naive reference, resume, ranks, lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from clairvoyant import Loader, WorkerDied
+from clairvoyant.load.decode import decode_image
+from clairvoyant.plan import plan_epoch
+from clairvoyant.testing import EmulatedStore
+
+from conftest import clairvoyant_threads, tmp_files, wait_until
+
+
+def reference_batches(loader: Loader, epoch: int, root: str):
+    """What a naive loop over the plan gives: read each file from the source, decode, stack."""
+    plan = plan_epoch(len(loader.manifest), seed=loader.seed, epoch=epoch, rank=loader.rank,
+                      world_size=loader.world_size, batch_size=loader.batch_size, shuffle=loader.shuffle,
+                      drop_last=loader.drop_last)
+    out = []
+    for batch in plan.batches:
+        imgs, labels = [], []
+        for i in batch:
+            with open(os.path.join(root, loader.manifest.keys[i]), "rb") as f:
+                imgs.append(decode_image(f.read()))
+            labels.append(int(loader.manifest.labels[i]))
+        out.append((np.stack(imgs), np.array(labels)))
+    return out
+
+
+def same(batches_a, batches_b) -> bool:
+    return len(batches_a) == len(batches_b) and all(
+        np.array_equal(np.asarray(xa), np.asarray(xb)) and np.array_equal(np.asarray(ya), np.asarray(yb))
+        for (xa, ya), (xb, yb) in zip(batches_a, batches_b))
+
+
+def test_yields_what_a_naive_reference_yields(dataset, tmp_path, no_leaks):
+    with Loader(dataset, batch_size=10, local_dir=tmp_path / "local", seed=3, num_workers=2) as loader:
+        assert len(loader) == 10
+        got = [(x, y) for x, y in loader]
+        assert isinstance(got[0][0], torch.Tensor) and got[0][0].dtype == torch.uint8
+        assert tuple(got[0][0].shape) == (10, 32, 32, 3) and got[0][1].dtype == torch.int64
+        assert tuple(got[-1][0].shape) == (6, 32, 32, 3)
+        assert same(got, reference_batches(loader, 0, dataset))
+        # negative control: the reference of another epoch differs
+        assert not same(got, reference_batches(loader, 1, dataset))
+        loader.set_epoch(1)
+        assert same(list(loader), reference_batches(loader, 1, dataset))
+
+
+def test_labels_follow_imagefolder_class_order(dataset, tmp_path, no_leaks):
+    with Loader(dataset, batch_size=96, local_dir=tmp_path, shuffle=False, num_workers=1, output="numpy") as ld:
+        assert ld.manifest.classes == ("class_0000", "class_0001", "class_0002", "class_0003")
+        (x, y), = list(ld)
+        assert isinstance(x, np.ndarray)
+        expected = [ld.manifest.classes.index(k.split("/")[0]) for k in ld.manifest.keys]
+        assert y.tolist() == expected
+
+
+def test_flat_tree_gives_every_file_with_label_minus_one(tmp_path, no_leaks):
+    root = tmp_path / "flat"
+    root.mkdir()
+    for i in range(5):
+        (root / f"{i}.bin").write_bytes(bytes([i]) * (i + 1))
+    with Loader(root, batch_size=5, local_dir=tmp_path / "l", shuffle=False, num_workers=1,
+                decode=lambda b: np.frombuffer(b, np.uint8)[:1].copy(), output="numpy") as ld:
+        (x, y), = list(ld)
+    assert x.ravel().tolist() == [0, 1, 2, 3, 4] and y.tolist() == [-1] * 5
+
+
+def test_mid_epoch_resume_yields_exactly_the_remaining_batches(dataset, tmp_path, no_leaks):
+    kw = dict(batch_size=8, local_dir=tmp_path, seed=11, num_workers=2)
+    with Loader(dataset, **kw) as a:
+        a.set_epoch(2)
+        full = list(a)
+    with Loader(dataset, **kw) as b:
+        b.set_epoch(2)
+        it = iter(b)
+        head = [next(it) for _ in range(5)]
+        state = json.loads(json.dumps(b.state_dict()))  # must survive JSON
+        del it
+    assert state["batches_done"] == 5 and state["epoch"] == 2
+    with Loader(dataset, **kw) as c:
+        c.load_state_dict(state)
+        c.set_epoch(2)  # a training loop calls set_epoch again after resuming: the position stays
+        rest = list(c)
+        assert len(rest) == len(full) - 5
+        assert same(head + rest, full)
+        # negative control: resuming one batch later misses a batch
+        c.load_state_dict(dict(state, batches_done=6))
+        assert not same(head + list(c), full)
+
+
+def test_state_from_another_configuration_is_refused(dataset, tmp_path):
+    with Loader(dataset, batch_size=8, local_dir=tmp_path, num_workers=1) as a:
+        state = a.state_dict()
+    with Loader(dataset, batch_size=9, local_dir=tmp_path, num_workers=1) as b:
+        with pytest.raises(ValueError, match="batch_size"):
+            b.load_state_dict(state)
+
+
+def test_second_epoch_and_second_run_read_nothing_from_the_source(dataset, tmp_path, no_leaks):
+    store = EmulatedStore(dataset, open_latency=0.001, read_latency=0.0, state_dir=str(tmp_path / "emu"))
+    store.reset()
+    with Loader(store, batch_size=16, local_dir=tmp_path / "l", num_workers=1) as ld:
+        list(ld)
+        first = store.counters()
+        assert first.bytes == ld.manifest.total_bytes and ld.stats()["source_files"] == 96
+        ld.set_epoch(1)
+        list(ld)
+        assert store.counters().bytes == first.bytes and store.counters().reads == first.reads
+    # a new job on the same local_dir: no listing (persisted manifest), no read (staged copies)
+    store.reset()
+    with Loader(store, batch_size=16, local_dir=tmp_path / "l", num_workers=1) as ld:
+        assert not ld.indexed
+        list(ld)
+        assert ld.stats()["local_hits"] == 96
+    c = store.counters()
+    assert (c.listings, c.opens, c.bytes) == (0, 0, 0)
+
+
+def _rank_main(rank, world, dataset, local_dir, state_dir, out):
+    store = EmulatedStore(dataset, open_latency=0.002, read_latency=0.0, state_dir=state_dir)
+    with Loader(store, batch_size=6, local_dir=local_dir, rank=rank, world_size=world, num_workers=1,
+                output="numpy", seed=5) as ld:
+        ys = [y.tolist() for _, y in ld]
+        s = ld.stats()
+    with open(out, "w") as f:
+        json.dump({"n": len(ys), "copied": s["source_files"], "hits": s["local_hits"]}, f)
+
+
+def test_two_ranks_share_one_local_dir_and_copy_each_sample_once(dataset, tmp_path, no_leaks):
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    store = EmulatedStore(dataset, state_dir=str(tmp_path / "emu"))
+    store.reset()
+    Loader(store, batch_size=6, local_dir=tmp_path / "l", num_workers=1).close()  # index once
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, dataset, str(tmp_path / "l"), str(tmp_path / "emu"),
+                                                  str(tmp_path / f"r{r}.json"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    res = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert res[0]["n"] == res[1]["n"] == 8
+    assert res[0]["copied"] + res[1]["copied"] == 96          # each sample copied once in all
+    assert store.counters().reads == 96                        # and read once from the source
+    data_files = sum(len(f) for r, _, f in os.walk(tmp_path / "l") if "/data/" in r + "/")
+    assert data_files == 96
+
+
+def test_early_break_leaves_nothing_behind(dataset, tmp_path, no_leaks):
+    store = EmulatedStore(dataset, open_latency=0.02, state_dir=str(tmp_path / "emu"))
+    ld = Loader(store, batch_size=4, local_dir=tmp_path / "l", num_workers=2, stage_threads=8)
+    for i, _ in enumerate(ld):
+        if i == 1:
+            break
+    assert wait_until(lambda: not clairvoyant_threads())
+    assert tmp_files(str(tmp_path / "l")) == []
+    ld.close()
+
+
+def test_exception_in_loop_and_gc_release_everything(dataset, tmp_path, no_leaks):
+    ld = Loader(dataset, batch_size=4, local_dir=tmp_path, num_workers=2)
+    with pytest.raises(RuntimeError, match="boom"):
+        for _ in ld:
+            raise RuntimeError("boom")
+    it = iter(ld)
+    next(it)
+    del it  # garbage collection of a half-consumed iterator
+    ld.close()
+
+
+def test_killed_worker_raises_within_seconds(dataset, tmp_path, no_leaks):
+    store = EmulatedStore(dataset, open_latency=0.05, state_dir=str(tmp_path / "emu"))
+    ld = Loader(store, batch_size=4, local_dir=tmp_path / "l", num_workers=2, stage_threads=2)
+    it = iter(ld)
+    next(it)
+    victim = it._run._pool.workers[0].process
+    os.kill(victim.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied, match=r"reader worker 0 .*SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 10
+    ld.close()
