@@ -11,7 +11,7 @@ import itertools
 import os
 from typing import Callable
 
-from ..errors import CacheError, LocalStorageFull
+from ..errors import CacheError, ClairvoyantError, LocalStorageFull
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -46,12 +46,14 @@ def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, ClairvoyantError):  # the source's own error, raised inside fill
+            raise
         if isinstance(e, OSError) and e.errno in _FULL:
             raise LocalStorageFull(
-                f"the node-local device of {os.path.dirname(os.path.dirname(final))} is full "
+                f"the node-local device of {os.path.dirname(tmp_dir)} is full "
                 f"({e.strerror}) while staging {os.path.basename(final)}: free space there or choose another "
                 "local_dir= on a larger node-local disk") from e
-        if isinstance(e, OSError) and not isinstance(e, CacheError):
+        if isinstance(e, OSError):
             raise CacheError(f"cannot write {final} in the local cache: {e.strerror or e}") from e
         raise
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,13 +95,17 @@ def run_dataloader(read, keys, labels, *, workers: int, batch_size: int, n_batch
     g.manual_seed(seed)
     dl = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=g)
     bar = _bar(n_batches, f"DataLoader {workers}w", progress)
-    it = iter(dl)
-    try:
-        return _time_batches(it, n_batches, bar)
-    finally:
-        del it
-        if bar is not None:
-            bar.close()
+    with warnings.catch_warnings():
+        # Pillow's arrays are read-only; default_collate copies them anyway, and says so once
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        it = iter(dl)
+        try:
+            return _time_batches(it, n_batches, bar)
+        finally:
+            getattr(it, "_shutdown_workers", lambda: None)()  # reap workers now, not at GC
+            del it
+            if bar is not None:
+                bar.close()
 
 
 def copy_all(store: EmulatedStore, keys, dest: str, threads: int) -> float:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cache.local import LocalStore
-from ..errors import DecodeError, SampleReadError, SourceError, WorkerDied, WorkerError
+from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
 from ..source import Source
 from ..stage.engine import COPIED, HIT, Stager
@@ -155,7 +155,7 @@ class EpochRun:
     def _take(self, k: int) -> Any:
         res = self._results.pop(k)
         if res[0] == "fail":
-            raise self._as_error(res[1])
+            raise res[1]
         if res[0] == "err":
             _, _, _, kind, key, message, tb = res
             if kind == "decode":
@@ -206,11 +206,6 @@ class EpochRun:
             with self._lock:
                 w.free.append(msg[2])
         self._results[k] = msg
-
-    def _as_error(self, err: BaseException) -> BaseException:
-        if isinstance(err, (SourceError, WorkerError)) or not isinstance(err, OSError):
-            return err
-        return SampleReadError(str(err))
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ import threading
 from typing import Callable
 
 from ..cache.local import LocalStore
-from ..errors import SourceChanged
+from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..source import Source
 from ..source.posix import write_all
@@ -62,8 +62,13 @@ class Stager:
             batch_id, idx = item
             try:
                 outcome: str | BaseException = self._stage(idx)
-            except Exception as e:  # delivered to the consumer, which raises it in the training loop
+            except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
                 outcome = e
+            except Exception as e:  # a source's own error: name the sample
+                key = self._manifest.keys[idx]
+                outcome = SampleReadError(f"cannot stage sample {key!r} from {self._source!r}: "
+                                          f"{type(e).__name__}: {e}")
+                outcome.__cause__ = e
             if not self._stop:
                 self._on_done(batch_id, idx, outcome)
 
