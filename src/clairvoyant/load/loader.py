@@ -25,6 +25,7 @@ from ..source import as_source
 from ..tune.stats import Stats
 from .decode import decode_image
 from .pipeline import EpochRun
+from .transport import Output
 
 STATE_FORMAT = "clairvoyant-loader-state"
 
@@ -34,28 +35,6 @@ def _default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
-
-
-def _converter(output: str, pin_memory: bool) -> Callable[[np.ndarray], Any]:
-    if output not in ("auto", "torch", "numpy"):
-        raise ConfigError(f"output={output!r}: choose 'auto', 'torch' or 'numpy'")
-    torch = None
-    if output != "numpy":
-        try:
-            import torch  # noqa: F811
-        except ImportError:
-            if output == "torch":
-                raise ConfigError("output='torch' but PyTorch is not installed: pip install torch") from None
-    if torch is None:
-        return lambda view: view.copy()
-    pin = bool(pin_memory) and torch.cuda.is_available()
-
-    def to_tensor(view: np.ndarray) -> Any:
-        out = torch.empty(view.shape, dtype=torch.from_numpy(view[:0]).dtype, pin_memory=pin)
-        out.numpy()[...] = view
-        return out
-
-    return to_tensor
 
 
 class Loader:
@@ -114,7 +93,7 @@ class Loader:
         self.num_workers = num_workers or _default_workers()
         self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
         self.on_error, self.mp_context = on_error, mp_context
-        self._convert = _converter(output, pin_memory)
+        self._output = Output(output, pin_memory)
         self._stats = Stats()
         self._known: set[int] = set()
         self._epoch = 0
@@ -157,9 +136,9 @@ class Loader:
         self._done = start
         run = EpochRun(source=self.source, manifest=self.manifest, store=self.store,
                        batches=list(plan.batches[start:]), epoch=self._epoch, num_workers=self.num_workers,
-                       slots_per_worker=self.prefetch, stage_threads=self.stage_threads,
+                       prefetch=self.prefetch, stage_threads=self.stage_threads,
                        lookahead=self.lookahead, decode=self.decode, collate_fn=self.collate_fn,
-                       skip_errors=self.on_error == "skip", convert=self._convert, stats=self._stats,
+                       skip_errors=self.on_error == "skip", output=self._output, stats=self._stats,
                        known=self._known, mp_context=self.mp_context)
         it = _EpochIterator(run, self)
         self._active = weakref.ref(it)

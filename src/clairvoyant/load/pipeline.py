@@ -14,6 +14,7 @@ iterator, and at interpreter exit, whichever comes first.
 from __future__ import annotations
 
 import atexit
+import collections
 import heapq
 import os
 import threading
@@ -30,9 +31,12 @@ from ..source import Source
 from ..stage.engine import COPIED, HIT, Stager
 from ..tune.stats import Stats
 from .pool import WorkerPool
-from .transport import unpack
+from .transport import Output, unpack_copy, unpack_shared
 
 _LIVE: "weakref.WeakSet[EpochRun]" = weakref.WeakSet()
+# Batches a worker's slots may hold while the training loop still uses them (lent without a copy);
+# past this many per worker, batches are copied out so a loop that keeps batches cannot starve readers.
+LEND = 2
 
 
 @atexit.register
@@ -43,11 +47,11 @@ def _close_all() -> None:
 
 class EpochRun:
     def __init__(self, *, source: Source, manifest: Manifest, store: LocalStore, batches: list[np.ndarray],
-                 epoch: int, num_workers: int, slots_per_worker: int, stage_threads: int, lookahead: int,
-                 decode: Callable, collate_fn: Callable | None, skip_errors: bool, convert: Callable,
+                 epoch: int, num_workers: int, prefetch: int, stage_threads: int, lookahead: int,
+                 decode: Callable, collate_fn: Callable | None, skip_errors: bool, output: Output,
                  stats: Stats, known: set[int], mp_context: str) -> None:
         self._manifest, self._store, self._batches, self._epoch = manifest, store, batches, epoch
-        self._skip, self._convert, self._stats = skip_errors, convert, stats
+        self._skip, self._output, self._stats = skip_errors, output, stats
         self._lookahead = max(1, lookahead)
         self._lock = threading.Lock()
         self._remaining = [len(b) for b in batches]
@@ -60,8 +64,11 @@ class EpochRun:
         self._closed = False
         self._owner_pid = os.getpid()
         # Fork the readers before any staging thread exists.
-        self._pool = WorkerPool(num_workers, slots_per_worker, decode, collate_fn, mp_context)
-        self._total_slots = num_workers * slots_per_worker
+        self._pool = WorkerPool(num_workers, prefetch + LEND, decode, collate_fn, mp_context)
+        self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
+        self._lend_limit = num_workers * LEND if output.can_share else 0
+        self._lent = 0
+        self._returned: collections.deque[tuple[int, int]] = collections.deque()
         self._stager = Stager(source, store, manifest, threads=stage_threads, on_done=self._on_staged,
                               known=known)
         _LIVE.add(self)
@@ -103,7 +110,12 @@ class EpochRun:
             self._submitted += 1
 
     def _dispatch_locked(self) -> None:
-        limit = self._next + self._total_slots
+        while self._returned:  # slots of lent batches that the training loop has let go of
+            wid, slot = self._returned.popleft()
+            self._lent -= 1
+            if wid < len(self._pool.workers):
+                self._pool.workers[wid].free.append(slot)
+        limit = self._next + self._window
         while self._ready and self._ready[0] < limit:
             worker = max(self._pool.workers, key=lambda w: len(w.free))
             if not worker.free:
@@ -166,11 +178,18 @@ class EpochRun:
         _, _, slot_id, spec, size, skipped = res
         wid = self._inflight.pop(k)
         worker = self._pool.workers[wid]
-        try:
-            out = unpack(spec, worker.slots[slot_id], size, self._convert)
-        finally:
+        if size and self._lent < self._lend_limit:
+            out, base = unpack_shared(spec, worker.slots[slot_id], size, self._output)
             with self._lock:
-                worker.free.append(slot_id)
+                self._lent += 1
+            # deque.append needs no lock, so it is safe whenever the garbage collector runs it
+            weakref.finalize(base, self._returned.append, (wid, slot_id))
+        else:
+            try:
+                out = unpack_copy(spec, worker.slots[slot_id], size, self._output)
+            finally:
+                with self._lock:
+                    worker.free.append(slot_id)
         if skipped:
             self._stats.skipped.extend(key for key, _ in skipped)
         n = len(self._batches[k]) - len(skipped) - len(self._failed.get(k, ()))

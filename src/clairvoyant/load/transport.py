@@ -122,22 +122,62 @@ def pack(tree: Any, slot: Slot) -> tuple[Any, int]:
     return spec, cursor[0]
 
 
-def unpack(spec: Any, slot: Slot, size: int, convert) -> Any:
-    """Copy a packed batch out of ``slot``; ``convert`` turns each copied array into the output type."""
-    buf = slot.buffer(size)
-    return _unpack(spec, buf, convert)
+def unpack_copy(spec: Any, slot: Slot, size: int, output: "Output") -> Any:
+    """Copy a packed batch out of ``slot``, which is free again as soon as this returns."""
+    return _unpack(spec, np.frombuffer(slot.buffer(size), np.uint8, size), output.copy)
 
 
-def _unpack(spec: Any, buf: mmap.mmap, convert) -> Any:
+def unpack_shared(spec: Any, slot: Slot, size: int, output: "Output") -> tuple[Any, np.ndarray]:
+    """Hand the batch out without copying: its arrays view a fresh mapping of ``slot``.
+
+    Returns ``(batch, base)``; every array of the batch keeps ``base`` alive, so the
+    slot may be reused once ``base`` is garbage (watch it with ``weakref.finalize``).
+    """
+    base = np.frombuffer(mmap.mmap(slot.fd, size), np.uint8)
+    return _unpack(spec, base, output.share), base
+
+
+def _unpack(spec: Any, base: np.ndarray, convert) -> Any:
     kind = spec[0]
     if kind == "a":
         _, dtype, shape, offset = spec
-        view = np.ndarray(tuple(shape), dtype=np.dtype(dtype), buffer=buf, offset=offset)
-        return convert(view)
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return convert(base[offset:offset + nbytes].view(dt).reshape(shape))
     if kind == "t":
-        return tuple(_unpack(s, buf, convert) for s in spec[1])
+        return tuple(_unpack(s, base, convert) for s in spec[1])
     if kind == "l":
-        return [_unpack(s, buf, convert) for s in spec[1]]
+        return [_unpack(s, base, convert) for s in spec[1]]
     if kind == "d":
-        return {k: _unpack(s, buf, convert) for k, s in spec[1]}
+        return {k: _unpack(s, base, convert) for k, s in spec[1]}
     return spec[1]
+
+
+class Output:
+    """What batches are made of: torch tensors (optionally pinned) or NumPy arrays."""
+
+    def __init__(self, kind: str = "auto", pin_memory: bool = False) -> None:
+        from ..errors import ConfigError
+        if kind not in ("auto", "torch", "numpy"):
+            raise ConfigError(f"output={kind!r}: choose 'auto', 'torch' or 'numpy'")
+        self.torch = None
+        if kind != "numpy":
+            try:
+                import torch
+                self.torch = torch
+            except ImportError:
+                if kind == "torch":
+                    raise ConfigError("output='torch' but PyTorch is not installed: pip install torch") from None
+        self.pin = bool(pin_memory) and self.torch is not None and self.torch.cuda.is_available()
+        # pinned memory needs a copy anyway; everything else can be lent without one
+        self.can_share = not self.pin
+
+    def copy(self, view: np.ndarray) -> Any:
+        if self.torch is None:
+            return view.copy()
+        out = self.torch.empty(view.shape, dtype=self.torch.from_numpy(view[:0]).dtype, pin_memory=self.pin)
+        out.numpy()[...] = view
+        return out
+
+    def share(self, view: np.ndarray) -> Any:
+        return view if self.torch is None else self.torch.from_numpy(view)
