@@ -17,7 +17,8 @@ demo: $(STAMP)
 	$(VENV)/bin/clairvoyant demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	# a hard ceiling, so that a hang can never eat the CI budget (per-test timeouts are in pyproject)
+	timeout -k 10 1500 $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)

@@ -95,23 +95,26 @@ def test_publish_failure_leaves_no_temporary_file(tmp_path):
 STAGER_SCRIPT = textwrap.dedent("""
     import os, sys, threading, time
     from clairvoyant import Loader
+    from clairvoyant.stage import engine
     from clairvoyant.testing import EmulatedStore
 
-    class HangingStore(EmulatedStore):
-        # after 20 whole samples, every copy writes half a sample and hangs: the kill lands mid-write
-        copies = 0
-        lock = threading.Lock()
-        def copy_to(self, key, fd):
-            with self.lock:
-                HangingStore.copies += 1
-                n = HangingStore.copies
-            if n <= 20:
-                return super().copy_to(key, fd)
-            os.write(fd, b"partial")
-            print("writing", flush=True)
-            time.sleep(60)
+    class ByteStore(EmulatedStore):
+        path_for_copy = None  # take the generic path: read the bytes, write them out
 
-    store = HangingStore(sys.argv[1], open_latency=0.0, state_dir=sys.argv[3])
+    # after 20 whole samples, every write stops half-way and hangs: the kill lands mid-write
+    written, lock, real_write = [0], threading.Lock(), engine.write_all
+    def hanging_write(fd, data):
+        with lock:
+            written[0] += 1
+            n = written[0]
+        if n <= 20:
+            return real_write(fd, data)
+        os.write(fd, data[: len(data) // 2])
+        print("writing", flush=True)
+        time.sleep(60)
+    engine.write_all = hanging_write
+
+    store = ByteStore(sys.argv[1], open_latency=0.0, state_dir=sys.argv[3])
     ld = Loader(store, batch_size=8, local_dir=sys.argv[2], num_workers=1, stage_threads=4)
     list(ld)
 """)

@@ -192,3 +192,30 @@ def test_killed_worker_raises_within_seconds(dataset, tmp_path, no_leaks):
             pass
     assert time.monotonic() - t0 < 10
     ld.close()
+
+
+def test_lent_batches_stay_intact_and_their_buffers_come_back(dataset, tmp_path, no_leaks):
+    """Batches are handed out without a copy; a held batch must never be overwritten, and a
+    dropped one must give its buffer back to its reader."""
+    import gc
+    with Loader(dataset, batch_size=4, local_dir=tmp_path, num_workers=2, seed=1) as ld:
+        ref = reference_batches(ld, 0, dataset)
+        it = iter(ld)
+        held_x, held_y = next(it)
+        held_sum = int(held_x.sum())
+        run = it._run
+        assert run._lent == 1  # lent, not copied
+        for k, (x, y) in enumerate(it, start=1):
+            assert np.array_equal(np.asarray(x), ref[k][0])  # dropped at once: buffers recycle
+            assert run._lent - len(run._returned) == 2  # the held batch and this one
+            del x, y
+            gc.collect()
+        assert int(held_x.sum()) == held_sum and np.array_equal(np.asarray(held_x), ref[0][0])
+        del held_x, held_y
+
+
+def test_a_loop_that_keeps_every_batch_does_not_starve_the_readers(dataset, tmp_path, no_leaks):
+    with Loader(dataset, batch_size=2, local_dir=tmp_path, num_workers=1, prefetch=1) as ld:
+        kept = list(ld)  # 48 batches held at once, far more than the readers' buffers
+        assert len(kept) == 48
+        assert same(kept, reference_batches(ld, 0, dataset))

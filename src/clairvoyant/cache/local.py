@@ -101,6 +101,10 @@ class LocalStore:
     def put(self, key: str, data: bytes) -> None:
         _publish.publish(self.path_for(key), self.tmp_dir, lambda fd: write_all(fd, data))
 
+    def put_file(self, key: str, src: str, size: int) -> int:
+        """Publish a copy of the file ``src`` if it holds ``size`` bytes; return the bytes found."""
+        return _publish.publish_file(self.path_for(key), self.tmp_dir, src, size)
+
     def put_from(self, key: str, fill: Callable[[int], int]) -> int:
         """Publish what ``fill(fd)`` writes (e.g. an in-kernel copy from the source)."""
         return _publish.publish(self.path_for(key), self.tmp_dir, fill)

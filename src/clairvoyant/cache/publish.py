@@ -48,14 +48,68 @@ def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
             pass
         if isinstance(e, ClairvoyantError):  # the source's own error, raised inside fill
             raise
-        if isinstance(e, OSError) and e.errno in _FULL:
-            raise LocalStorageFull(
-                f"the node-local device of {os.path.dirname(tmp_dir)} is full "
-                f"({e.strerror}) while staging {os.path.basename(final)}: free space there or choose another "
-                "local_dir= on a larger node-local disk") from e
         if isinstance(e, OSError):
-            raise CacheError(f"cannot write {final} in the local cache: {e.strerror or e}") from e
+            raise _local_error(e, final, tmp_dir) from e
         raise
+
+
+try:
+    if os.environ.get("CLAIRVOYANT_NO_CEXT"):
+        raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
+    from ._fastcopy import copy_publish as _c_copy_publish
+except ImportError:
+    _c_copy_publish = None
+
+
+def _py_copy_publish(src: str, tmp: str, final: str, expected: int = -1) -> int:
+    from ..source.posix import copy_fd
+    fd_in = os.open(src, os.O_RDONLY)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                n = copy_fd(fd_in, fd)
+            finally:
+                os.close(fd)
+            if 0 <= expected != n:
+                os.unlink(tmp)
+                return n
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return n
+    finally:
+        os.close(fd_in)
+
+
+def publish_file(final: str, tmp_dir: str, src: str, expected: int = -1) -> int:
+    """Make ``final`` an atomic copy of the file ``src``; return its size. Where
+    ``expected`` >= 0 and the size differs, nothing is published.
+
+    One call into C where the helper is built (no GIL held for the whole copy),
+    else the same steps in Python. An error opening ``src`` is raised as is
+    (``e.filename == src``) for the caller to name the sample.
+    """
+    tmp = tmp_name(tmp_dir, final)
+    copy = _c_copy_publish or _py_copy_publish
+    try:
+        return copy(src, tmp, final, expected)
+    except OSError as e:
+        if e.filename == src:
+            raise
+        raise _local_error(e, final, tmp_dir) from e
+
+
+def _local_error(e: OSError, final: str, tmp_dir: str) -> CacheError:
+    if e.errno in _FULL:
+        return LocalStorageFull(
+            f"the node-local device of {os.path.dirname(tmp_dir)} is full ({e.strerror}) while staging "
+            f"{os.path.basename(final)}: free space there or choose another local_dir= on a larger node-local disk")
+    return CacheError(f"cannot write {final} in the local cache: {e.strerror or e}")
 
 
 def remove_orphans(tmp_dir: str) -> int:

@@ -153,6 +153,9 @@ class EpochRun:
                     self._stats.waits += 1
                 while k not in self._results:
                     self._poll(0.1)
+                    if self._stager.fatal is not None:
+                        raise WorkerError(f"the staging engine stopped: {self._stager.fatal!r}") \
+                            from self._stager.fatal
                 self._stats.add(wait_seconds=time.perf_counter() - t0)
             out = self._take(k)
         except BaseException:

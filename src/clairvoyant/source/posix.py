@@ -118,27 +118,20 @@ class PosixSource:
         try:
             data = read_file(path)
         except OSError as e:
-            raise self._read_error(key, path, e) from e
+            raise self.read_error(key, path, e) from e
         self._charge(len(data))
         return data
 
     def _charge(self, nbytes: int) -> None:
         """Called once per sample read with its size; emulated storage charges its costs here."""
 
-    def copy_to(self, key: str, dst_fd: int) -> int:
-        """Copy sample ``key`` into the open file ``dst_fd`` inside the kernel; return its size."""
-        path = self.path_of(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as e:
-            raise self._read_error(key, path, e) from e
-        try:
-            self._charge(os.fstat(fd).st_size)
-            return copy_fd(fd, dst_fd)
-        finally:
-            os.close(fd)
+    def path_for_copy(self, key: str, size: int) -> str:
+        """The file to copy sample ``key`` (``size`` bytes) from; counts as one read of it."""
+        self._charge(size)
+        return self.path_of(key)
 
-    def _read_error(self, key: str, path: str, e: OSError) -> SampleReadError:
+    def read_error(self, key: str, path: str, e: OSError) -> SampleReadError:
+        """The typed error for an OSError met reading sample ``key`` at ``path``."""
         if isinstance(e, FileNotFoundError):
             return SampleReadError(
                 f"sample {key!r} is gone from the source ({path}): the source changed since it was "

@@ -34,6 +34,7 @@ class Stager:
         self._on_done, self._known = on_done, known
         self._queue: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self._stop = False
+        self.fatal: BaseException | None = None  # an error that stopped a staging thread itself
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
 
@@ -55,6 +56,12 @@ class Stager:
                 t.join(timeout)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # never die silently: the consumer would wait for ever
+            self.fatal = e
+
+    def _loop(self) -> None:
         while not self._stop:
             item = self._queue.get()
             if item is None or self._stop:
@@ -80,20 +87,30 @@ class Stager:
             if self._store.has(key, size):  # an earlier run, or another rank of this node, copied it
                 self._known.add(idx)
                 return HIT
-            self._store.put_from(key, lambda fd: self._fill(key, size, fd))
+            path_for_copy = getattr(self._source, "path_for_copy", None)
+            if path_for_copy is not None:  # a file: copied and published in one call, in the kernel
+                src = path_for_copy(key, size)
+                try:
+                    n = self._store.put_file(key, src, size)
+                except OSError as e:
+                    if e.filename != src or isinstance(e, ClairvoyantError):
+                        raise
+                    raise self._source.read_error(key, src, e) from e
+                _check_size(key, n, size)
+            else:
+                self._store.put_from(key, lambda fd: self._fill(key, size, fd))
         self._known.add(idx)
         return COPIED
 
     def _fill(self, key: str, size: int, fd: int) -> int:
-        copy_to = getattr(self._source, "copy_to", None)
-        if copy_to is not None:
-            n = copy_to(key, fd)
-        else:
-            data = self._source.read(key)
-            write_all(fd, data)
-            n = len(data)
-        if n != size:  # raised inside the publish: the temporary file is removed, nothing is served
-            raise SourceChanged(
-                f"sample {key!r} is {n} bytes on the source but {size} in the manifest: the source "
-                "changed since it was indexed; run `clairvoyant index --force` on it, or pass reindex=True")
-        return n
+        data = self._source.read(key)
+        _check_size(key, len(data), size)  # raised inside the publish: nothing is published
+        write_all(fd, data)
+        return len(data)
+
+
+def _check_size(key: str, n: int, size: int) -> None:
+    if n != size:
+        raise SourceChanged(
+            f"sample {key!r} is {n} bytes on the source but {size} in the manifest: the source "
+            "changed since it was indexed; run `clairvoyant index --force` on it, or pass reindex=True")

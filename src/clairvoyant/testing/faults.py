@@ -24,9 +24,9 @@ class FaultySource(PosixSource):
         self._fail(key)
         return super().read(key)
 
-    def copy_to(self, key: str, dst_fd: int) -> int:
+    def path_for_copy(self, key: str, size: int) -> str:
         self._fail(key)
-        return super().copy_to(key, dst_fd)
+        return super().path_for_copy(key, size)
 
     def _fail(self, key: str) -> None:
         if key in self.bad_keys:
@@ -50,8 +50,15 @@ def disk_full_after(nbytes: int) -> Iterator[None]:
             return n
         return original(final, tmp_dir, limited)
 
-    publish_mod.publish = fill_limited
+    def file_limited(final: str, tmp_dir: str, src: str, expected: int = -1) -> int:
+        written[0] += os.path.getsize(src)
+        if written[0] > nbytes:
+            raise publish_mod._local_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), final, tmp_dir)
+        return original_file(final, tmp_dir, src, expected)
+
+    original_file = publish_mod.publish_file
+    publish_mod.publish, publish_mod.publish_file = fill_limited, file_limited
     try:
         yield
     finally:
-        publish_mod.publish = original
+        publish_mod.publish, publish_mod.publish_file = original, original_file
