@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-0.1
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch==2.13.0 is pinned: it resolves to the local CPU build; an unpinned torch pulls CUDA.

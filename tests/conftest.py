@@ -39,9 +39,10 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
 
 
 def tmp_files(local_dir: str) -> list[str]:
+    """Files in the cache's temporary area (writes in progress or orphans)."""
     out = []
     for root, _dirs, files in os.walk(local_dir):
-        if os.path.basename(root) == "tmp":
+        if "tmp" in os.path.relpath(root, local_dir).split(os.sep):
             out += [os.path.join(root, f) for f in files]
     return out
 

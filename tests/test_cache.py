@@ -88,7 +88,7 @@ def test_publish_failure_leaves_no_temporary_file(tmp_path):
 
     with pytest.raises(RuntimeError):
         store.put_from("k", fill)
-    assert not os.path.exists(store.path_for("k")) and os.listdir(store.tmp_dir) == []
+    assert not os.path.exists(store.path_for("k")) and tmp_files(str(tmp_path)) == []
     store.close()
 
 

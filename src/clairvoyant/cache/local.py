@@ -3,7 +3,7 @@
 Layout under ``local_dir``::
 
     v1/<source id>/data/<xx>/<sha1 of key>   published samples
-    v1/<source id>/tmp/<pid>.<name>.<rand>   writes in progress
+    v1/<source id>/tmp/<xx>/<pid>.<name>.<n> writes in progress
     v1/<source id>/locks                     byte-range locks, one byte per key hash
 
 Several processes (the ranks of a node) may share one directory: a byte-range
@@ -62,15 +62,17 @@ class LocalStore:
         self.data_dir = os.path.join(self.root, "data")
         self.tmp_dir = os.path.join(self.root, "tmp")
         try:
+            # 256 shards each for data and temporary files: concurrent creates and renames of many
+            # staging threads would otherwise queue on one directory's lock
             for d in (self.data_dir, self.tmp_dir):
                 os.makedirs(d, mode=0o700, exist_ok=True)
-            for i in range(256):
-                os.makedirs(os.path.join(self.data_dir, f"{i:02x}"), exist_ok=True)
+                for i in range(256):
+                    os.makedirs(os.path.join(d, f"{i:02x}"), exist_ok=True)
             self._lock_fd = os.open(os.path.join(self.root, "locks"), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:
             raise LocalDirNotWritable(
                 f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
-        self.orphans_removed = remove_orphans(self.tmp_dir)
+        self.orphans_removed = sum(remove_orphans(os.path.join(self.tmp_dir, f"{i:02x}")) for i in range(256))
 
     def close(self) -> None:
         if self._lock_fd >= 0:
@@ -80,6 +82,9 @@ class LocalStore:
     def path_for(self, key: str) -> str:
         d = _digest(key)
         return os.path.join(self.data_dir, d[:2], d)
+
+    def _tmp_for(self, final: str) -> str:
+        return os.path.join(self.tmp_dir, os.path.basename(final)[:2])
 
     def has(self, key: str, size: int) -> bool:
         """Published with the expected size (a different size is a stale entry)."""
@@ -99,12 +104,15 @@ class LocalStore:
             fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
 
     def put(self, key: str, data: bytes) -> None:
-        _publish.publish(self.path_for(key), self.tmp_dir, lambda fd: write_all(fd, data))
+        final = self.path_for(key)
+        _publish.publish(final, self._tmp_for(final), lambda fd: write_all(fd, data))
 
     def put_file(self, key: str, src: str, size: int) -> int:
         """Publish a copy of the file ``src`` if it holds ``size`` bytes; return the bytes found."""
-        return _publish.publish_file(self.path_for(key), self.tmp_dir, src, size)
+        final = self.path_for(key)
+        return _publish.publish_file(final, self._tmp_for(final), src, size)
 
     def put_from(self, key: str, fill: Callable[[int], int]) -> int:
         """Publish what ``fill(fd)`` writes (e.g. an in-kernel copy from the source)."""
-        return _publish.publish(self.path_for(key), self.tmp_dir, fill)
+        final = self.path_for(key)
+        return _publish.publish(final, self._tmp_for(final), fill)

@@ -107,7 +107,7 @@ def publish_file(final: str, tmp_dir: str, src: str, expected: int = -1) -> int:
 def _local_error(e: OSError, final: str, tmp_dir: str) -> CacheError:
     if e.errno in _FULL:
         return LocalStorageFull(
-            f"the node-local device of {os.path.dirname(tmp_dir)} is full ({e.strerror}) while staging "
+            f"the node-local device of {os.path.dirname(os.path.dirname(tmp_dir))} is full ({e.strerror}) while staging "
             f"{os.path.basename(final)}: free space there or choose another local_dir= on a larger node-local disk")
     return CacheError(f"cannot write {final} in the local cache: {e.strerror or e}")
 
