@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,3 +59,34 @@ def test_bad_settings(dataset):
         EmulatedStore(dataset, bandwidth=0)
     with pytest.raises(ConfigError):
         EmulatedStore(dataset, max_inflight=0)
+
+
+def test_first_use_from_many_threads_at_once_does_not_deadlock(store, monkeypatch):
+    """Regression: two threads opening the shared state at once held the lock on a file
+    description that was then replaced, and every later request waited for ever. A slow
+    open widens the window that the race needs."""
+    import threading
+    real_open = os.open
+
+    def slow_open(path, *args, **kwargs):
+        if str(path).endswith(".state"):
+            time.sleep(0.05)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", slow_open)
+    keys = [k for k, _ in store.scan()][:16]
+    for _ in range(5):
+        fresh = pickle.loads(pickle.dumps(EmulatedStore(store.root, open_latency=0.0, read_latency=0.0,
+                                                        state_dir=os.path.dirname(store.state_path))))
+        start = threading.Barrier(len(keys))
+
+        def read(key, s=fresh, b=start):
+            b.wait()
+            s.read(key)
+
+        threads = [threading.Thread(target=read, args=(k,), daemon=True) for k in keys]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads), "emulated store deadlocked"

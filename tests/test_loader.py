@@ -144,11 +144,17 @@ def test_two_ranks_share_one_local_dir_and_copy_each_sample_once(dataset, tmp_pa
     Loader(store, batch_size=6, local_dir=tmp_path / "l", num_workers=1).close()  # index once
     procs = [ctx.Process(target=_rank_main, args=(r, 2, dataset, str(tmp_path / "l"), str(tmp_path / "emu"),
                                                   str(tmp_path / f"r{r}.json"))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:  # a hung rank must fail the test, not hang the interpreter's exit
+            if p.is_alive():
+                p.kill()
+                p.join(5)
     res = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     assert res[0]["n"] == res[1]["n"] == 8
     assert res[0]["copied"] + res[1]["copied"] == 96          # each sample copied once in all

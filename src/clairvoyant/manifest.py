@@ -14,14 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 
+from .cache.publish import tmp_name
 from .errors import ManifestError
+from .fileio import write_all, write_atomically
 from .paths import cache_home
 from .source import Source
 
@@ -108,17 +109,8 @@ def save(manifest: Manifest, path: str) -> None:
     """Write atomically: a reader sees the old manifest or the new one, never half."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(manifest.to_json(), f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    data = json.dumps(manifest.to_json(), separators=(",", ":")).encode()
+    write_atomically(path, tmp_name(directory, path), lambda fd: write_all(fd, data))
 
 
 def load(path: str) -> Manifest:

@@ -22,7 +22,7 @@ import stat
 from typing import Callable, Iterator
 
 from ..errors import LocalDirNotWritable
-from ..source.posix import write_all
+from ..fileio import write_all
 from . import publish as _publish
 from .publish import remove_orphans
 

@@ -12,6 +12,7 @@ import os
 from typing import Callable
 
 from ..errors import CacheError, ClairvoyantError, LocalStorageFull
+from ..fileio import copy_fd, write_atomically
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -32,25 +33,12 @@ def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
 
     On any failure, ``fill``'s own included, neither a partial nor a temporary file is left.
     """
-    tmp = tmp_name(tmp_dir, final)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            n = fill(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        return n
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, ClairvoyantError):  # the source's own error, raised inside fill
-            raise
-        if isinstance(e, OSError):
-            raise _local_error(e, final, tmp_dir) from e
+        return write_atomically(final, tmp_name(tmp_dir, final), fill)
+    except ClairvoyantError:  # the source's own error, raised inside fill
         raise
+    except OSError as e:
+        raise _local_error(e, final, tmp_dir) from e
 
 
 try:
@@ -62,26 +50,9 @@ except ImportError:
 
 
 def _py_copy_publish(src: str, tmp: str, final: str, expected: int = -1) -> int:
-    from ..source.posix import copy_fd
     fd_in = os.open(src, os.O_RDONLY)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            try:
-                n = copy_fd(fd_in, fd)
-            finally:
-                os.close(fd)
-            if 0 <= expected != n:
-                os.unlink(tmp)
-                return n
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        return n
+        return write_atomically(final, tmp, lambda fd: copy_fd(fd_in, fd), expected)
     finally:
         os.close(fd_in)
 

@@ -13,7 +13,7 @@ import signal
 import traceback
 from typing import Any, Callable
 
-from ..source.posix import read_file
+from ..fileio import read_file
 from .collate import default_collate
 from .transport import Slot, pack
 

@@ -8,48 +8,7 @@ import stat
 from typing import Iterator
 
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
-
-
-def read_file(path: str, size: int = -1) -> bytes:
-    """The whole file in as few system calls as possible (open, [fstat,] read, close)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if size < 0:
-            size = os.fstat(fd).st_size
-        data = os.read(fd, size)
-        if len(data) < size:  # short read: a large file, or a pipe-like file system
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        return data
-    finally:
-        os.close(fd)
-
-
-_NO_RANGE = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
-
-
-def copy_fd(src: int, dst: int) -> int:
-    """Copy the rest of ``src`` to ``dst`` inside the kernel where it can (copy_file_range)."""
-    total = 0
-    try:
-        while n := os.copy_file_range(src, dst, 1 << 30):
-            total += n
-        return total
-    except (AttributeError, OSError) as e:
-        if total or (isinstance(e, OSError) and e.errno not in _NO_RANGE):
-            raise
-    while chunk := os.read(src, 1 << 20):
-        write_all(dst, chunk)
-        total += len(chunk)
-    return total
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+from ..fileio import read_file
 
 
 class PosixSource:

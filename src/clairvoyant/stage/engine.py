@@ -18,7 +18,7 @@ from ..cache.local import LocalStore
 from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..source import Source
-from ..source.posix import write_all
+from ..fileio import write_all
 
 HIT, COPIED = "hit", "copied"
 # on_done(batch, index, outcome): outcome is HIT, COPIED or the exception that stopped the copy

@@ -101,16 +101,18 @@ class EmulatedStore(PosixSource):
     def _locked(self) -> Iterator[mmap.mmap]:
         """flock excludes other processes; the threads of this one share a file description,
         so a thread lock excludes them."""
-        mm = self._state()
         with self._tlock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            mm = self._state()  # opened under the thread lock: two threads must not each open one
+            fd = self._fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield mm
             finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def counters(self) -> Counters:
-        v = _STATE.unpack_from(self._state(), 0)
+        with self._locked() as mm:
+            v = _STATE.unpack_from(mm, 0)
         return Counters(opens=v[0], reads=v[1], bytes=v[2], listings=v[3], peak_inflight=v[4])
 
     def reset(self) -> None:
