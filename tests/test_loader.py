@@ -225,3 +225,40 @@ def test_a_loop_that_keeps_every_batch_does_not_starve_the_readers(dataset, tmp_
         kept = list(ld)  # 48 batches held at once, far more than the readers' buffers
         assert len(kept) == 48
         assert same(kept, reference_batches(ld, 0, dataset))
+
+
+CTRL_C_SCRIPT = """
+import sys
+from clairvoyant import Loader
+from clairvoyant.testing import EmulatedStore
+store = EmulatedStore(sys.argv[1], open_latency=0.05, state_dir=sys.argv[3])
+ld = Loader(store, batch_size=4, local_dir=sys.argv[2], num_workers=2, stage_threads=4)
+it = iter(ld)
+next(it)
+print(" ".join(str(w.process.pid) for w in it._run._pool.workers), flush=True)
+for _ in it:
+    pass
+"""
+
+
+def test_ctrl_c_leaves_no_process_or_temporary_file(dataset, tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT, dataset, str(tmp_path / "l"),
+                             str(tmp_path / "emu")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too: only its exit status is left
+            return f.read().split(") ")[1].startswith("Z")
+
+    assert wait_until(lambda: all(gone(p) for p in pids), timeout=10)
+    assert tmp_files(str(tmp_path / "l")) == []
