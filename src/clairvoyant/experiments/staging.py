@@ -163,7 +163,8 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
         results.append(RunResult("c", f"(c) copy all ({stage_threads} threads), then (b) {best_b.workers}w",
                                  best_b.images, copy_s + best_b.seconds, copy_s + best_b.first_batch,
                                  [copy_s + t for t in best_b.batch_times], best_b.workers, man.total_bytes))
-        shutil.rmtree(copy_dir)
+        # the copy stays until the end: deleting thousands of files just before (d) would make
+        # the file system slower at creating (d)'s files (ext4 skips recently deleted inodes)
         # (d) clairvoyant, cold local_dir; manifest handed over like the DataLoader's file list
         mpath = os.path.join(work, "manifest.json")
         manifest_mod.save(man, mpath)
