@@ -136,14 +136,15 @@ def _rank_main(rank, world, dataset, local_dir, state_dir, out):
         json.dump({"n": len(ys), "copied": s["source_files"], "hits": s["local_hits"]}, f)
 
 
-def test_two_ranks_share_one_local_dir_and_copy_each_sample_once(dataset, tmp_path, no_leaks):
+def _run_ranks(tmp_path, dataset, ranks_and_worlds):
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     store = EmulatedStore(dataset, state_dir=str(tmp_path / "emu"))
     store.reset()
     Loader(store, batch_size=6, local_dir=tmp_path / "l", num_workers=1).close()  # index once
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, dataset, str(tmp_path / "l"), str(tmp_path / "emu"),
-                                                  str(tmp_path / f"r{r}.json"))) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, w, dataset, str(tmp_path / "l"), str(tmp_path / "emu"),
+                                                  str(tmp_path / f"r{i}.json")))
+             for i, (r, w) in enumerate(ranks_and_worlds)]
     try:
         for p in procs:
             p.start()
@@ -155,12 +156,25 @@ def test_two_ranks_share_one_local_dir_and_copy_each_sample_once(dataset, tmp_pa
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    res = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    res = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(len(procs))]
+    data_files = sum(len(f) for r, _, f in os.walk(tmp_path / "l") if "/data/" in r + "/")
+    return res, store.counters(), data_files
+
+
+def test_two_ranks_share_one_local_dir_and_copy_each_sample_once(dataset, tmp_path, no_leaks):
+    res, counters, data_files = _run_ranks(tmp_path, dataset, [(0, 2), (1, 2)])
     assert res[0]["n"] == res[1]["n"] == 8
     assert res[0]["copied"] + res[1]["copied"] == 96          # each sample copied once in all
-    assert store.counters().reads == 96                        # and read once from the source
-    data_files = sum(len(f) for r, _, f in os.walk(tmp_path / "l") if "/data/" in r + "/")
-    assert data_files == 96
+    assert counters.reads == 96 and data_files == 96           # and read once from the source
+
+
+def test_two_jobs_wanting_the_same_samples_at_once_copy_each_once(dataset, tmp_path, no_leaks):
+    """Same plan, same moment: the node-wide lock per sample lets one copy and the other hit."""
+    res, counters, data_files = _run_ranks(tmp_path, dataset, [(0, 1), (0, 1)])
+    assert res[0]["n"] == res[1]["n"] == 16
+    assert res[0]["copied"] + res[1]["copied"] == 96
+    assert res[0]["hits"] + res[1]["hits"] == 96
+    assert counters.reads == 96 and data_files == 96
 
 
 def test_early_break_leaves_nothing_behind(dataset, tmp_path, no_leaks):

@@ -14,12 +14,11 @@ lock behind.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
 import stat
-from typing import Callable, Iterator
+from typing import Callable
 
 from ..errors import LocalDirNotWritable
 from ..fileio import write_all
@@ -93,24 +92,27 @@ class LocalStore:
         except FileNotFoundError:
             return False
 
-    @contextlib.contextmanager
-    def lock(self, key: str) -> Iterator[None]:
-        """Exclusive, across the processes of the node, for the duration of one copy."""
-        offset = int(_digest(key)[:8], 16)
-        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, offset)
-        try:
-            yield
-        finally:
-            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
+    def _offset(self, key: str) -> int:
+        return int(_digest(key)[:8], 16)
+
+    def claim(self, key: str, size: int) -> bool:
+        """True if ``key`` is already here; else False, and the caller holds the node-wide lock
+        of ``key`` until ``put_file(..., unlock=True)`` or ``release(key)``."""
+        return _publish.claim(self._lock_fd, self._offset(key), self.path_for(key), size)
+
+    def release(self, key: str) -> None:
+        _publish.release(self._lock_fd, self._offset(key))
 
     def put(self, key: str, data: bytes) -> None:
         final = self.path_for(key)
         _publish.publish(final, self._tmp_for(final), lambda fd: write_all(fd, data))
 
-    def put_file(self, key: str, src: str, size: int) -> int:
-        """Publish a copy of the file ``src`` if it holds ``size`` bytes; return the bytes found."""
+    def put_file(self, key: str, src: str, size: int, unlock: bool = False) -> int:
+        """Publish a copy of the file ``src`` if it holds ``size`` bytes; return the bytes found.
+        With ``unlock``, the lock taken by ``claim`` is released at the end, whatever happens."""
         final = self.path_for(key)
-        return _publish.publish_file(final, self._tmp_for(final), src, size)
+        lock = (self._lock_fd, self._offset(key)) if unlock else (-1, 0)
+        return _publish.publish_file(final, self._tmp_for(final), src, size, lock)
 
     def put_from(self, key: str, fill: Callable[[int], int]) -> int:
         """Publish what ``fill(fd)`` writes (e.g. an in-kernel copy from the source)."""

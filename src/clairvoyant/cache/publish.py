@@ -7,8 +7,10 @@ pid, so a later process can remove what a killed writer left behind.
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import os
+import time
 from typing import Callable
 
 from ..errors import CacheError, ClairvoyantError, LocalStorageFull
@@ -44,22 +46,64 @@ def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
 try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
+    from ._fastcopy import claim as _c_claim
     from ._fastcopy import copy_publish as _c_copy_publish
 except ImportError:
-    _c_copy_publish = None
+    _c_claim = _c_copy_publish = None
 
 
-def _py_copy_publish(src: str, tmp: str, final: str, expected: int = -1) -> int:
-    fd_in = os.open(src, os.O_RDONLY)
+def _lock(lock_fd: int, offset: int) -> None:
+    while True:
+        try:
+            fcntl.lockf(lock_fd, fcntl.LOCK_EX, 1, offset)
+            return
+        except OSError as e:
+            # POSIX locks belong to processes: two processes whose threads wait on each other's
+            # locks look like a deadlock to the kernel although no thread waits holding one
+            if e.errno != errno.EDEADLK:
+                raise
+            time.sleep(0.001)
+
+
+def _py_claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
+    _lock(lock_fd, offset)
     try:
-        return write_atomically(final, tmp, lambda fd: copy_fd(fd_in, fd), expected)
+        present = os.stat(path).st_size == size
+    except FileNotFoundError:
+        present = False
+    if present:
+        fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
+    return present
+
+
+def _py_copy_publish(src: str, tmp: str, final: str, expected: int = -1, lock_fd: int = -1,
+                     offset: int = 0) -> int:
+    try:
+        fd_in = os.open(src, os.O_RDONLY)
+        try:
+            return write_atomically(final, tmp, lambda fd: copy_fd(fd_in, fd), expected)
+        finally:
+            os.close(fd_in)
     finally:
-        os.close(fd_in)
+        if lock_fd >= 0:
+            fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
 
 
-def publish_file(final: str, tmp_dir: str, src: str, expected: int = -1) -> int:
+def claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
+    """Take the node-wide lock of one sample (byte ``offset`` of ``lock_fd``) and look at ``path``:
+    True if it is published with ``size`` bytes (the lock is released again), else False and the
+    lock stays held for the caller's copy."""
+    return (_c_claim or _py_claim)(lock_fd, offset, path, size)
+
+
+def release(lock_fd: int, offset: int) -> None:
+    fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
+
+
+def publish_file(final: str, tmp_dir: str, src: str, expected: int = -1, lock: tuple[int, int] = (-1, 0)) -> int:
     """Make ``final`` an atomic copy of the file ``src``; return its size. Where
-    ``expected`` >= 0 and the size differs, nothing is published.
+    ``expected`` >= 0 and the size differs, nothing is published. ``lock`` (fd, offset),
+    if given, is released at the end whatever happens.
 
     One call into C where the helper is built (no GIL held for the whole copy),
     else the same steps in Python. An error opening ``src`` is raised as is
@@ -68,7 +112,7 @@ def publish_file(final: str, tmp_dir: str, src: str, expected: int = -1) -> int:
     tmp = tmp_name(tmp_dir, final)
     copy = _c_copy_publish or _py_copy_publish
     try:
-        return copy(src, tmp, final, expected)
+        return copy(src, tmp, final, expected, lock[0], lock[1])
     except OSError as e:
         if e.filename == src:
             raise

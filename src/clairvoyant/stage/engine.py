@@ -83,22 +83,30 @@ class Stager:
         if idx in self._known:
             return HIT
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
-        with self._store.lock(key):
-            if self._store.has(key, size):  # an earlier run, or another rank of this node, copied it
-                self._known.add(idx)
-                return HIT
-            path_for_copy = getattr(self._source, "path_for_copy", None)
-            if path_for_copy is not None:  # a file: copied and published in one call, in the kernel
+        store = self._store
+        if store.claim(key, size):  # an earlier run, or another rank of this node, copied it
+            self._known.add(idx)
+            return HIT
+        # we hold the node-wide lock of key now; every path below lets go of it
+        path_for_copy = getattr(self._source, "path_for_copy", None)
+        if path_for_copy is not None:  # a file: copied, published and unlocked in one call
+            try:
                 src = path_for_copy(key, size)
-                try:
-                    n = self._store.put_file(key, src, size)
-                except OSError as e:
-                    if e.filename != src or isinstance(e, ClairvoyantError):
-                        raise
-                    raise self._source.read_error(key, src, e) from e
-                _check_size(key, n, size)
-            else:
-                self._store.put_from(key, lambda fd: self._fill(key, size, fd))
+            except BaseException:
+                store.release(key)
+                raise
+            try:
+                n = store.put_file(key, src, size, unlock=True)
+            except OSError as e:
+                if e.filename != src or isinstance(e, ClairvoyantError):
+                    raise
+                raise self._source.read_error(key, src, e) from e
+            _check_size(key, n, size)
+        else:
+            try:
+                store.put_from(key, lambda fd: self._fill(key, size, fd))
+            finally:
+                store.release(key)
         self._known.add(idx)
         return COPIED
 

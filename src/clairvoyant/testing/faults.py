@@ -50,11 +50,13 @@ def disk_full_after(nbytes: int) -> Iterator[None]:
             return n
         return original(final, tmp_dir, limited)
 
-    def file_limited(final: str, tmp_dir: str, src: str, expected: int = -1) -> int:
+    def file_limited(final: str, tmp_dir: str, src: str, expected: int = -1, lock=(-1, 0)) -> int:
         written[0] += os.path.getsize(src)
         if written[0] > nbytes:
+            if lock[0] >= 0:  # the contract: the lock goes, whatever happens
+                publish_mod.release(*lock)
             raise publish_mod._local_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), final, tmp_dir)
-        return original_file(final, tmp_dir, src, expected)
+        return original_file(final, tmp_dir, src, expected, lock)
 
     original_file = publish_mod.publish_file
     publish_mod.publish, publish_mod.publish_file = fill_limited, file_limited
