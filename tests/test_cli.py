@@ -28,7 +28,7 @@ def test_index_error_is_one_clear_line(tmp_path, capsys):
 def test_demo_runs_at_a_tiny_size(tmp_path, capsys, no_leaks):
     out = tmp_path / "out"
     rc = main(["demo", "--batches", "3", "--batch-size", "8", "--workers", "1,2", "--stage-threads", "4",
-               "--open-latency-ms", "1", "--read-latency-ms", "0", "--data-dir", str(tmp_path / "data"),
+               "--open-latency-ms", "1", "--read-latency-ms", "0", "--repeats", "2", "--data-dir", str(tmp_path / "data"),
                "--out", str(out), "--json"])
     assert rc == 0
     summary = json.loads((out / "staging.json").read_text())
@@ -36,5 +36,6 @@ def test_demo_runs_at_a_tiny_size(tmp_path, capsys, no_leaks):
     assert names[:2] == ["a1", "a2"] and "c" in names and "d" in names and "d2" in names
     assert all(r["images_per_s"] > 0 for r in summary["rows"])
     assert summary["targets"]["second_epoch_source_bytes"] == 0
+    assert len(summary["repeats"]["d_images_per_s"]) == 2
     assert os.path.getsize(out / "staging.png") > 10_000
     assert json.loads(capsys.readouterr().out)["targets"]["d_first_batch_s"] > 0
