@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from ..errors import ClairvoyantError
+from ..errors import ClairvoyantError, ConfigError
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
@@ -61,6 +61,43 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from ..plan.budget import loading_budget
+    from ..units import format_bytes, parse_bytes
+
+    sample = dataset = None
+    if args.source:
+        from .. import manifest as manifest_mod
+        from ..source import as_source
+        man, _ = manifest_mod.obtain(as_source(args.source))
+        dataset, sample = float(man.total_bytes), man.total_bytes / len(man)
+    if args.sample_size is not None:
+        sample = float(parse_bytes(args.sample_size, what="--sample-size"))
+    if sample is None:
+        raise ConfigError("give --sample-size (e.g. 64KiB) or --source to measure it from the data set")
+    if args.dataset_size is not None:
+        dataset = float(parse_bytes(args.dataset_size, what="--dataset-size"))
+    b = loading_budget(batch_size=args.batch_size, step_time=args.step_time, sample_bytes=sample,
+                       gpus_per_node=args.gpus, nodes=args.nodes, experiments=args.experiments,
+                       dataset_bytes=dataset, local_capacity=parse_bytes(args.local_capacity, what="--local-capacity"),
+                       ram_capacity=parse_bytes(args.ram_capacity, what="--ram-capacity"))
+    if args.json:
+        print(json.dumps(b.to_dict()))
+        return 0
+    gpus = args.gpus * args.nodes * args.experiments
+    print(f"per GPU:   {b.samples_per_s_per_gpu:,.0f} samples/s ({b.batch_size} every {b.step_time:g} s); "
+          f"the p99 wait for a batch must stay under {b.latency_budget_s * 1e3:.0f} ms")
+    print(f"in total:  {b.samples_per_s:,.0f} samples/s over {gpus} GPUs "
+          f"({args.gpus} per node x {args.nodes} nodes x {args.experiments} experiments)")
+    print(f"storage:   {b.iops:,.0f} read IOPS and {format_bytes(b.bytes_per_s)}/s "
+          f"at {format_bytes(b.sample_bytes)} per sample")
+    if b.hit_rate is not None:
+        print(f"cache:     {b.cache_fraction:.0%} of the data set fits on each node -> hit rate {b.hit_rate:.0%} "
+              f"per epoch after the first; the shared storage is left with {b.shared_iops:,.0f} IOPS and "
+              f"{format_bytes(b.shared_bytes_per_s)}/s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clairvoyant", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -71,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--force", action="store_true", help="walk the source again even if indexed")
     ix.add_argument("--json", action="store_true")
     ix.set_defaults(fn=_cmd_index)
+
+    pl = sub.add_parser("plan", help="the loading budget: what storage must deliver to keep the GPUs fed")
+    pl.add_argument("--batch-size", type=int, required=True, help="samples per batch per GPU")
+    pl.add_argument("--step-time", type=float, required=True, help="seconds per batch on the GPU")
+    pl.add_argument("--sample-size", help="mean sample size, e.g. 64KiB (or measured from --source)")
+    pl.add_argument("--source", help="a data set whose manifest gives the sample and data set sizes")
+    pl.add_argument("--gpus", type=int, default=1, help="GPUs per node")
+    pl.add_argument("--nodes", type=int, default=1)
+    pl.add_argument("--experiments", type=int, default=1, help="concurrent jobs sharing the storage")
+    pl.add_argument("--dataset-size", help="data set size, e.g. 140GB, for the cache hit rate")
+    pl.add_argument("--local-capacity", default="0", help="node-local SSD for the cache, e.g. 400GiB")
+    pl.add_argument("--ram-capacity", default="0", help="RAM for the cache, e.g. 32GiB")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=_cmd_plan)
 
     dm = sub.add_parser("demo", help="staging vs. PyTorch's DataLoader on an emulated slow store")
     dm.add_argument("--batches", type=int, default=100, help="mini-batches to draw (the paper: 1000)")

@@ -95,11 +95,13 @@ def run_dataloader(read, keys, labels, *, workers: int, batch_size: int, n_batch
     ds = _ReadDataset(read, keys, labels)
     g = torch.Generator()
     g.manual_seed(seed)
-    dl = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=g)
     bar = _bar(n_batches, f"DataLoader {workers}w", progress)
     with warnings.catch_warnings():
         # Pillow's arrays are read-only; default_collate copies them anyway, and says so once
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        # more workers than cores is the point of the (a) sweep
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        dl = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=g)
         it = iter(dl)
         try:
             return _time_batches(it, n_batches, bar)

@@ -1,0 +1,68 @@
+"""Benchmark: the CPU one staged sample costs, staging threads alone (no decoding).
+
+Copies the demo's data set (generate it first with `clairvoyant demo`) from the
+emulated store into a fresh local directory with the Stager, and prints files/s
+and the user and system CPU time per file of this process.
+
+    python benchmarks/staging_cpu.py --threads 32 [--images 3200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from clairvoyant import manifest as manifest_mod
+from clairvoyant.cache.local import LocalStore
+from clairvoyant.paths import cache_home
+from clairvoyant.stage.engine import Stager
+from clairvoyant.testing import EmulatedStore, make_dataset
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=32)
+    p.add_argument("--images", type=int, default=3200)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    root = make_dataset(os.path.join(cache_home(), "demo", f"synthetic-imagenet-{args.images}"), args.images)
+    store = EmulatedStore(root)
+    man = manifest_mod.build(store)
+    work = tempfile.mkdtemp(prefix="clairvoyant-stagecpu-")
+    try:
+        for rep in range(args.repeats):
+            local = LocalStore(os.path.join(work, str(rep)), store.uri)
+            done, count = threading.Event(), [0]
+
+            def on_done(batch: int, idx: int, outcome) -> None:
+                if not isinstance(outcome, str):
+                    print(f"staging failed: {outcome!r}", file=sys.stderr)
+                count[0] += 1
+                if count[0] == len(man):
+                    done.set()
+
+            stager = Stager(store, local, man, threads=args.threads, on_done=on_done, known=set())
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            stager.start()
+            for b in range(0, len(man), 32):
+                stager.submit(b // 32, range(b, min(b + 32, len(man))))
+            done.wait()
+            dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+            stager.close()
+            local.close()
+            n = len(man)
+            print(f"threads {args.threads}: {n / dt:.0f} files/s, per file: user "
+                  f"{(r1.ru_utime - r0.ru_utime) / n * 1e6:.0f} us, system {(r1.ru_stime - r0.ru_stime) / n * 1e6:.0f} us")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

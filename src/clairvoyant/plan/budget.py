@@ -1,0 +1,62 @@
+"""The loading budget: what storage must deliver so that the GPUs never wait for data.
+
+A batch of n samples must be ready within the step time t, so every GPU needs
+throughput >= n / t samples per second and a p99 batch latency <= t. Read IOPS
+are samples/s (one read per sample, unpacked) and bandwidth is mean sample
+size x samples/s. With a node-local cache holding a fraction f of the data set
+and eviction by farthest next use, the hit rate per epoch after the first is f
+(the offline optimum under a fresh permutation each epoch), so the shared
+storage is left with (1 - f) of the reads. Pure arithmetic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Budget:
+    batch_size: int
+    step_time: float             # seconds per batch on one GPU
+    sample_bytes: float          # mean sample size
+    gpus_per_node: int
+    nodes: int
+    experiments: int
+    samples_per_s_per_gpu: float
+    samples_per_s: float         # all GPUs of all nodes of all experiments
+    latency_budget_s: float      # p99 of one batch's wait must stay below this
+    iops: float
+    bytes_per_s: float
+    cache_fraction: float | None = None     # of the data set held per node (local + RAM)
+    hit_rate: float | None = None           # per epoch after the first
+    shared_iops: float | None = None        # what is left on the shared storage
+    shared_bytes_per_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def loading_budget(*, batch_size: int, step_time: float, sample_bytes: float, gpus_per_node: int = 1,
+                   nodes: int = 1, experiments: int = 1, dataset_bytes: float | None = None,
+                   local_capacity: float = 0, ram_capacity: float = 0) -> Budget:
+    """The budget for ``experiments`` jobs of ``nodes`` x ``gpus_per_node`` GPUs each."""
+    for name, value in (("batch_size", batch_size), ("gpus_per_node", gpus_per_node), ("nodes", nodes),
+                        ("experiments", experiments)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if step_time <= 0 or sample_bytes <= 0:
+        raise ConfigError("step_time and sample_size must be > 0")
+    per_gpu = batch_size / step_time
+    total = per_gpu * gpus_per_node * nodes * experiments
+    iops, bw = total, total * sample_bytes
+    fraction = hit = shared_iops = shared_bw = None
+    if dataset_bytes is not None:
+        if dataset_bytes <= 0:
+            raise ConfigError("the data set size must be > 0")
+        fraction = min(1.0, (local_capacity + ram_capacity) / dataset_bytes)
+        hit = fraction
+        shared_iops, shared_bw = iops * (1 - hit), bw * (1 - hit)
+    return Budget(batch_size, step_time, sample_bytes, gpus_per_node, nodes, experiments, per_gpu, total,
+                  step_time, iops, bw, fraction, hit, shared_iops, shared_bw)

@@ -1,0 +1,123 @@
+"""POLICY: which samples a bounded cache keeps, from the known future (Belady's MIN).
+
+Because the order of every epoch is known in advance, the cache can keep the
+samples whose next use is soonest and evict the one needed farthest in the
+future: the offline optimum for equal sizes. A prefetch is admitted only if it
+evicts nothing needed sooner than itself. Pure: the cache mechanism (issue 3)
+asks this policy what to keep; it never decides by itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+NEVER = np.iinfo(np.int64).max
+
+
+def next_uses(sequence: Sequence[int] | np.ndarray) -> np.ndarray:
+    """For every position i, the next position j > i that accesses the same sample, else NEVER."""
+    seq = np.asarray(sequence, dtype=np.int64)
+    out = np.full(len(seq), NEVER, dtype=np.int64)
+    order = np.argsort(seq, kind="stable")          # positions grouped by sample, ascending within
+    same = seq[order[1:]] == seq[order[:-1]]
+    out[order[:-1][same]] = order[1:][same]
+    return out
+
+
+class FarthestNextUse:
+    """Residents within ``capacity`` bytes; evicts the one whose next use is farthest."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.used = 0
+        self._next: dict[int, int] = {}       # sample -> next use (position in the access sequence)
+        self._size: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []  # (-next use, sample); stale entries skipped lazily
+
+    def __contains__(self, sample: int) -> bool:
+        return sample in self._next
+
+    def __len__(self) -> int:
+        return len(self._next)
+
+    def touch(self, sample: int, next_use: int) -> None:
+        """A resident was used; ``next_use`` is when it is needed again (NEVER if not)."""
+        self._next[sample] = next_use
+        heapq.heappush(self._heap, (-next_use, sample))
+
+    def _farthest(self) -> tuple[int, int] | None:
+        while self._heap:
+            neg, sample = self._heap[0]
+            if self._next.get(sample) == -neg:
+                return sample, -neg
+            heapq.heappop(self._heap)  # stale: evicted, or touched since
+        return None
+
+    def admit(self, sample: int, size: int, next_use: int) -> list[int] | None:
+        """Make room for ``sample`` if that evicts only samples needed later than it.
+
+        Returns the evicted samples (possibly none), or None when admitting would
+        evict something needed sooner (then nothing changes).
+        """
+        if sample in self._next:
+            self.touch(sample, next_use)
+            return []
+        if size > self.capacity:
+            return None
+        victims, freed, held = [], 0, []
+        while self.used - freed + size > self.capacity:
+            top = self._farthest()
+            if top is None or top[1] <= next_use:
+                for v, nu in held:  # put back what we took off the heap
+                    heapq.heappush(self._heap, (-nu, v))
+                return None
+            victim, nu = top
+            heapq.heappop(self._heap)
+            held.append((victim, nu))
+            victims.append(victim)
+            freed += self._size[victim]
+        for v in victims:
+            del self._next[v]
+            self.used -= self._size.pop(v)
+        self._next[sample], self._size[sample] = next_use, size
+        self.used += size
+        heapq.heappush(self._heap, (-next_use, sample))
+        return victims
+
+
+def simulate_farthest_next_use(sequence: Sequence[int], sizes: Sequence[int], capacity: int) -> int:
+    """Hits of the policy above on an access sequence, every miss admitted when allowed."""
+    seq = np.asarray(sequence, dtype=np.int64)
+    nxt = next_uses(seq)
+    cache, hits = FarthestNextUse(capacity), 0
+    for i, s in enumerate(seq.tolist()):
+        if s in cache:
+            hits += 1
+            cache.touch(s, int(nxt[i]))
+        else:
+            cache.admit(s, int(sizes[s]), int(nxt[i]))
+    return hits
+
+
+def simulate_lru(sequence: Sequence[int], sizes: Sequence[int], capacity: int) -> int:
+    """Hits of least-recently-used eviction on the same sequence, for comparison."""
+    cache: OrderedDict[int, int] = OrderedDict()
+    used = hits = 0
+    for s in (int(x) for x in sequence):
+        if s in cache:
+            hits += 1
+            cache.move_to_end(s)
+            continue
+        size = int(sizes[s])
+        if size > capacity:
+            continue
+        while used + size > capacity:
+            _, freed = cache.popitem(last=False)
+            used -= freed
+        cache[s] = size
+        used += size
+    return hits

@@ -1,0 +1,27 @@
+"""The benchmark scripts run at a tiny size, so that they do not rot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(script: str, *args: str) -> str:
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_staging_vs_dataloader_tiny(tmp_path):
+    out = run("staging_vs_dataloader.py", "--tiny", "--out", str(tmp_path))
+    assert "(d) clairvoyant, cold local_dir" in out
+    assert (tmp_path / "staging.json").exists() and (tmp_path / "staging.png").exists()
+
+
+def test_staging_cpu_tiny():
+    out = run("staging_cpu.py", "--images", "40", "--threads", "4", "--repeats", "1")
+    assert "files/s, per file: user" in out and "failed" not in out
