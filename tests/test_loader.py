@@ -276,3 +276,19 @@ def test_ctrl_c_leaves_no_process_or_temporary_file(dataset, tmp_path):
 
     assert wait_until(lambda: all(gone(p) for p in pids), timeout=10)
     assert tmp_files(str(tmp_path / "l")) == []
+
+
+def test_default_decoder_matches_pillow_on_jpeg_grey_and_png():
+    import io as _io
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)
+    for mode, fmt in (("RGB", "JPEG"), ("L", "JPEG"), ("RGB", "PNG"), ("P", "PNG")):
+        img = Image.fromarray(rgb).convert(mode)
+        buf = _io.BytesIO()
+        img.save(buf, format=fmt)
+        got = decode_image(buf.getvalue())
+        with Image.open(_io.BytesIO(buf.getvalue())) as ref:
+            want = np.asarray(ref.convert("RGB"))
+        assert got.shape == (20, 30, 3) and got.dtype == np.uint8
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, (mode, fmt)

@@ -49,12 +49,12 @@ class FarthestNextUse:
         self._next[sample] = next_use
         heapq.heappush(self._heap, (-next_use, sample))
 
-    def _farthest(self) -> tuple[int, int] | None:
+    def _farthest(self, chosen: set[int] = frozenset()) -> tuple[int, int] | None:
         while self._heap:
             neg, sample = self._heap[0]
-            if self._next.get(sample) == -neg:
+            if self._next.get(sample) == -neg and sample not in chosen:
                 return sample, -neg
-            heapq.heappop(self._heap)  # stale: evicted, or touched since
+            heapq.heappop(self._heap)  # stale: evicted, touched since, or a duplicate entry
         return None
 
     def admit(self, sample: int, size: int, next_use: int) -> list[int] | None:
@@ -70,7 +70,7 @@ class FarthestNextUse:
             return None
         victims, freed, held = [], 0, []
         while self.used - freed + size > self.capacity:
-            top = self._farthest()
+            top = self._farthest(set(victims))
             if top is None or top[1] <= next_use:
                 for v, nu in held:  # put back what we took off the heap
                     heapq.heappush(self._heap, (-nu, v))
