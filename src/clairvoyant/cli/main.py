@@ -50,7 +50,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     summary = staging.run(batches=args.batches, batch_size=args.batch_size, workers_grid=grid,
                           data_dir=args.data_dir, stage_threads=args.stage_threads,
                           open_latency=args.open_latency_ms / 1e3, read_latency=args.read_latency_ms / 1e3,
-                          bandwidth=args.bandwidth_mbs * 1e6, repeats=args.repeats,
+                          bandwidth=args.bandwidth_mbs * 1e6, repeats=args.repeats, decoder=args.decoder,
                           progress=not args.json and sys.stderr.isatty())
     jpath, ppath = staging.write(summary, args.out)
     if args.json:
@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--open-latency-ms", type=float, default=10.0)
     dm.add_argument("--read-latency-ms", type=float, default=2.0)
     dm.add_argument("--bandwidth-mbs", type=float, default=400.0)
+    dm.add_argument("--decoder", choices=("auto", "pillow"), default="auto",
+                    help="JPEG decoder for every configuration: libjpeg-turbo direct (auto) or Pillow")
     dm.add_argument("--repeats", type=int, default=3, help="runs of (b) and (d); the median is reported")
     dm.add_argument("--data-dir", help="where the synthetic data set is generated (default: the cache)")
     dm.add_argument("--out", default="out/demo", help="folder for the JSON and the PNG")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import manifest as manifest_mod
-from ..load.decode import decode_image
+from ..load.decode import decode_image, decode_image_pillow
 from ..load.loader import Loader
 from ..paths import cache_home
 from ..testing.emulated import EmulatedStore
@@ -47,17 +47,20 @@ class RunResult:
         return self.images / self.seconds if self.seconds > 0 else float("inf")
 
 
+DECODERS = {"auto": decode_image, "pillow": decode_image_pillow}
+
+
 class _ReadDataset:
     """A map-style dataset as users write it: read the file, decode, return (image, label)."""
 
-    def __init__(self, read, keys, labels) -> None:
-        self.read, self.keys, self.labels = read, keys, labels
+    def __init__(self, read, keys, labels, decode) -> None:
+        self.read, self.keys, self.labels, self.decode = read, keys, labels, decode
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def __getitem__(self, i: int):
-        return decode_image(self.read(self.keys[i])), int(self.labels[i])
+        return self.decode(self.read(self.keys[i])), int(self.labels[i])
 
 
 def _local_reader(root: str):
@@ -88,11 +91,11 @@ def _bar(total: int, desc: str, enabled: bool):
 
 
 def run_dataloader(read, keys, labels, *, workers: int, batch_size: int, n_batches: int, seed: int,
-                   progress: bool) -> tuple[float, float, list[float], int]:
+                   progress: bool, decode=decode_image) -> tuple[float, float, list[float], int]:
     import torch
     from torch.utils.data import DataLoader
 
-    ds = _ReadDataset(read, keys, labels)
+    ds = _ReadDataset(read, keys, labels, decode)
     g = torch.Generator()
     g.manual_seed(seed)
     bar = _bar(n_batches, f"DataLoader {workers}w", progress)
@@ -131,7 +134,9 @@ def copy_all(store: EmulatedStore, keys, dest: str, threads: int) -> float:
 def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ...] = (2, 4, 8, 16),
         data_dir: str | None = None, work_dir: str | None = None, stage_threads: int = 32,
         open_latency: float = 0.010, read_latency: float = 0.002, bandwidth: float = 400e6,
-        max_inflight: int = 64, seed: int = 0, repeats: int = 3, progress: bool = True) -> dict[str, Any]:
+        max_inflight: int = 64, seed: int = 0, repeats: int = 3, decoder: str = "auto",
+        progress: bool = True) -> dict[str, Any]:
+    decode = DECODERS[decoder]
     num_images = batches * batch_size
     data_dir = data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{num_images}")
     bar = _bar(num_images, "generating synthetic ImageNet", progress) if not os.path.exists(
@@ -149,7 +154,8 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
         for w in workers_grid:
             store.reset()
             secs, first, times, n = run_dataloader(store.read, keys, labels, workers=w, batch_size=batch_size,
-                                                   n_batches=batches, seed=seed, progress=progress)
+                                                   n_batches=batches, seed=seed, progress=progress,
+                                                   decode=decode)
             results.append(RunResult(f"a{w}", f"(a) DataLoader on store, {w} workers", n, secs, first, times, w,
                                      store.counters().bytes))
         copy_dir = os.path.join(work, "copy")
@@ -159,7 +165,7 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
         for w in workers_grid:
             secs, first, times, n = run_dataloader(_local_reader(copy_dir), keys, labels, workers=w,
                                                    batch_size=batch_size, n_batches=batches, seed=seed,
-                                                   progress=progress)
+                                                   progress=progress, decode=decode)
             b_grid.append(RunResult(f"b{w}", f"(b) DataLoader on local copy, {w} workers", n, secs, first, times,
                                     w, 0))
         best_w = max(b_grid, key=lambda r: r.images_per_s).workers
@@ -173,13 +179,13 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
             if rep > 0:
                 secs, first, times, n = run_dataloader(_local_reader(copy_dir), keys, labels, workers=best_w,
                                                        batch_size=batch_size, n_batches=batches, seed=seed,
-                                                       progress=progress)
+                                                       progress=progress, decode=decode)
                 b_runs.append(RunResult(f"b{best_w}", f"(b) DataLoader on local copy, {best_w} workers", n,
                                         secs, first, times, best_w, 0))
             else:
                 b_runs.append(next(r for r in b_grid if r.workers == best_w))
             loader = Loader(store, batch_size=batch_size, local_dir=os.path.join(work, f"local{rep}"), seed=seed,
-                            manifest=mpath, stage_threads=stage_threads)
+                            manifest=mpath, stage_threads=stage_threads, decode=decode)
             try:
                 epochs = ((0, "d"), (1, "d2")) if rep == repeats - 1 else ((0, "d"),)
                 for epoch, name in epochs:
@@ -210,7 +216,8 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summary = summarize(results, stats=stats, params=dict(
-        repeats=repeats, batches=batches, batch_size=batch_size, images=num_images, workers_grid=list(workers_grid),
+        repeats=repeats, decoder=decoder, batches=batches, batch_size=batch_size, images=num_images,
+        workers_grid=list(workers_grid),
         stage_threads=stage_threads, open_latency=open_latency, read_latency=read_latency, bandwidth=bandwidth,
         max_inflight=max_inflight, dataset_bytes=man.total_bytes, cpus=os.cpu_count()))
     summary["repeats"] = spread

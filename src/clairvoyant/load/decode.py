@@ -26,6 +26,11 @@ def decode_image(data: bytes) -> np.ndarray:
             return _simplejpeg.decode_jpeg(data, colorspace="RGB")
         except ValueError:
             pass  # Pillow knows more variants, and gives the clearer error
+    return decode_image_pillow(data)
+
+
+def decode_image_pillow(data: bytes) -> np.ndarray:
+    """Decode with Pillow alone (any format Pillow reads)."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:

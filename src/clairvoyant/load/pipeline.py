@@ -2,9 +2,13 @@
 
 Data flow for batch k: the stager copies its samples to local_dir; when the last
 one lands, k is handed to a worker with a free slot (lowest k first, and only
-within ``total slots`` of the batch the loop needs next, so the needed batch can
-never be starved of a slot); the worker decodes and collates into the slot; the
-consumer copies batch k out when the training loop asks for it.
+within ``num_workers x prefetch`` batches of the one the loop needs next); the
+worker decodes and collates into the slot; the loop gets batch k viewing that
+slot (lent, no copy) and the slot goes back to its worker when the batch is
+garbage. Each worker has ``prefetch + LEND`` slots and at most
+``num_workers x LEND`` batches are lent at once (later ones are copied out), so
+slots held by the window and by lent batches never exhaust them all: the batch
+the loop needs next always finds one.
 
 Lifecycle: ``close()`` stops the threads, stops and reaps the workers and frees
 the slots. It runs on exhaustion, on an error, on garbage collection of the
