@@ -1,7 +1,10 @@
-"""Atomic publish: write to a temporary name in the destination's file system, then rename.
+"""Atomic publish, and the claim on a sample that comes before it.
 
-A reader sees a whole sample or nothing. Temporary names carry the writer's
-pid, so a later process can remove what a killed writer left behind.
+Publishing writes to a temporary name in the destination's file system, then
+renames: a reader sees a whole sample or nothing. Temporary names carry the
+writer's pid, so a later process can remove what a killed writer left behind.
+Claiming takes the node-wide lock of one sample and checks whether it is
+already published, so that the ranks of a node copy each sample once.
 """
 
 from __future__ import annotations
@@ -14,20 +17,18 @@ import time
 from typing import Callable
 
 from ..errors import CacheError, ClairvoyantError, LocalStorageFull
-from ..fileio import copy_fd, write_atomically
+from ..fileio import copy_fd, pid, write_atomically
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 _SEQ = itertools.count()
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 def tmp_name(tmp_dir: str, final: str) -> str:
     """Unique per process (pid) and per write (a counter); the pid lets a later process
     recognise orphans of a killed writer."""
-    return os.path.join(tmp_dir, f"{_PID[0]}.{os.path.basename(final)}.{next(_SEQ)}")
+    return os.path.join(tmp_dir, f"{pid()}.{os.path.basename(final)}.{next(_SEQ)}")
 
 
 def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:

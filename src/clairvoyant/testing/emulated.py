@@ -26,6 +26,7 @@ from typing import Iterator
 
 
 from ..errors import ConfigError
+from ..fileio import pid
 from ..paths import _user
 from ..source.posix import PosixSource
 
@@ -35,8 +36,6 @@ _STATE = struct.Struct("<qqqqqd")
 _MAX_SLOTS = 1024
 _SIZE = _STATE.size + 8 * _MAX_SLOTS
 _CHUNK = 4 << 20
-_PID = [os.getpid()]  # kept current across fork without a getpid() per request
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 @dataclass(frozen=True)
@@ -85,13 +84,13 @@ class EmulatedStore(PosixSource):
     # -- shared state ---------------------------------------------------------------------------
 
     def _state(self) -> mmap.mmap:
-        if self._pid != _PID[0]:  # each process opens its own description, so flock excludes
+        if self._pid != pid():  # each process opens its own description, so flock excludes
             os.makedirs(os.path.dirname(self.state_path), mode=0o700, exist_ok=True)
             fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT, 0o600)
             if os.fstat(fd).st_size < _SIZE:
                 os.ftruncate(fd, _SIZE)
             mm = mmap.mmap(fd, _SIZE)
-            self._fd, self._mm, self._pid = fd, mm, _PID[0]
+            self._fd, self._mm, self._pid = fd, mm, pid()
             self._ends = memoryview(mm)[_STATE.size:_STATE.size + 8 * self.max_inflight].cast("d")
         assert self._mm is not None
         return self._mm
