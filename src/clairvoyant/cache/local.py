@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import os
 import stat
+import weakref
 from typing import Callable
 
 from ..errors import LocalDirNotWritable
@@ -71,12 +72,12 @@ class LocalStore:
         except OSError as e:
             raise LocalDirNotWritable(
                 f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
+        self._closer = weakref.finalize(self, os.close, self._lock_fd)  # closed with the store, at the latest
         self.orphans_removed = sum(remove_orphans(os.path.join(self.tmp_dir, f"{i:02x}")) for i in range(256))
 
     def close(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._closer()
+        self._lock_fd = -1
 
     def path_for(self, key: str) -> str:
         d = _digest(key)

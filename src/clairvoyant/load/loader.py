@@ -18,7 +18,7 @@ import numpy as np
 from .. import manifest as manifest_mod
 from ..cache.local import LocalStore
 from ..dist.topology import detect, validate
-from ..errors import ConfigError
+from ..errors import ConfigError, EmptySourceError
 from ..paths import default_local_dir
 from ..plan import num_batches, plan_epoch
 from ..source import as_source
@@ -83,7 +83,6 @@ class Loader:
         self.source = as_source(source)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         if len(self.manifest) == 0:
-            from ..errors import EmptySourceError
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
         self.store = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(),
                                 self.source.uri)
