@@ -292,3 +292,21 @@ def test_default_decoder_matches_pillow_on_jpeg_grey_and_png():
             want = np.asarray(ref.convert("RGB"))
         assert got.shape == (20, 30, 3) and got.dtype == np.uint8
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, (mode, fmt)
+
+
+def test_stats_time_the_loop_step_and_the_wait(dataset, tmp_path, no_leaks):
+    """Lower bounds only (sleeping can only add time): a loop that works 20 ms per step shows a
+    step of at least that; a store that gives one sample per 50 ms makes every batch wait."""
+    with Loader(dataset, batch_size=8, local_dir=tmp_path / "fast", num_workers=1) as ld:
+        for _ in ld:
+            time.sleep(0.02)
+        s = ld.stats()
+    assert s["step_p50_s"] >= 0.019 and s["wait_p50_s"] is not None and s["samples_per_s"] > 0
+    slow = EmulatedStore(dataset, open_latency=0.05, read_latency=0.0, state_dir=str(tmp_path / "emu"))
+    with Loader(slow, batch_size=4, local_dir=tmp_path / "slow", num_workers=1, stage_threads=1) as ld:
+        it = iter(ld)
+        for _ in range(6):
+            next(it)
+        s = ld.stats()
+        del it
+    assert s["wait_p50_s"] >= 0.1 and s["samples_per_s"] < 4 / 0.1

@@ -64,6 +64,7 @@ class EpochRun:
         self._results: dict[int, tuple] = {}
         self._inflight: dict[int, int] = {}  # batch -> worker id
         self._next = 0
+        self._last_return: float | None = None  # when next() last handed a batch to the loop
         self._submitted = 0
         self._closed = False
         self._owner_pid = os.getpid()
@@ -149,9 +150,9 @@ class EpochRun:
         if k >= len(self._batches):
             self.close()
             raise StopIteration
+        t0 = time.perf_counter()
         try:
             if k not in self._results:
-                t0 = time.perf_counter()
                 with self._lock:
                     self._stats.on_demand += self._remaining[k]
                     self._stats.waits += 1
@@ -161,10 +162,13 @@ class EpochRun:
                         raise WorkerError(f"the staging engine stopped: {self._stager.fatal!r}") \
                             from self._stager.fatal
                 self._stats.add(wait_seconds=time.perf_counter() - t0)
-            out = self._take(k)
+            out, n = self._take(k)
         except BaseException:
             self.close()
             raise
+        now = time.perf_counter()
+        self._stats.timings.record(now - t0, None if self._last_return is None else t0 - self._last_return, n)
+        self._last_return = now
         self._next = k + 1
         self._fill_window()
         with self._lock:
@@ -201,7 +205,7 @@ class EpochRun:
             self._stats.skipped.extend(key for key, _ in skipped)
         n = len(self._batches[k]) - len(skipped) - len(self._failed.get(k, ()))
         self._stats.add(batches=1, samples=n)
-        return out
+        return out, n
 
     def _poll(self, timeout: float) -> None:
         ready = self._pool.wait(timeout)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, fields
 
+from .timings import Timings
+
 
 @dataclass
 class Stats:
@@ -19,6 +21,7 @@ class Stats:
     samples: int = 0
     skipped: list = field(default_factory=list)  # keys skipped with on_error="skip"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    timings: Timings = field(default_factory=Timings, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
         with self._lock:
@@ -27,6 +30,8 @@ class Stats:
 
     def snapshot(self) -> dict:
         with self._lock:
-            d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+            d = {f.name: getattr(self, f.name) for f in fields(self)
+                 if not f.name.startswith("_") and f.name != "timings"}
             d["skipped"] = list(self.skipped)
+        d.update(self.timings.summary())
         return d
