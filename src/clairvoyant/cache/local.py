@@ -86,13 +86,6 @@ class LocalStore:
     def _tmp_for(self, final: str) -> str:
         return os.path.join(self.tmp_dir, os.path.basename(final)[:2])
 
-    def has(self, key: str, size: int) -> bool:
-        """Published with the expected size (a different size is a stale entry)."""
-        try:
-            return os.stat(self.path_for(key)).st_size == size
-        except FileNotFoundError:
-            return False
-
     def _offset(self, key: str) -> int:
         return int(_digest(key)[:8], 16)
 
