@@ -98,8 +98,8 @@ class LocalStore:
         _publish.release(self._lock_fd, self._offset(key))
 
     def put(self, key: str, data: bytes) -> None:
-        final = self.path_for(key)
-        _publish.publish(final, self._tmp_for(final), lambda fd: write_all(fd, data))
+        """Publish ``data`` as ``key``."""
+        self.put_from(key, lambda fd: write_all(fd, data))
 
     def put_file(self, key: str, src: str, size: int, unlock: bool = False) -> int:
         """Publish a copy of the file ``src`` if it holds ``size`` bytes; return the bytes found.

@@ -73,7 +73,7 @@ def _py_claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
     except FileNotFoundError:
         present = False
     if present:
-        fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
+        release(lock_fd, offset)
     return present
 
 
@@ -87,7 +87,7 @@ def _py_copy_publish(src: str, tmp: str, final: str, expected: int = -1, lock_fd
             os.close(fd_in)
     finally:
         if lock_fd >= 0:
-            fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
+            release(lock_fd, offset)
 
 
 def claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
@@ -98,6 +98,7 @@ def claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
 
 
 def release(lock_fd: int, offset: int) -> None:
+    """Let go of the node-wide lock of one sample."""
     fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
 
 
