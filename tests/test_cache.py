@@ -110,7 +110,9 @@ STAGER_SCRIPT = textwrap.dedent("""
         if n <= 20:
             return real_write(fd, data)
         os.write(fd, data[: len(data) // 2])
-        print("writing", flush=True)
+        if n == 21:  # one line, from one thread, in one write: the test reads exactly this
+            sys.stdout.write("writing\\n")
+            sys.stdout.flush()
         time.sleep(60)
     engine.write_all = hanging_write
 
@@ -124,10 +126,12 @@ def test_sigkill_during_staging_then_restart_leaves_a_consistent_cache(dataset, 
     local, emu = str(tmp_path / "l"), str(tmp_path / "emu")
     proc = subprocess.Popen([sys.executable, "-c", STAGER_SCRIPT, dataset, local, emu],
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "writing"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    proc.stdout.close()
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:  # killed whatever it printed: a stray writer must not outlive the test
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
     store = EmulatedStore(dataset, open_latency=0.0, state_dir=emu)
     assert tmp_files(local), "the kill should have left a half-written temporary file"
     published = sum(len(f) for r, _, f in os.walk(local) if os.sep + "data" + os.sep in r + os.sep)
