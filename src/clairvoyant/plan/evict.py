@@ -44,6 +44,10 @@ class FarthestNextUse:
     def __len__(self) -> int:
         return len(self._next)
 
+    def residents(self) -> dict[int, int]:
+        """Resident samples and their sizes."""
+        return dict(self._size)
+
     def touch(self, sample: int, next_use: int) -> None:
         """A resident was used; ``next_use`` is when it is needed again (NEVER if not)."""
         self._next[sample] = next_use

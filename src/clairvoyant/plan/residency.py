@@ -1,0 +1,106 @@
+"""POLICY, pure: what the node's bounded local tier holds at every step, for one epoch.
+
+The node's access sequence is the union of its ranks' orders, interleaved step
+by step (step s: rank 0's batch s, rank 1's batch s, ...), the way ranks that
+train in lockstep consume it. Every rank of the node computes the same
+sequence and runs the same farthest-next-use simulation over it, so they agree
+on every decision without talking to each other.
+
+The simulation's result is stated as actions on the accesses themselves:
+
+- ``hit[i]``: the sample is in the local tier when access ``i`` comes (read it there);
+- ``keep[i]``: after access ``i`` it stays in the local tier until its next
+  access (else it is deleted, or never written, once access ``i`` is done);
+- ``drop_at_start``: residents from before the epoch that are evicted before
+  their first use (deleted when the epoch starts).
+
+An interval that Belady's MIN admits and then cuts before its next use gives no
+hit; the mechanism simply never keeps it, which holds fewer bytes at every
+moment and the same hits. So the tier's bytes never exceed what the simulation
+holds, which never exceeds the capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .evict import NEVER, FarthestNextUse, next_uses
+from .order import epoch_order
+from .partition import cut_batches, rank_indices
+
+
+def node_ranks(rank: int, world_size: int, local_world_size: int) -> range:
+    """The global ranks on this rank's node, for launchers that place ranks in node blocks."""
+    first = (rank // local_world_size) * local_world_size
+    return range(first, min(first + local_world_size, world_size))
+
+
+def node_sequence(num_samples: int, *, seed: int, epoch: int, world_size: int, ranks: range, batch_size: int,
+                  shuffle: bool = True, drop_last: bool = False, start_batch: int = 0) -> np.ndarray:
+    """The samples the node's ranks read in one epoch, from batch ``start_batch`` on, step by step."""
+    order = epoch_order(num_samples, seed, epoch, shuffle)
+    per_rank = [cut_batches(rank_indices(order, r, world_size), batch_size, drop_last) for r in ranks]
+    steps = len(per_rank[0]) if per_rank else 0
+    parts = [per_rank[i][s] for s in range(start_batch, steps) for i in range(len(per_rank))]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def positions(batch_len: int, step_start: int, rank_index: int, num_ranks: int) -> slice:
+    """Where rank ``rank_index``'s batch of ``batch_len`` samples sits in the node sequence,
+    given the position ``step_start`` at which its step begins (all ranks' batches of a step are
+    equally long)."""
+    a = step_start + rank_index * batch_len
+    return slice(a, a + batch_len)
+
+
+@dataclass
+class EpochResidency:
+    hit: np.ndarray                     # bool per access of the epoch
+    keep: np.ndarray                    # bool per access of the epoch
+    drop_at_start: list[int]            # residents evicted before their first use this epoch
+    residents_after: dict[int, int] = field(default_factory=dict)  # sample -> size at the epoch's end
+
+    @property
+    def hits(self) -> int:
+        return int(self.hit.sum())
+
+
+def simulate_epoch(sequence: np.ndarray, following: np.ndarray, sizes: np.ndarray, capacity: int,
+                   residents: dict[int, int]) -> EpochResidency:
+    """Farthest-next-use over ``sequence`` (this epoch), looking ahead into ``following`` (the
+    next epoch) for next uses, starting with ``residents`` (sample -> bytes) in the tier."""
+    seq = np.asarray(sequence, dtype=np.int64)
+    full = np.concatenate([seq, np.asarray(following, dtype=np.int64)])
+    nxt = next_uses(full)[:len(seq)]
+    first: dict[int, int] = {}
+    for i, s in enumerate(full.tolist()):
+        first.setdefault(s, i)
+    cache = FarthestNextUse(capacity)
+    drop: list[int] = []
+    for s in sorted(residents, key=lambda x: first.get(x, NEVER)):
+        if cache.admit(s, residents[s], first.get(s, NEVER)) is None:
+            drop.append(s)   # no room even for the soonest-needed residents: the farthest go
+    hit = np.zeros(len(seq), dtype=bool)
+    keep = np.zeros(len(seq), dtype=bool)
+    last: dict[int, int] = {}   # sample -> position of its latest access this epoch
+    for i, s in enumerate(seq.tolist()):
+        nu = int(nxt[i])
+        if s in cache:
+            hit[i] = True
+            cache.touch(s, nu)
+            keep[i] = True
+        else:
+            victims = cache.admit(s, int(sizes[s]), nu)
+            if victims is None:
+                continue
+            keep[i] = True
+            for v in victims:
+                j = last.get(v)
+                if j is None:
+                    drop.append(v)   # a resident from before the epoch, never used before eviction
+                else:
+                    keep[j] = False  # cut before its next use: never keep it at all
+        last[s] = i
+    return EpochResidency(hit=hit, keep=keep, drop_at_start=drop, residents_after=cache.residents())
