@@ -20,6 +20,7 @@ import time
 
 from clairvoyant import manifest as manifest_mod
 from clairvoyant.cache.local import LocalStore
+from clairvoyant.cache.tiers import Placement, Tiers
 from clairvoyant.paths import cache_home
 from clairvoyant.stage.engine import Stager
 from clairvoyant.testing import EmulatedStore, make_dataset
@@ -38,24 +39,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rep in range(args.repeats):
             local = LocalStore(os.path.join(work, str(rep)), store.uri)
+            ram = LocalStore(os.path.join(work, f"ram{rep}"), store.uri)
+            tiers = Tiers(local, ram, 1 << 40, 1 << 30, store)
             done, count = threading.Event(), [0]
 
             def on_done(batch: int, idx: int, outcome) -> None:
-                if not isinstance(outcome, str):
+                if not isinstance(outcome, Placement):
                     print(f"staging failed: {outcome!r}", file=sys.stderr)
                 count[0] += 1
                 if count[0] == len(man):
                     done.set()
 
-            stager = Stager(store, local, man, threads=args.threads, on_done=on_done, known=set())
+            stager = Stager(store, tiers, man, threads=args.threads, on_done=on_done)
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             stager.start()
             for b in range(0, len(man), 32):
-                stager.submit(b // 32, range(b, min(b + 32, len(man))))
+                n = min(b + 32, len(man)) - b
+                stager.submit(b // 32, range(b, b + n), [False] * n, [True] * n)   # misses, all kept
             done.wait()
             dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
             stager.close()
+            tiers.close()
             local.close()
+            ram.close()
             n = len(man)
             print(f"threads {args.threads}: {n / dt:.0f} files/s, per file: user "
                   f"{(r1.ru_utime - r0.ru_utime) / n * 1e6:.0f} us, system {(r1.ru_stime - r0.ru_stime) / n * 1e6:.0f} us")

@@ -11,6 +11,9 @@ from clairvoyant.dist.topology import Topology, detect
 @pytest.mark.parametrize("env, expected", [
     ({}, Topology(0, 1, 0)),
     ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, Topology(3, 8, 1)),             # torchrun
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, Topology(3, 8, 1, 4)),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+      "SLURM_NTASKS_PER_NODE": "4(x2)"}, Topology(5, 8, 1, 4)),
     ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "6",
       "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, Topology(5, 6, 2)),                               # Open MPI
     ({"PMI_RANK": "1", "PMI_SIZE": "2"}, Topology(1, 2, 0)),                                # MPICH
@@ -22,7 +25,8 @@ def test_detect(env, expected):
     assert detect(env) == expected
 
 
-@pytest.mark.parametrize("env", [{"RANK": "x", "WORLD_SIZE": "2"}, {"RANK": "2", "WORLD_SIZE": "2"}])
+@pytest.mark.parametrize("env", [{"RANK": "x", "WORLD_SIZE": "2"}, {"RANK": "2", "WORLD_SIZE": "2"},
+                                 {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "3"}])
 def test_bad_variables(env):
     with pytest.raises(ConfigError):
         detect(env)

@@ -62,3 +62,7 @@ class WorkerError(ClairvoyantError, RuntimeError):
 
 class WorkerDied(WorkerError):
     """A reader worker process exited unexpectedly (killed, crashed)."""
+
+
+class CorruptEntry(CacheError):
+    """A cached entry fails its checksum or is truncated (it is discarded and fetched again)."""

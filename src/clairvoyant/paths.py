@@ -25,3 +25,9 @@ def cache_home() -> str:
 def default_local_dir() -> str:
     """A per-user directory under ``$TMPDIR`` (or /tmp); created with mode 0700 on first use."""
     return os.path.join(tempfile.gettempdir(), f"clairvoyant-{_user()}")
+
+
+def default_ram_dir() -> str:
+    """The RAM tier: a per-user directory in /dev/shm (shared memory) where there is one."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"clairvoyant-{_user()}")

@@ -1,32 +1,37 @@
-"""MECHANISM: the node-local staging directory of one source.
+"""MECHANISM: one cache tier of one source in one directory (node-local SSD, or RAM in /dev/shm).
 
-Layout under ``local_dir``::
+Layout under the tier's directory::
 
-    v1/<source id>/data/<xx>/<sha1 of key>   published samples
-    v1/<source id>/tmp/<xx>/<pid>.<name>.<n> writes in progress
-    v1/<source id>/locks                     byte-range locks, one byte per key hash
+    v1/<source id>/data/<xx>/<sha1 of key>[.<pid>]  entries: sample bytes + trailer (entry.py)
+    v1/<source id>/tmp/<xx>/<pid>.<name>.<n>         writes in progress
+    v1/<source id>/locks                             byte-range locks, one byte per key hash
+    v1/<source id>/usage                             the tier's byte ledger (ledger.py)
+    v1/<source id>/session.lock, init.lock           who uses the tier now (session.py)
 
-Several processes (the ranks of a node) may share one directory: a byte-range
-lock on the key's slot in ``locks`` makes sure a sample is copied once. POSIX
-record locks vanish with their process, so a killed rank never leaves a stale
-lock behind.
+Several processes (the ranks of a node) share one tier: a byte-range lock on
+the key's slot in ``locks`` makes sure a sample is copied once, and the ledger
+keeps the bytes of all of them within the capacity. POSIX record locks vanish
+with their process, so a killed rank never leaves a stale lock behind.
+Entries named ``.<pid>`` are private to one process (the RAM tier's staging
+window); shared entries are named by the key alone.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
+import shutil
 import stat
 import weakref
-from typing import Callable
 
-from ..errors import LocalDirNotWritable
-from ..fileio import write_all
+from ..errors import CacheError, LocalDirNotWritable
 from . import publish as _publish
+from .entry import entry_size, seal
+from .ledger import Ledger
 from .publish import remove_orphans
 
 LAYOUT = "v1"
+SHARDS = [f"{i:02x}" for i in range(256)]
 
 
 def prepare_root(local_dir: str) -> str:
@@ -49,16 +54,20 @@ def prepare_root(local_dir: str) -> str:
     return local_dir
 
 
-def _digest(key: str) -> str:
+def digest(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()
 
 
+def source_root(local_dir: str, source_uri: str) -> str:
+    return os.path.join(local_dir, LAYOUT, digest(source_uri)[:16])
+
+
 class LocalStore:
-    """Published samples of one source in one node-local directory."""
+    """Entries of one source in one tier directory, with their shared ledger."""
 
     def __init__(self, local_dir: str, source_uri: str) -> None:
         self.local_dir = prepare_root(local_dir)
-        self.root = os.path.join(self.local_dir, LAYOUT, _digest(source_uri)[:16])
+        self.root = source_root(self.local_dir, source_uri)
         self.data_dir = os.path.join(self.root, "data")
         self.tmp_dir = os.path.join(self.root, "tmp")
         try:
@@ -66,49 +75,101 @@ class LocalStore:
             # staging threads would otherwise queue on one directory's lock
             for d in (self.data_dir, self.tmp_dir):
                 os.makedirs(d, mode=0o700, exist_ok=True)
-                for i in range(256):
-                    os.makedirs(os.path.join(d, f"{i:02x}"), exist_ok=True)
+                for shard in SHARDS:
+                    os.makedirs(os.path.join(d, shard), exist_ok=True)
             self._lock_fd = os.open(os.path.join(self.root, "locks"), os.O_RDWR | os.O_CREAT, 0o600)
+            self.ledger = Ledger(os.path.join(self.root, "usage"))
         except OSError as e:
             raise LocalDirNotWritable(
                 f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
         self._closer = weakref.finalize(self, os.close, self._lock_fd)  # closed with the store, at the latest
-        self.orphans_removed = sum(remove_orphans(os.path.join(self.tmp_dir, f"{i:02x}")) for i in range(256))
+        self.orphans_removed = sum(remove_orphans(os.path.join(self.tmp_dir, s)) for s in SHARDS)
 
     def close(self) -> None:
         self._closer()
+        self.ledger.close()
         self._lock_fd = -1
 
-    def path_for(self, key: str) -> str:
-        d = _digest(key)
-        return os.path.join(self.data_dir, d[:2], d)
+    def path_for(self, key: str, private: bool = False) -> str:
+        d = digest(key)
+        path = os.path.join(self.data_dir, d[:2], d)
+        return f"{path}.{_publish.pid()}" if private else path
 
     def _tmp_for(self, final: str) -> str:
         return os.path.join(self.tmp_dir, os.path.basename(final)[:2])
 
     def _offset(self, key: str) -> int:
-        return int(_digest(key)[:8], 16)
+        return int(digest(key)[:8], 16)
 
     def claim(self, key: str, size: int) -> bool:
-        """True if ``key`` is already here; else False, and the caller holds the node-wide lock
-        of ``key`` until ``put_file(..., unlock=True)`` or ``release(key)``."""
-        return _publish.claim(self._lock_fd, self._offset(key), self.path_for(key), size)
+        """True if the entry of ``key`` (a ``size``-byte sample) is here; else False, and the caller
+        holds the node-wide lock of ``key`` until ``release(key)``."""
+        return _publish.claim(self._lock_fd, self._offset(key), self.path_for(key), entry_size(size))
 
     def release(self, key: str) -> None:
         _publish.release(self._lock_fd, self._offset(key))
 
-    def put(self, key: str, data: bytes) -> None:
-        """Publish ``data`` as ``key``."""
-        self.put_from(key, lambda fd: write_all(fd, data))
+    def put(self, key: str, data: bytes, mtime_ns: int, capacity: int, private: bool = False) -> str | None:
+        """Publish ``data`` as the entry of ``key`` if the tier has room; its path, or None if the
+        ledger has no room. Raises LocalStorageFull (nothing reserved, nothing left) if the device is full."""
+        n = entry_size(len(data))
+        if not self.ledger.reserve(n, capacity):
+            return None
+        final = self.path_for(key, private)
+        trailer = seal(data, mtime_ns)
+        try:
+            _publish.publish(final, self._tmp_for(final), lambda fd: _publish.write_entry(fd, data, trailer))
+        except BaseException:
+            self.ledger.give_back(n)
+            raise
+        return final
 
-    def put_file(self, key: str, src: str, size: int, unlock: bool = False) -> int:
-        """Publish a copy of the file ``src`` if it holds ``size`` bytes; return the bytes found.
-        With ``unlock``, the lock taken by ``claim`` is released at the end, whatever happens."""
-        final = self.path_for(key)
-        lock = (self._lock_fd, self._offset(key)) if unlock else (-1, 0)
-        return _publish.publish_file(final, self._tmp_for(final), src, size, lock)
+    def delete(self, key: str, private: bool = False) -> int:
+        """Remove the entry of ``key``; the bytes it held (0 if it was not there)."""
+        return self.delete_path(self.path_for(key, private))
 
-    def put_from(self, key: str, fill: Callable[[int], int]) -> int:
-        """Publish what ``fill(fd)`` writes (e.g. an in-kernel copy from the source)."""
-        final = self.path_for(key)
-        return _publish.publish(final, self._tmp_for(final), fill)
+    def delete_path(self, path: str) -> int:
+        try:
+            n = os.stat(path).st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            return 0
+        self.ledger.give_back(n)
+        return n
+
+    def entries(self) -> dict[str, int]:
+        """Every published entry: file name -> bytes on disk."""
+        return scan_entries(self.data_dir)
+
+    def clear(self) -> int:
+        """Remove every entry; the number removed. Callers make sure no one uses the tier."""
+        removed = 0
+        for name in self.entries():
+            removed += bool(self.delete_path(os.path.join(self.data_dir, name[:2], name)))
+        self.ledger.set(0)
+        return removed
+
+
+def scan_entries(data_dir: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for shard in SHARDS:
+        try:
+            with os.scandir(os.path.join(data_dir, shard)) as it:
+                for e in it:
+                    try:
+                        out[e.name] = e.stat().st_size
+                    except FileNotFoundError:
+                        pass
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def remove_tree(root: str) -> None:
+    """Remove a whole tier directory of a source (the RAM tier when its last user leaves)."""
+    try:
+        shutil.rmtree(root)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise CacheError(f"cannot remove {root}: {e.strerror or e}") from e

@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from ..errors import CacheError, ClairvoyantError, LocalStorageFull
-from ..fileio import copy_fd, pid, write_atomically
+from ..fileio import pid, write_atomically
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -48,9 +48,19 @@ try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
     from ._fastcopy import claim as _c_claim
-    from ._fastcopy import copy_publish as _c_copy_publish
 except ImportError:
-    _c_claim = _c_copy_publish = None
+    _c_claim = None
+
+
+def write_entry(fd: int, data: bytes, trailer: bytes) -> int:
+    """Write an entry (the sample's bytes, then its trailer) with one system call where it can."""
+    n = os.writev(fd, [data, trailer])
+    total = len(data) + len(trailer)
+    if n < total:  # a short write: finish it piece by piece
+        rest = (bytes(data) + trailer)[n:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
+    return len(data)
 
 
 def _lock(lock_fd: int, offset: int) -> None:
@@ -77,19 +87,6 @@ def _py_claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
     return present
 
 
-def _py_copy_publish(src: str, tmp: str, final: str, expected: int = -1, lock_fd: int = -1,
-                     offset: int = 0) -> int:
-    try:
-        fd_in = os.open(src, os.O_RDONLY)
-        try:
-            return write_atomically(final, tmp, lambda fd: copy_fd(fd_in, fd), expected)
-        finally:
-            os.close(fd_in)
-    finally:
-        if lock_fd >= 0:
-            release(lock_fd, offset)
-
-
 def claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
     """Take the node-wide lock of one sample (byte ``offset`` of ``lock_fd``) and look at ``path``:
     True if it is published with ``size`` bytes (the lock is released again), else False and the
@@ -100,25 +97,6 @@ def claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
 def release(lock_fd: int, offset: int) -> None:
     """Let go of the node-wide lock of one sample."""
     fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
-
-
-def publish_file(final: str, tmp_dir: str, src: str, expected: int = -1, lock: tuple[int, int] = (-1, 0)) -> int:
-    """Make ``final`` an atomic copy of the file ``src``; return its size. Where
-    ``expected`` >= 0 and the size differs, nothing is published. ``lock`` (fd, offset),
-    if given, is released at the end whatever happens.
-
-    One call into C where the helper is built (no GIL held for the whole copy),
-    else the same steps in Python. An error opening ``src`` is raised as is
-    (``e.filename == src``) for the caller to name the sample.
-    """
-    tmp = tmp_name(tmp_dir, final)
-    copy = _c_copy_publish or _py_copy_publish
-    try:
-        return copy(src, tmp, final, expected, lock[0], lock[1])
-    except OSError as e:
-        if e.filename == src:
-            raise
-        raise _local_error(e, final, tmp_dir) from e
 
 
 def _local_error(e: OSError, final: str, tmp_dir: str) -> CacheError:

@@ -9,6 +9,7 @@ batches in plan order. PyTorch conventions: ``len``, ``set_epoch``,
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from typing import Any, Callable, Iterator
@@ -16,11 +17,15 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import manifest as manifest_mod
-from ..cache.local import LocalStore
+from ..cache import capacity as capacity_mod
+from ..cache.entry import entry_size
+from ..cache.local import LocalStore, digest
+from ..cache.tiers import Tiers
 from ..dist.topology import detect, validate
 from ..errors import ConfigError, EmptySourceError
-from ..paths import default_local_dir
+from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, plan_epoch
+from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
 from ..source import as_source
 from ..tune.stats import Stats
 from .decode import decode_image
@@ -28,6 +33,7 @@ from .pipeline import EpochRun
 from .transport import Output
 
 STATE_FORMAT = "clairvoyant-loader-state"
+log = logging.getLogger("clairvoyant")
 
 
 def _default_workers() -> int:
@@ -45,6 +51,12 @@ class Loader:
         batch_size: samples per batch on this rank.
         local_dir: node-local staging directory, shared by the ranks of a node; defaults to a
             per-user directory under ``$TMPDIR`` created with mode 0700.
+        local_capacity: bytes the local tier may hold (``"400GiB"``, ``4e11``, or ``"50%"`` of the
+            data set); default 90% of the device's free space. Samples needed farthest in the future
+            are the ones not kept (Belady's MIN over the node's known order).
+        ram_capacity: bytes of the RAM tier (the window of samples needed soonest, in ``ram_dir``,
+            default /dev/shm); default a quarter of available memory.
+        local_world_size: ranks on this node, which share both tiers (default from the launcher).
         seed, shuffle, drop_last: as PyTorch's DistributedSampler and DataLoader.
         decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
@@ -66,7 +78,9 @@ class Loader:
                  num_workers: int | None = None, stage_threads: int = 32, lookahead: int = 64,
                  prefetch: int = 2, rank: int | None = None, world_size: int | None = None,
                  on_error: str = "raise", manifest: str | None = None, reindex: bool = False,
-                 output: str = "auto", pin_memory: bool = False, mp_context: str = "fork") -> None:
+                 output: str = "auto", pin_memory: bool = False, mp_context: str = "fork",
+                 local_capacity: int | str | None = None, ram_capacity: int | str | None = None,
+                 ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None) -> None:
         for name, value, low in (("batch_size", batch_size, 1), ("stage_threads", stage_threads, 1),
                                  ("lookahead", lookahead, 1), ("prefetch", prefetch, 1), ("seed", seed, 0)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
@@ -79,13 +93,20 @@ class Loader:
             raise ConfigError(f"decode={decode!r} is not callable")
         if (rank is None) != (world_size is None):
             raise ConfigError("pass both rank and world_size, or neither (then they come from the launcher)")
-        self.topology = detect() if rank is None else validate(int(rank), int(world_size))
+        if rank is None:
+            self.topology = detect()
+            if local_world_size is not None:
+                t = self.topology
+                self.topology = validate(t.rank, t.world_size, t.local_rank, int(local_world_size))
+        else:
+            lws = int(local_world_size or 1)
+            self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
         self.source = as_source(source)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
-        self.store = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(),
-                                self.source.uri)
+        self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
+        self.store = self.tiers.local
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
         self.decode = decode or decode_image
         self.collate_fn = collate_fn
@@ -94,12 +115,81 @@ class Loader:
         self.on_error, self.mp_context = on_error, mp_context
         self._output = Output(output, pin_memory)
         self._stats = Stats()
-        self._known: set[int] = set()
+        self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
+        self._carry: tuple[int, EpochResidency, Any] | None = None   # last epoch's plan and its run
+        self._inventory_used = False
         self._epoch = 0
         self._resume = 0          # batch to start the next iteration at
         self._done = 0            # batches of the current epoch already yielded (for state_dict)
         self._loaded_epoch: int | None = None
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
+
+    def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
+        sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
+        total, largest = int(sizes.sum()), int(sizes.max())
+        local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), self.source.uri)
+        ram = None
+        try:
+            ram = LocalStore(os.fspath(ram_dir) if ram_dir is not None else default_ram_dir(), self.source.uri)
+            lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total,
+                                        largest_entry=largest,
+                                        default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
+            rcap = capacity_mod.resolve(ram_capacity, what="ram_capacity", dataset_bytes=total,
+                                        largest_entry=largest,
+                                        default=lambda: capacity_mod.default_ram(ram.root, 0))
+            tiers = Tiers(local, ram, lcap.nbytes, rcap.nbytes, self.source)
+        except BaseException:
+            local.close()
+            if ram is not None:
+                ram.close()
+            raise
+        self.capacities = {"local": lcap, "ram": rcap}
+        log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", local.root, lcap, ram.root, rcap)
+        return tiers
+
+    def _residents(self) -> dict[int, int]:
+        """Samples in the local tier now (the session's inventory the first time, so that all ranks of
+        the node start from the same picture), as manifest index -> entry bytes."""
+        entries = self.tiers.inventory if not self._inventory_used else self.tiers.local.entries()
+        self._inventory_used = True
+        if not entries:
+            return {}
+        index = {digest(k): i for i, k in enumerate(self.manifest.keys)}
+        out = {}
+        for name, n in entries.items():
+            i = index.get(name)
+            if i is not None and n == self._entry_sizes[i]:
+                out[i] = int(n)
+        return out
+
+    def _plan_residency(self, start: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str], EpochResidency]:
+        """This rank's (hit, keep) per batch and the keys it evicts at the start, from the node's plan."""
+        t = self.topology
+        ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
+        kw = dict(seed=self.seed, world_size=t.world_size, ranks=ranks, batch_size=self.batch_size,
+                  shuffle=self.shuffle, drop_last=self.drop_last)
+        seq = node_sequence(len(self.manifest), epoch=self._epoch, start_batch=start, **kw)
+        following = node_sequence(len(self.manifest), epoch=self._epoch + 1, **kw)
+        carry = self._carry
+        if carry is not None and carry[0] == self._epoch - 1 and start == 0 and carry[2].completed:
+            residents = carry[1].residents_after
+        else:
+            residents = self._residents()
+        res = simulate_epoch(seq, following, self._entry_sizes, self.tiers.local_capacity, residents)
+        R, ri, B = len(ranks), ranks.index(t.rank), self.batch_size
+        n_batches = len(self) - start
+        actions, owner = [], np.zeros(len(seq), dtype=np.int64)
+        for b in range(n_batches):
+            length = min(B, (len(seq) - b * R * B) // R)
+            step = b * R * B
+            owner[step:step + R * length] = np.repeat(np.arange(R), length)
+            sl = slice(step + ri * length, step + (ri + 1) * length)
+            actions.append((res.hit[sl], res.keep[sl]))
+        first = {}
+        for pos, s in enumerate(seq.tolist()):
+            first.setdefault(s, pos)
+        mine = [s for s in res.drop_at_start if (owner[first[s]] == ri if s in first else ri == 0)]
+        return actions, [self.manifest.keys[s] for s in mine], res
 
     # -- PyTorch conventions --------------------------------------------------------------------
 
@@ -133,12 +223,14 @@ class Loader:
                           drop_last=self.drop_last)
         start, self._resume, self._loaded_epoch = self._resume, 0, None
         self._done = start
-        run = EpochRun(source=self.source, manifest=self.manifest, store=self.store,
-                       batches=list(plan.batches[start:]), epoch=self._epoch, num_workers=self.num_workers,
-                       prefetch=self.prefetch, stage_threads=self.stage_threads,
+        actions, drops, residency = self._plan_residency(start)
+        run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers,
+                       batches=list(plan.batches[start:]), actions=actions, drops=drops, epoch=self._epoch,
+                       num_workers=self.num_workers, prefetch=self.prefetch, stage_threads=self.stage_threads,
                        lookahead=self.lookahead, decode=self.decode, collate_fn=self.collate_fn,
                        skip_errors=self.on_error == "skip", output=self._output, stats=self._stats,
-                       known=self._known, mp_context=self.mp_context)
+                       mp_context=self.mp_context)
+        self._carry = (self._epoch, residency, run)
         it = _EpochIterator(run, self)
         self._active = weakref.ref(it)
         return it
@@ -170,8 +262,14 @@ class Loader:
 
     def stats(self) -> dict:
         """Counters since this loader was made: source files/bytes, staged files, local hits,
-        on-demand fetches, waits and wait time, batches, samples, skipped keys."""
-        return self._stats.snapshot()
+        on-demand fetches, waits and wait time, batches, samples, skipped keys; per epoch
+        (``epochs``: source files/bytes and where samples were read from); what the tiers did
+        (``tiers``: hits, evictions, promotions, stale/corrupt entries) and their use (``usage``:
+        capacity, bytes held now and at the peak, per tier)."""
+        d = self._stats.snapshot()
+        d["tiers"] = self.tiers.counters.snapshot()
+        d["usage"] = self.tiers.usage()
+        return d
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
@@ -182,7 +280,12 @@ class Loader:
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
         self._close_active()
-        self.store.close()
+        if self._carry is not None:
+            self._carry[2].close()
+        self._carry = None
+        self.tiers.close()
+        self.tiers.local.close()
+        self.tiers.ram.close()
 
     def __enter__(self) -> "Loader":
         return self

@@ -28,11 +28,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..cache.local import LocalStore
+from ..cache.tiers import LOCAL, RAM, Placement, Tiers
 from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
 from ..source import Source
-from ..stage.engine import COPIED, HIT, Stager
+from ..stage.engine import Stager
 from ..tune.stats import Stats
 from .pool import WorkerPool
 from .transport import Output, unpack_copy, unpack_shared
@@ -50,11 +50,15 @@ def _close_all() -> None:
 
 
 class EpochRun:
-    def __init__(self, *, source: Source, manifest: Manifest, store: LocalStore, batches: list[np.ndarray],
-                 epoch: int, num_workers: int, prefetch: int, stage_threads: int, lookahead: int,
-                 decode: Callable, collate_fn: Callable | None, skip_errors: bool, output: Output,
-                 stats: Stats, known: set[int], mp_context: str) -> None:
-        self._manifest, self._store, self._batches, self._epoch = manifest, store, batches, epoch
+    def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, batches: list[np.ndarray],
+                 actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
+                 prefetch: int, stage_threads: int, lookahead: int, decode: Callable, collate_fn: Callable | None,
+                 skip_errors: bool, output: Output, stats: Stats, mp_context: str) -> None:
+        self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
+        self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
+        self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
+        self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
+        self.completed = False
         self._skip, self._output, self._stats = skip_errors, output, stats
         self._lookahead = max(1, lookahead)
         self._lock = threading.Lock()
@@ -69,14 +73,14 @@ class EpochRun:
         self._closed = False
         self._owner_pid = os.getpid()
         # Fork the readers before any staging thread exists.
-        self._pool = WorkerPool(num_workers, prefetch + LEND, decode, collate_fn, mp_context)
+        self._pool = WorkerPool(num_workers, prefetch + LEND, decode, collate_fn, source, mp_context)
         self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
         self._lend_limit = num_workers * LEND if output.can_share else 0
         self._lent = 0
         self._returned: collections.deque[tuple[int, int]] = collections.deque()
-        self._stager = Stager(source, store, manifest, threads=stage_threads, on_done=self._on_staged,
-                              known=known)
+        self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged)
         _LIVE.add(self)
+        self._stager.drop(drops)
         self._stager.start()
         self._fill_window()
 
@@ -89,29 +93,47 @@ class EpochRun:
 
     # -- staging side (called from stager threads) -------------------------------------------
 
-    def _on_staged(self, k: int, idx: int, outcome: str | BaseException) -> None:
+    def _on_staged(self, k: int, j: int, outcome: Placement | BaseException) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed:  # nobody will read it: undo a RAM placement now
+                if isinstance(outcome, Placement):
+                    self._tiers.after_use(self._manifest.keys[int(self._batches[k][j])], outcome,
+                                          outcome.tier == LOCAL and bool(self._actions[k][1][j]), False)
                 return
-            st = self._stats
-            if outcome == COPIED:
-                st.source_files += 1
-                st.source_bytes += int(self._manifest.sizes[idx])
-                st.staged_files += 1
-            elif outcome == HIT:
-                st.local_hits += 1
+            if isinstance(outcome, Placement):
+                self._placed.setdefault(k, {})[j] = outcome
+                if outcome.fetched:
+                    size = int(self._manifest.sizes[int(self._batches[k][j])])
+                    self._stats.count_epoch(self._epoch, source_files=1, source_bytes=size)
+                    self._stats.source_files += 1
+                    self._stats.source_bytes += size
+                    self._stats.staged_files += outcome.tier != "source"
+                else:
+                    self._stats.local_hits += 1
+                self._stats.count_epoch(self._epoch, **{"from_" + outcome.tier: 1})
             else:
-                self._failed.setdefault(k, []).append((idx, outcome))
+                self._failed.setdefault(k, []).append((j, outcome))
             self._remaining[k] -= 1
             if self._remaining[k] == 0:
                 heapq.heappush(self._ready, k)
                 self._dispatch_locked()
 
+    def _release_locked(self, k: int, corrupt: set[int] = frozenset()) -> None:
+        """The accesses of batch ``k`` are done: keep or delete what they used."""
+        placed = self._placed.pop(k, None)
+        if not placed:
+            return
+        keep = self._actions[k][1]
+        keys = self._manifest.keys
+        self._stager.after_use([(keys[int(self._batches[k][j])], p, bool(keep[j]), j in corrupt)
+                                for j, p in placed.items()])
+
     def _fill_window(self) -> None:
         end = min(len(self._batches), self._next + self._lookahead)
         while self._submitted < end:
             k = self._submitted
-            self._stager.submit(k, self._batches[k])
+            hit, keep = self._actions[k]
+            self._stager.submit(k, self._batches[k], hit, keep)
             self._submitted += 1
 
     def _dispatch_locked(self) -> None:
@@ -128,15 +150,20 @@ class EpochRun:
             k = heapq.heappop(self._ready)
             failed = self._failed.get(k, [])
             if failed and not self._skip:
-                idx, err = failed[0]
+                _, err = failed[0]
                 self._results[k] = ("fail", err)
+                self._release_locked(k)
                 continue
-            bad = {idx for idx, _ in failed}
-            for idx, err in failed:
-                self._stats.skipped.append(self._manifest.keys[idx])
-            m = self._manifest
-            items = [(m.keys[i], self._store.path_for(m.keys[i]), int(m.sizes[i]), int(m.labels[i]))
-                     for i in self._batches[k] if int(i) not in bad]
+            bad = {j for j, _ in failed}
+            for j, err in failed:
+                self._stats.skipped.append(self._manifest.keys[int(self._batches[k][j])])
+            m, placed = self._manifest, self._placed.get(k, {})
+            positions = [j for j in range(len(self._batches[k])) if j not in bad]
+            items = []
+            for j in positions:
+                i = int(self._batches[k][j])
+                items.append((m.keys[i], placed[j].path, int(m.sizes[i]), int(m.labels[i])))
+            self._positions[k] = positions
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
             worker.conn.send((k, slot, items, self._skip))
@@ -186,7 +213,7 @@ class EpochRun:
                     f"sample {key!r} of the source could not be decoded ({message}): pass on_error='skip' to "
                     "skip bad samples, or fix or remove the file and re-index the source")
             raise WorkerError(f"reader worker failed on batch {k} at sample {key!r}: {message}\n{tb}")
-        _, _, slot_id, spec, size, skipped = res
+        _, _, slot_id, spec, size, skipped, _ = res
         wid = self._inflight.pop(k)
         worker = self._pool.workers[wid]
         if size and self._lent < self._lend_limit:
@@ -231,10 +258,19 @@ class EpochRun:
 
     def _receive(self, w, msg: tuple) -> None:
         k = msg[1]
-        if msg[0] == "err":  # the worker wrote nothing into the slot: it is free again
-            self._inflight.pop(k, None)
-            with self._lock:
+        positions = self._positions.pop(k, [])
+        corrupt = set()
+        if msg[0] == "ok" and msg[6]:
+            for p, why in msg[6]:
+                j = positions[p]
+                if why != "gone":
+                    corrupt.add(j)
+                self._stats.count_epoch(self._epoch, repaired=1)
+        with self._lock:
+            if msg[0] == "err":  # the worker wrote nothing into the slot: it is free again
+                self._inflight.pop(k, None)
                 w.free.append(msg[2])
+            self._release_locked(k, corrupt)
         self._results[k] = msg
 
     def close(self) -> None:
@@ -244,6 +280,10 @@ class EpochRun:
             self._closed = True
         if os.getpid() != self._owner_pid:
             return  # a forked child must not tear down its parent's workers
+        self.completed = self._next >= len(self._batches)
+        self._pool.close()   # no reader uses a staged file after this
+        with self._lock:     # what was staged but not used: RAM entries go, local ones stay as planned
+            for k in list(self._placed):
+                self._release_locked(k)
         self._stager.close()
-        self._pool.close()
         _LIVE.discard(self)

@@ -36,7 +36,7 @@ class Worker:
 
 class WorkerPool:
     def __init__(self, num_workers: int, slots_per_worker: int, decode: Callable[[bytes], Any],
-                 collate_fn: Callable | None, mp_context: str = "fork") -> None:
+                 collate_fn: Callable | None, source: Any, mp_context: str = "fork") -> None:
         if mp_context != "fork":
             raise ConfigError(
                 f"mp_context={mp_context!r} is not supported yet: reader workers share batch buffers by fork; "
@@ -47,7 +47,7 @@ class WorkerPool:
             for wid in range(num_workers):
                 slots = [Slot() for _ in range(slots_per_worker)]
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=worker_main, args=(wid, child, slots, decode, collate_fn),
+                proc = ctx.Process(target=worker_main, args=(wid, child, slots, decode, collate_fn, source),
                                    name=f"clairvoyant-reader-{wid}", daemon=True)
                 proc.start()
                 child.close()

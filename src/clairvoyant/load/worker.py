@@ -1,9 +1,14 @@
 """The reader worker process: read staged files, decode, collate into a shared slot.
 
-Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label), ...]``,
-or ``None`` to stop. Messages out: ``("ok", k, slot, spec, size, skipped)`` or
-``("err", k, slot, kind, key, message, traceback)``. Only our own small tuples cross
-the pipe; batch data travels in the slot.
+Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label), ...]``
+(``path`` None: read the sample from the source), or ``None`` to stop. Messages out:
+``("ok", k, slot, spec, size, skipped, repaired)`` or ``("err", k, slot, kind, key, message,
+traceback)``. Only our own small tuples cross the pipe; batch data travels in the slot.
+
+Every cached entry is checked against its checksum as it is read. An entry that
+is corrupt, truncated or gone is never decoded: the sample is read from the
+source instead and reported in ``repaired`` (position, reason), and the
+training process has the entry removed.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import signal
 import traceback
 from typing import Any, Callable
 
+from ..cache.entry import entry_size, unseal
+from ..errors import CorruptEntry
 from ..fileio import read_file
 from .collate import default_collate
 from .transport import Slot, pack
@@ -27,7 +34,7 @@ def _die_with_parent() -> None:
 
 
 def worker_main(wid: int, conn, slots: list[Slot], decode: Callable[[bytes], Any],
-                collate_fn: Callable | None) -> None:
+                collate_fn: Callable | None, source) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
     _die_with_parent()
     collate = collate_fn or default_collate
@@ -39,16 +46,34 @@ def worker_main(wid: int, conn, slots: list[Slot], decode: Callable[[bytes], Any
         if msg is None:
             return
         k, slot_id, items, skip = msg
-        conn.send(_load_batch(k, slot_id, items, skip, slots, decode, collate))
+        conn.send(_load_batch(k, slot_id, items, skip, slots, decode, collate, source))
 
 
-def _load_batch(k, slot_id, items, skip, slots, decode, collate) -> tuple:
-    samples, skipped = [], []
-    for key, path, size, label in items:
+def _read(path: str | None, key: str, size: int, source) -> tuple[bytes, str | None]:
+    """The sample's bytes, and why the cached entry could not be used (None if it was)."""
+    if path is None:
+        return source.read(key), None
+    try:
+        return unseal(read_file(path, entry_size(size)), size, path), None
+    except FileNotFoundError:
+        why = "gone"
+    except CorruptEntry as e:
+        why = str(e)
+    return source.read(key), why
+
+
+def _load_batch(k, slot_id, items, skip, slots, decode, collate, source) -> tuple:
+    samples, skipped, repaired = [], [], []
+    for j, (key, path, size, label) in enumerate(items):
         try:
-            data = read_file(path, size)
-        except OSError as e:
-            return ("err", k, slot_id, "read", key, f"cannot read staged copy {path}: {e}", traceback.format_exc())
+            data, why = _read(path, key, size, source)
+        except Exception as e:
+            if skip:
+                skipped.append((key, f"{type(e).__name__}: {e}"))
+                continue
+            return ("err", k, slot_id, "read", key, f"cannot read sample {key!r}: {e}", traceback.format_exc())
+        if why is not None:
+            repaired.append((j, why))
         try:
             sample = decode(data)
         except Exception as e:
@@ -64,4 +89,4 @@ def _load_batch(k, slot_id, items, skip, slots, decode, collate) -> tuple:
         spec, size = pack(collate(samples), slots[slot_id])
     except Exception as e:
         return ("err", k, slot_id, "collate", items[0][0], f"{type(e).__name__}: {e}", traceback.format_exc())
-    return ("ok", k, slot_id, spec, size, skipped)
+    return ("ok", k, slot_id, spec, size, skipped, repaired)

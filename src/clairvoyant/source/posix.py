@@ -81,13 +81,38 @@ class PosixSource:
         self._charge(len(data))
         return data
 
+    def read_versioned(self, key: str) -> tuple[bytes, int]:
+        """The sample's bytes and the file's modification time (ns), from one open."""
+        path = self.path_of(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                st = os.fstat(fd)
+                data = os.read(fd, st.st_size)
+                while len(data) < st.st_size and (chunk := os.read(fd, 1 << 20)):
+                    data += chunk
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise self.read_error(key, path, e) from e
+        self._charge(len(data))
+        return data, st.st_mtime_ns
+
+    def version(self, key: str) -> tuple[int, int]:
+        """``(size, modification time in ns)`` of sample ``key`` now: one metadata operation."""
+        path = self.path_of(key)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise self.read_error(key, path, e) from e
+        self._charge_meta()
+        return st.st_size, st.st_mtime_ns
+
     def _charge(self, nbytes: int) -> None:
         """Called once per sample read with its size; emulated storage charges its costs here."""
 
-    def path_for_copy(self, key: str, size: int) -> str:
-        """The file to copy sample ``key`` (``size`` bytes) from; counts as one read of it."""
-        self._charge(size)
-        return self.path_of(key)
+    def _charge_meta(self) -> None:
+        """Called once per metadata operation (stat); emulated storage charges it here."""
 
     def read_error(self, key: str, path: str, e: OSError) -> SampleReadError:
         """The typed error for an OSError met reading sample ``key`` at ``path``."""

@@ -1,40 +1,47 @@
-"""The staging engine: I/O threads that copy upcoming samples from the source to local_dir.
+"""The staging engine: I/O threads that carry out the residency plan ahead of the readers.
 
-Work arrives in batch units, in plan order, a bounded window ahead of the
-readers. Batches are submitted in the order the training loop will need them
-and the queue is first-in first-out, so the sample the loop is about to wait
-for is always the next one taken. Reads from the source release the GIL, so
-threads, not processes, do this; the queue is a C-level SimpleQueue and each
-sample costs one callback, to keep the GIL hand-offs per sample few.
+Three kinds of work, taken in this order of priority:
+
+1. after an access (its batch has been read by a worker): move a kept sample
+   from the RAM window to the local tier, delete what is not kept; this frees
+   room, so it goes first;
+2. evictions the plan makes when an epoch starts;
+3. staging, in the order the training loop will need the samples (the batch
+   index is the deadline): a planned hit is checked in the local tier, a miss
+   is read from the source once and placed (cache/tiers.py).
+
+Reads from the source release the GIL, so threads, not processes, do this.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from typing import Callable
 
-from ..cache.local import LocalStore
+from ..cache.tiers import LOCAL, Placement, Tiers
 from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..source import Source
-from ..fileio import write_all
 
-HIT, COPIED = "hit", "copied"
-# on_done(batch, index, outcome): outcome is HIT, COPIED or the exception that stopped the copy
-OnDone = Callable[[int, int, "str | BaseException"], None]
+# on_done(batch, position in batch, Placement or the exception that stopped the staging)
+OnDone = Callable[[int, int, "Placement | BaseException"], None]
+_AFTER, _DROP = -2, -1
 
 
 class Stager:
-    """Copies samples in need order with a fixed number of threads."""
+    """Stages samples in need order with a fixed number of threads."""
 
-    def __init__(self, source: Source, store: LocalStore, manifest: Manifest, *, threads: int,
-                 on_done: OnDone, known: set[int]) -> None:
-        self._source, self._store, self._manifest = source, store, manifest
-        self._on_done, self._known = on_done, known
-        self._queue: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+    def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
+                 on_done: OnDone) -> None:
+        self._source, self._tiers, self._manifest = source, tiers, manifest
+        self._on_done = on_done
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
         self._stop = False
         self.fatal: BaseException | None = None  # an error that stopped a staging thread itself
+        self._read = getattr(source, "read_versioned", None) or (lambda key: (source.read(key), 0))
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
 
@@ -42,15 +49,24 @@ class Stager:
         for t in self._threads:
             t.start()
 
-    def submit(self, batch_id: int, indices) -> None:
-        for idx in indices:
-            self._queue.put((batch_id, int(idx)))
+    def submit(self, batch_id: int, indices, hit, keep) -> None:
+        for j, idx in enumerate(indices):
+            self._queue.put((batch_id, next(self._seq), (batch_id, j, int(idx), bool(hit[j]), bool(keep[j]))))
+
+    def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
+        """``(key, placement, keep, corrupt)`` of samples whose access is done."""
+        for item in items:
+            self._queue.put((_AFTER, next(self._seq), item))
+
+    def drop(self, keys) -> None:
+        for key in keys:
+            self._queue.put((_DROP, next(self._seq), key))
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop taking work; each thread finishes (and publishes or removes) the sample in hand."""
+        """Finish the after-use work queued so far, then stop; each thread ends the sample in hand."""
         self._stop = True
         for _ in self._threads:
-            self._queue.put(None)
+            self._queue.put((float("inf"), next(self._seq), None))
         for t in self._threads:
             if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout)
@@ -62,13 +78,22 @@ class Stager:
             self.fatal = e
 
     def _loop(self) -> None:
-        while not self._stop:
-            item = self._queue.get()
-            if item is None or self._stop:
+        tiers = self._tiers
+        while True:
+            prio, _, item = self._queue.get()
+            if item is None:
                 return
-            batch_id, idx = item
+            if prio == _AFTER:
+                tiers.after_use(*item)
+                continue
+            if prio == _DROP:
+                tiers.drop(item)
+                continue
+            if self._stop:
+                continue   # staging work is dropped on close; after-use work above is finished
+            batch_id, j, idx, hit, keep = item
             try:
-                outcome: str | BaseException = self._stage(idx)
+                outcome: Placement | BaseException = self._stage(idx, hit, keep)
             except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
                 outcome = e
             except Exception as e:  # a source's own error: name the sample
@@ -77,44 +102,42 @@ class Stager:
                                           f"{type(e).__name__}: {e}")
                 outcome.__cause__ = e
             if not self._stop:
-                self._on_done(batch_id, idx, outcome)
+                self._on_done(batch_id, j, outcome)
 
-    def _stage(self, idx: int) -> str:
-        if idx in self._known:
-            return HIT
+    def _stage(self, idx: int, hit: bool, keep: bool) -> Placement:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
-        store = self._store
-        if store.claim(key, size):  # an earlier run, or another rank of this node, copied it
-            self._known.add(idx)
-            return HIT
-        # we hold the node-wide lock of key now; every path below lets go of it
-        path_for_copy = getattr(self._source, "path_for_copy", None)
-        if path_for_copy is not None:  # a file: copied, published and unlocked in one call
-            try:
-                src = path_for_copy(key, size)
-            except BaseException:
-                store.release(key)
-                raise
-            try:
-                n = store.put_file(key, src, size, unlock=True)
-            except OSError as e:
-                if e.filename != src or isinstance(e, ClairvoyantError):
-                    raise
-                raise self._source.read_error(key, src, e) from e
-            _check_size(key, n, size)
-        else:
-            try:
-                store.put_from(key, lambda fd: self._fill(key, size, fd))
-            finally:
-                store.release(key)
-        self._known.add(idx)
-        return COPIED
+        tiers = self._tiers
+        if hit:
+            path = tiers.find_local(key, size)
+            if path is not None:
+                tiers.counters.add("local_hits")
+                return Placement(LOCAL, path, False)
+            tiers.counters.add("missed_hits")   # planned, but not there (yet): fetch it
+        if not (hit or keep):
+            data, mtime = self._fetch(key, size)
+            return tiers.place(key, data, mtime, False)
+        # the local tier is involved: hold the node-wide lock of the sample, so that of all the
+        # processes of the node one reads it from the source and the others find it
+        locked = False
+        for _ in range(2):
+            locked = not tiers.claim(key, size)
+            if locked:
+                break
+            path = tiers.find_local(key, size)   # there; unless stale (then removed: claim again)
+            if path is not None:
+                tiers.counters.add("local_hits")
+                return Placement(LOCAL, path, False)
+        try:
+            data, mtime = self._fetch(key, size)
+            return tiers.place(key, data, mtime, keep)
+        finally:
+            if locked:
+                tiers.release(key)
 
-    def _fill(self, key: str, size: int, fd: int) -> int:
-        data = self._source.read(key)
-        _check_size(key, len(data), size)  # raised inside the publish: nothing is published
-        write_all(fd, data)
-        return len(data)
+    def _fetch(self, key: str, size: int) -> tuple[bytes, int]:
+        data, mtime = self._read(key)
+        _check_size(key, len(data), size)
+        return data, mtime
 
 
 def _check_size(key: str, n: int, size: int) -> None:

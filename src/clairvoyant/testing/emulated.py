@@ -157,5 +157,8 @@ class EmulatedStore(PosixSource):
     def _charge(self, nbytes: int) -> None:
         self._request(opens=1, reads=max(1, -(-nbytes // _CHUNK)), nbytes=nbytes)
 
+    def _charge_meta(self) -> None:
+        self._request(opens=1, reads=0, nbytes=0)
+
     def scan(self) -> Iterator[tuple[str, int]]:
         return super().scan()

@@ -24,9 +24,9 @@ class FaultySource(PosixSource):
         self._fail(key)
         return super().read(key)
 
-    def path_for_copy(self, key: str, size: int) -> str:
+    def read_versioned(self, key: str) -> tuple[bytes, int]:
         self._fail(key)
-        return super().path_for_copy(key, size)
+        return super().read_versioned(key)
 
     def _fail(self, key: str) -> None:
         if key in self.bad_keys:
@@ -35,13 +35,16 @@ class FaultySource(PosixSource):
 
 
 @contextlib.contextmanager
-def disk_full_after(nbytes: int) -> Iterator[None]:
-    """Within the block, staging writes in this process fail with ENOSPC once ``nbytes``
-    have been published, as a filling node-local device would."""
+def disk_full_after(nbytes: int, root: str | None = None) -> Iterator[None]:
+    """Within the block, cache writes in this process (under ``root``, if given) fail with ENOSPC
+    once ``nbytes`` have been published, as a filling node-local device would."""
     original = publish_mod.publish
     written = [0]
 
     def fill_limited(final: str, tmp_dir: str, fill):
+        if root is not None and not final.startswith(root):
+            return original(final, tmp_dir, fill)
+
         def limited(fd: int) -> int:
             n = fill(fd)
             written[0] += n
@@ -50,17 +53,8 @@ def disk_full_after(nbytes: int) -> Iterator[None]:
             return n
         return original(final, tmp_dir, limited)
 
-    def file_limited(final: str, tmp_dir: str, src: str, expected: int = -1, lock=(-1, 0)) -> int:
-        written[0] += os.path.getsize(src)
-        if written[0] > nbytes:
-            if lock[0] >= 0:  # the contract: the lock goes, whatever happens
-                publish_mod.release(*lock)
-            raise publish_mod._local_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), final, tmp_dir)
-        return original_file(final, tmp_dir, src, expected, lock)
-
-    original_file = publish_mod.publish_file
-    publish_mod.publish, publish_mod.publish_file = fill_limited, file_limited
+    publish_mod.publish = fill_limited
     try:
         yield
     finally:
-        publish_mod.publish, publish_mod.publish_file = original, original_file
+        publish_mod.publish = original

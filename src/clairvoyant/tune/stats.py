@@ -20,6 +20,7 @@ class Stats:
     batches: int = 0
     samples: int = 0
     skipped: list = field(default_factory=list)  # keys skipped with on_error="skip"
+    epochs: dict = field(default_factory=dict)   # epoch -> source_files, source_bytes, from_local, from_ram, ...
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     timings: Timings = field(default_factory=Timings, repr=False, compare=False)
 
@@ -28,10 +29,18 @@ class Stats:
             for name, d in deltas.items():
                 setattr(self, name, getattr(self, name) + d)
 
+    def count_epoch(self, epoch: int, **deltas: int) -> None:
+        """Add to the counters of one epoch."""
+        with self._lock:
+            d = self.epochs.setdefault(epoch, {})
+            for name, n in deltas.items():
+                d[name] = d.get(name, 0) + n
+
     def snapshot(self) -> dict:
         with self._lock:
             d = {f.name: getattr(self, f.name) for f in fields(self)
                  if not f.name.startswith("_") and f.name != "timings"}
             d["skipped"] = list(self.skipped)
+            d["epochs"] = {e: dict(c) for e, c in self.epochs.items()}
         d.update(self.timings.summary())
         return d

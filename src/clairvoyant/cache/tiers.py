@@ -1,0 +1,208 @@
+"""MECHANISM: the node's two cache tiers, RAM and local SSD, as the staging threads use them.
+
+The residency plan (plan/residency.py) says, for each access, whether the
+sample is in the local tier (a hit) and whether it stays there afterwards
+(keep). This module carries it out:
+
+- a planned hit is read from the local tier, after checking that the entry is
+  there and still matches the source (entries older than this session are
+  checked once against the source's size and modification time);
+- a miss is read from the source once and written where its reader will find
+  it: straight into the local tier when it is to be kept and the tier has room,
+  else into the RAM tier (the window of samples needed soonest), else nowhere
+  (the reader reads the source itself: the tiers are full or the device is);
+- after the access, a kept sample moves from RAM to the local tier, and what is
+  not kept is deleted, which is the only way the local tier evicts.
+
+Every write reserves its bytes in the tier's ledger first, so neither tier
+ever holds more than its capacity, whatever the ranks of the node do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import NamedTuple
+
+from ..errors import CacheError, CorruptEntry
+from .entry import TRAILER, entry_size, read_trailer, unseal
+from .local import LocalStore, remove_tree
+from .session import Session
+
+log = logging.getLogger("clairvoyant")
+
+LOCAL, RAM, SOURCE = "local", "ram", "source"
+
+
+class Placement(NamedTuple):
+    tier: str            # LOCAL, RAM or SOURCE (not cached: the reader reads the source)
+    path: str | None
+    fetched: bool        # read from the source for this access
+
+
+class TierCounters:
+    """What the tiers did, for stats(); updated by the staging threads under one lock."""
+
+    NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
+             "stale", "corrupt", "missed_hits")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        for n in self.NAMES:
+            setattr(self, n, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.lock:
+            return {n: getattr(self, n) for n in self.NAMES}
+
+
+def _first_local(store: LocalStore) -> dict[str, int]:
+    entries = store.entries()
+    store.ledger.set(sum(entries.values()))
+    return entries
+
+
+def _first_ram(store: LocalStore) -> dict[str, int]:
+    store.clear()   # RAM entries live for one access of one session: whatever is here is an orphan
+    return {}
+
+
+def _last_ram(store: LocalStore) -> None:
+    store.clear()
+    remove_tree(store.root)
+    for d in (os.path.dirname(store.root), store.local_dir):   # v1/, then the per-user directory
+        try:
+            os.rmdir(d)
+        except OSError:
+            break   # not empty: another source's tier lives there
+
+
+class Tiers:
+    def __init__(self, local: LocalStore, ram: LocalStore, local_capacity: int, ram_capacity: int,
+                 source) -> None:
+        self.local, self.ram = local, ram
+        self.local_capacity, self.ram_capacity = int(local_capacity), int(ram_capacity)
+        self.source = source
+        self.counters = TierCounters()
+        self._local_session = Session(local, _first_local)
+        try:
+            self._ram_session = Session(ram, _first_ram)
+        except BaseException:
+            self._local_session.leave()
+            raise
+        self.started_ns = self._local_session.started_ns
+        self.inventory = dict(self._local_session.inventory)   # entry name -> bytes, when the session began
+        self._warned: set[str] = set()
+        self._version = getattr(source, "version", None)
+
+    def close(self) -> None:
+        self._ram_session.leave(_last_ram)
+        self._local_session.leave()
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning(message)
+
+    # -- before the access ------------------------------------------------------------------
+
+    def find_local(self, key: str, size: int) -> str | None:
+        """The local entry of ``key`` if it is there and current, else None (a stale one is removed)."""
+        path = self.local.path_for(key)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        if st.st_size != entry_size(size):
+            return None
+        if st.st_mtime_ns >= self.started_ns or self._version is None:
+            return path   # written in this session, from the source as it is now
+        recorded = read_trailer(path)
+        if recorded is not None and recorded == tuple(self._version(key)):
+            os.utime(path)   # checked: no need to ask the source again in this session
+            return path
+        self.counters.add("stale")
+        self.local.delete_path(path)
+        return None
+
+    def claim(self, key: str, size: int) -> bool:
+        return self.local.claim(key, size)
+
+    def release(self, key: str) -> None:
+        self.local.release(key)
+
+    def place(self, key: str, data: bytes, mtime_ns: int, keep: bool) -> Placement:
+        """Write a sample just read from the source where its reader will find it."""
+        if keep:
+            path = self._put(self.local, key, data, mtime_ns, self.local_capacity, False)
+            if path is not None:
+                self.counters.add("staged_local")
+                return Placement(LOCAL, path, True)
+        path = self._put(self.ram, key, data, mtime_ns, self.ram_capacity, True)
+        if path is not None:
+            self.counters.add("staged_ram")
+            return Placement(RAM, path, True)
+        self.counters.add("bypassed")
+        return Placement(SOURCE, None, True)
+
+    def _put(self, store: LocalStore, key: str, data: bytes, mtime_ns: int, capacity: int,
+             private: bool) -> str | None:
+        try:
+            return store.put(key, data, mtime_ns, capacity, private)
+        except CacheError as e:   # the device is full (or failing): read the source instead
+            self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples that do "
+                            "not fit are read from the source until there is room again")
+            return None
+
+    # -- after the access -------------------------------------------------------------------
+
+    def after_use(self, key: str, placed: Placement, keep: bool, corrupt: bool) -> None:
+        if placed.tier == LOCAL:
+            if corrupt:
+                self.counters.add("corrupt")
+            if (not keep or corrupt) and self.local.delete(key):
+                self.counters.add("evictions")
+        elif placed.tier == RAM:
+            if keep and not corrupt:
+                self._promote(key, placed.path)
+            if corrupt:
+                self.counters.add("corrupt")
+            self.ram.delete_path(placed.path)
+
+    def _promote(self, key: str, ram_path: str) -> None:
+        """Move a sample to keep from the RAM window down to the local tier."""
+        try:
+            with open(ram_path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return
+        size = len(blob) - entry_size(0)
+        try:
+            data = unseal(blob, size, ram_path)
+        except CorruptEntry:
+            self.counters.add("corrupt")
+            return
+        if self.local.claim(key, size):
+            return   # already there (another rank)
+        try:
+            mtime_ns = TRAILER.unpack_from(blob, size)[2]
+            if self._put(self.local, key, data, mtime_ns, self.local_capacity, False) is not None:
+                self.counters.add("promotions")
+        finally:
+            self.local.release(key)
+
+    def drop(self, key: str) -> None:
+        """Evict a resident the plan will not use before it would have to go."""
+        if self.local.delete(key):
+            self.counters.add("dropped")
+
+    def usage(self) -> dict:
+        lu, lp = self.local.ledger.read()
+        ru, rp = self.ram.ledger.read()
+        return {"local": {"dir": self.local.root, "capacity": self.local_capacity, "used": lu, "peak": lp},
+                "ram": {"dir": self.ram.root, "capacity": self.ram_capacity, "used": ru, "peak": rp}}
