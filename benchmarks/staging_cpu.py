@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rep in range(args.repeats):
             local = LocalStore(os.path.join(work, str(rep)), store.uri)
-            ram = LocalStore(os.path.join(work, f"ram{rep}"), store.uri)
-            tiers = Tiers(local, ram, 1 << 40, 1 << 30, store)
+            ram_dir = os.path.join(work, f"ram{rep}")
+            tiers = Tiers(local, lambda: LocalStore(ram_dir, store.uri), 1 << 40, 1 << 30, store)
             done, count = threading.Event(), [0]
 
             def on_done(batch: int, idx: int, outcome) -> None:
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             stager.close()
             tiers.close()
             local.close()
-            ram.close()
+            tiers.ram.close()
             n = len(man)
             print(f"threads {args.threads}: {n / dt:.0f} files/s, per file: user "
                   f"{(r1.ru_utime - r0.ru_utime) / n * 1e6:.0f} us, system {(r1.ru_stime - r0.ru_stime) / n * 1e6:.0f} us")

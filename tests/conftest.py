@@ -16,6 +16,12 @@ from clairvoyant.testing import make_dataset
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Manifests go to a per-test cache, never to the user's home."""
     monkeypatch.setenv("CLAIRVOYANT_CACHE", str(tmp_path_factory.mktemp("cvcache")))
+    ram = tmp_path_factory.mktemp("ram")
+    monkeypatch.setenv("CLAIRVOYANT_RAM_DIR", str(ram / "tier"))
+    yield
+    # the RAM tier removes itself when its last user leaves: nothing may stay behind
+    leftovers = [os.path.join(r, f) for r, _, fs in os.walk(ram) for f in fs]
+    assert not leftovers, f"RAM tier left behind: {leftovers[:5]}"
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,8 @@ def default_local_dir() -> str:
 
 
 def default_ram_dir() -> str:
-    """The RAM tier: a per-user directory in /dev/shm (shared memory) where there is one."""
+    """The RAM tier: ``$CLAIRVOYANT_RAM_DIR``, else a per-user directory in /dev/shm (shared memory)."""
+    if os.environ.get("CLAIRVOYANT_RAM_DIR"):
+        return os.environ["CLAIRVOYANT_RAM_DIR"]
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     return os.path.join(base, f"clairvoyant-{_user()}")

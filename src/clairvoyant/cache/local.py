@@ -25,6 +25,7 @@ import stat
 import weakref
 
 from ..errors import CacheError, LocalDirNotWritable
+from . import crashpoints
 from . import publish as _publish
 from .entry import entry_size, seal
 from .ledger import Ledger
@@ -115,13 +116,20 @@ class LocalStore:
         n = entry_size(len(data))
         if not self.ledger.reserve(n, capacity):
             return None
+        crashpoints.reached("reserved")
         final = self.path_for(key, private)
         trailer = seal(data, mtime_ns)
+
+        def fill(fd: int) -> int:
+            written = _publish.write_entry(fd, data, trailer)
+            crashpoints.reached("tmp_written")
+            return written
         try:
-            _publish.publish(final, self._tmp_for(final), lambda fd: _publish.write_entry(fd, data, trailer))
+            _publish.publish(final, self._tmp_for(final), fill)
         except BaseException:
             self.ledger.give_back(n)
             raise
+        crashpoints.reached("published")
         return final
 
     def delete(self, key: str, private: bool = False) -> int:
@@ -134,6 +142,7 @@ class LocalStore:
             os.unlink(path)
         except FileNotFoundError:
             return 0
+        crashpoints.reached("unlinked")
         self.ledger.give_back(n)
         return n
 

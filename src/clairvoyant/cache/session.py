@@ -1,7 +1,9 @@
 """MECHANISM: which processes use a tier now, and what the first of them found there.
 
-Every process that uses a tier holds a shared ``flock`` on its ``session.lock``;
-``init.lock`` serialises joining and leaving. The first process to join (no
+Every process that uses a tier holds a shared ``flock`` on ``<tier>.session.lock``;
+``<tier>.init.lock`` serialises joining and leaving. Both live in the local
+tier's directory, which is never removed, also for the RAM tier, which its last
+user removes. The first process to join (no
 one else holds the session lock) counts the bytes on disk into the ledger,
 removes stale or foreign entries, and writes the inventory: the entries
 present and the session's start time, which every later process of the same
@@ -22,23 +24,27 @@ from .local import LocalStore
 
 
 class Session:
-    def __init__(self, store: LocalStore, on_first: Callable[[LocalStore], dict[str, int]]) -> None:
-        """Join; ``on_first(store)`` returns the inventory (entry name -> bytes) when this is the first."""
-        self.store = store
-        root = store.root
-        self._inventory_path = os.path.join(root, "inventory.json")
-        self._init_fd = os.open(os.path.join(root, "init.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        self._session_fd = os.open(os.path.join(root, "session.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    def __init__(self, lock_root: str, name: str, setup: Callable[[], LocalStore],
+                 on_first: Callable[[LocalStore], dict[str, int]]) -> None:
+        """Join the session of tier ``name`` whose lock files live in ``lock_root`` (a directory that
+        is never removed); ``setup()`` opens the tier's store (under the join lock, so that it never
+        races with the last user removing it), ``on_first(store)`` returns the inventory (entry
+        name -> bytes) when this process is the first."""
+        root = lock_root
+        self._inventory_path = os.path.join(root, f"{name}.inventory.json")
+        self._init_fd = os.open(os.path.join(root, f"{name}.init.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        self._session_fd = os.open(os.path.join(root, f"{name}.session.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         self.first = False
         fcntl.flock(self._init_fd, fcntl.LOCK_EX)
         try:
+            self.store = setup()
             try:
                 fcntl.flock(self._session_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self.first = True
             except BlockingIOError:
                 pass
             if self.first:
-                inventory = on_first(store)
+                inventory = on_first(self.store)
                 self.started_ns = time.time_ns()
                 doc = {"started_ns": self.started_ns, "entries": inventory}
                 blob = json.dumps(doc).encode()
@@ -78,9 +84,9 @@ class Session:
             self._close_fds()   # closing drops both locks
 
 
-def in_use(root: str) -> bool:
-    """Whether some process holds the tier at ``root`` now."""
-    path = os.path.join(root, "session.lock")
+def in_use(lock_root: str, name: str) -> bool:
+    """Whether some process holds the tier ``name`` whose locks are in ``lock_root`` now."""
+    path = os.path.join(lock_root, f"{name}.session.lock")
     if not os.path.exists(path):
         return False
     fd = os.open(path, os.O_RDWR)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..errors import CacheError, CorruptEntry
 from .entry import TRAILER, entry_size, read_trailer, unseal
@@ -83,18 +83,19 @@ def _last_ram(store: LocalStore) -> None:
 
 
 class Tiers:
-    def __init__(self, local: LocalStore, ram: LocalStore, local_capacity: int, ram_capacity: int,
-                 source) -> None:
-        self.local, self.ram = local, ram
+    def __init__(self, local: LocalStore, open_ram: Callable[[], LocalStore], local_capacity: int,
+                 ram_capacity: int, source) -> None:
+        self.local = local
         self.local_capacity, self.ram_capacity = int(local_capacity), int(ram_capacity)
         self.source = source
         self.counters = TierCounters()
-        self._local_session = Session(local, _first_local)
+        self._local_session = Session(local.root, "local", lambda: local, _first_local)
         try:
-            self._ram_session = Session(ram, _first_ram)
+            self._ram_session = Session(local.root, "ram", open_ram, _first_ram)
         except BaseException:
             self._local_session.leave()
             raise
+        self.ram = self._ram_session.store
         self.started_ns = self._local_session.started_ns
         self.inventory = dict(self._local_session.inventory)   # entry name -> bytes, when the session began
         self._warned: set[str] = set()

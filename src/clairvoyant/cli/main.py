@@ -98,6 +98,39 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache_verify(args: argparse.Namespace) -> int:
+    from ..cache.verify import verify
+    from ..units import format_bytes
+
+    reports = verify(args.dir, repair=args.repair)
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports]))
+    else:
+        for r in reports:
+            state = "consistent" if r.consistent else "INCONSISTENT"
+            print(f"{r.root}: {state}: {r.entries} entries, {format_bytes(r.bytes)} on disk, ledger "
+                  f"{format_bytes(r.ledger)} (peak {format_bytes(r.peak)}){', in use' if r.in_use else ''}")
+            for path, why in r.corrupt:
+                print(f"  corrupt: {path}: {why}")
+            for path in r.orphans:
+                print(f"  orphan temporary file: {path}")
+            if not r.in_use and r.ledger != r.bytes:
+                print(f"  ledger differs from the bytes on disk by {r.ledger - r.bytes:+d}")
+        if not reports:
+            print(f"{args.dir}: no cached source")
+        if any(not r.consistent for r in reports) and not args.repair:
+            print("run `clairvoyant cache verify --repair DIR` (or start a job on it) to fix this")
+    return 0 if all(r.consistent for r in reports) else 1
+
+
+def _cmd_cache_clear(args: argparse.Namespace) -> int:
+    from ..cache.verify import clear
+
+    n = clear(args.dir)
+    print(json.dumps({"removed": n}) if args.json else f"{args.dir}: removed {n} entries")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clairvoyant", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -122,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--ram-capacity", default="0", help="RAM for the cache, e.g. 32GiB")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=_cmd_plan)
+
+    ca = sub.add_parser("cache", help="check or empty a cache directory (local_dir or the RAM tier)")
+    casub = ca.add_subparsers(dest="cache_command", required=True)
+    cv = casub.add_parser("verify", help="check every entry, the ledger and leftover temporary files")
+    cv.add_argument("dir")
+    cv.add_argument("--repair", action="store_true", help="remove what is wrong and fix the ledger (when idle)")
+    cv.add_argument("--json", action="store_true")
+    cv.set_defaults(fn=_cmd_cache_verify)
+    cc = casub.add_parser("clear", help="remove every entry (refused while a job uses the directory)")
+    cc.add_argument("dir")
+    cc.add_argument("--json", action="store_true")
+    cc.set_defaults(fn=_cmd_cache_clear)
 
     dm = sub.add_parser("demo", help="staging vs. PyTorch's DataLoader on an emulated slow store")
     dm.add_argument("--batches", type=int, default=100, help="mini-batches to draw (the paper: 1000)")

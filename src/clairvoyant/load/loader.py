@@ -19,7 +19,7 @@ import numpy as np
 from .. import manifest as manifest_mod
 from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size
-from ..cache.local import LocalStore, digest
+from ..cache.local import LocalStore, digest, prepare_root
 from ..cache.tiers import Tiers
 from ..dist.topology import detect, validate
 from ..errors import ConfigError, EmptySourceError
@@ -105,7 +105,10 @@ class Loader:
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
+        self._output = Output(output, pin_memory)   # checked before anything is set up on disk
         self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
+        # leaves the node's tiers (the last one out empties the RAM tier) on close, GC or exit
+        self._close_tiers = weakref.finalize(self, _close_tiers, self.tiers)
         self.store = self.tiers.local
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
         self.decode = decode or decode_image
@@ -113,7 +116,6 @@ class Loader:
         self.num_workers = num_workers or _default_workers()
         self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
         self.on_error, self.mp_context = on_error, mp_context
-        self._output = Output(output, pin_memory)
         self._stats = Stats()
         self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
         self._carry: tuple[int, EpochResidency, Any] | None = None   # last epoch's plan and its run
@@ -127,24 +129,21 @@ class Loader:
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
         sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
         total, largest = int(sizes.sum()), int(sizes.max())
+        ram_base = prepare_root(os.fspath(ram_dir) if ram_dir is not None else default_ram_dir())
+        rcap = capacity_mod.resolve(ram_capacity, what="ram_capacity", dataset_bytes=total, largest_entry=largest,
+                                    default=lambda: capacity_mod.default_ram(ram_base, 0))
         local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), self.source.uri)
-        ram = None
         try:
-            ram = LocalStore(os.fspath(ram_dir) if ram_dir is not None else default_ram_dir(), self.source.uri)
             lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total,
                                         largest_entry=largest,
                                         default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
-            rcap = capacity_mod.resolve(ram_capacity, what="ram_capacity", dataset_bytes=total,
-                                        largest_entry=largest,
-                                        default=lambda: capacity_mod.default_ram(ram.root, 0))
-            tiers = Tiers(local, ram, lcap.nbytes, rcap.nbytes, self.source)
+            tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri), lcap.nbytes, rcap.nbytes, self.source)
         except BaseException:
             local.close()
-            if ram is not None:
-                ram.close()
             raise
         self.capacities = {"local": lcap, "ram": rcap}
-        log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", local.root, lcap, ram.root, rcap)
+        log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", local.root, lcap,
+                 tiers.ram.root, rcap)
         return tiers
 
     def _residents(self) -> dict[int, int]:
@@ -283,15 +282,19 @@ class Loader:
         if self._carry is not None:
             self._carry[2].close()
         self._carry = None
-        self.tiers.close()
-        self.tiers.local.close()
-        self.tiers.ram.close()
+        self._close_tiers()
 
     def __enter__(self) -> "Loader":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_tiers(tiers: Tiers) -> None:
+    tiers.close()
+    tiers.local.close()
+    tiers.ram.close()
 
 
 class _EpochIterator:
