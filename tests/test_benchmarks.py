@@ -25,3 +25,8 @@ def test_staging_vs_dataloader_tiny(tmp_path):
 def test_staging_cpu_tiny():
     out = run("staging_cpu.py", "--images", "40", "--threads", "4", "--repeats", "1")
     assert "files/s, per file: user" in out and "failed" not in out
+
+
+def test_caching_tiny(tmp_path):
+    out = run("caching.py", "--tiny", "--out", str(tmp_path))
+    assert "| 1 | 50% | 1 |" in out and "| 2 | 50% | 1 |" in out

@@ -1,0 +1,157 @@
+"""A state-machine test of the local tier against a model: fetch, read, evict, crash, restart,
+corrupt a byte, delete a file. Invariants: bytes within capacity, ledger equal to the bytes on
+disk after every restart (and whenever nothing was tampered with), every read returns the
+source's bytes or detects the damage."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from clairvoyant.cache.entry import entry_size, unseal
+from clairvoyant.cache.local import LocalStore
+from clairvoyant.cache.tiers import LOCAL, Placement, Tiers
+from clairvoyant.errors import CorruptEntry
+
+KEYS = [f"k{i}" for i in range(8)]
+SOURCE = {k: os.urandom(100 + 37 * i) for i, k in enumerate(KEYS)}
+CAPACITY = 4 * entry_size(250)
+
+
+class DictSource:
+    uri = "mem://model"
+
+    def read_versioned(self, key: str) -> tuple[bytes, int]:
+        return SOURCE[key], 7
+
+    def version(self, key: str) -> tuple[int, int]:
+        return len(SOURCE[key]), 7
+
+
+class TierMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="cv-model-")
+        self.tiers = None
+        self._open()
+        self.model: dict[str, str] = {}     # key -> "ok" | "corrupt"
+        self.tampered = False
+
+    def _open(self) -> None:
+        local = LocalStore(os.path.join(self.dir, "l"), DictSource.uri)
+        self.tiers = Tiers(local, lambda: LocalStore(os.path.join(self.dir, "r"), DictSource.uri),
+                           CAPACITY, CAPACITY, DictSource())
+
+    def _close(self) -> None:
+        self.tiers.close()
+        self.tiers.local.close()
+        self.tiers.ram.close()
+
+    def teardown(self) -> None:
+        self._close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _disk(self) -> int:
+        return sum(self.tiers.local.entries().values())
+
+    @rule(key=st.sampled_from(KEYS))
+    def fetch(self, key):
+        size = len(SOURCE[key])
+        if self.tiers.claim(key, size):
+            return   # present: a hit (whatever its state; read checks it)
+        try:
+            placed = self.tiers.place(key, SOURCE[key], 7, keep=True)
+        finally:
+            self.tiers.release(key)
+        if placed.tier == LOCAL:
+            self.model[key] = "ok"
+        else:
+            self.tiers.after_use(key, placed, False, False)   # the RAM copy goes after its access
+
+    @rule(key=st.sampled_from(KEYS))
+    def read(self, key):
+        size = len(SOURCE[key])
+        path = self.tiers.find_local(key, size)
+        if key not in self.model:
+            assert path is None
+            return
+        if path is None:   # a truncated entry is not even offered
+            assert self.model[key] == "corrupt"
+            self.tiers.local.delete(key)
+            del self.model[key]
+            return
+        with open(path, "rb") as f:
+            blob = f.read()
+        try:
+            data = unseal(blob, size, path)
+        except CorruptEntry:
+            assert self.model[key] == "corrupt", "a whole entry was reported corrupt"
+            self.tiers.after_use(key, Placement(LOCAL, path, False), True, True)
+            del self.model[key]
+            return
+        assert self.model[key] == "ok", "a corrupt entry was served"
+        assert data == SOURCE[key]
+
+    @rule(key=st.sampled_from(KEYS))
+    def evict(self, key):
+        self.tiers.after_use(key, Placement(LOCAL, self.tiers.local.path_for(key), False), False, False)
+        self.model.pop(key, None)
+
+    @rule(key=st.sampled_from(KEYS), at=st.sampled_from(["reserved", "tmp_written"]))
+    def crash_mid_publish(self, key, at):
+        """What a SIGKILL leaves at each step: bytes reserved, maybe a temporary file of a dead pid."""
+        self.tiers.local.ledger.reserve(entry_size(len(SOURCE[key])), 1 << 40)
+        if at == "tmp_written":
+            d = os.path.join(self.tiers.local.tmp_dir, "00")
+            with open(os.path.join(d, f"999999999.{key}.0"), "wb") as f:
+                f.write(SOURCE[key][:10])
+        self.restart()
+
+    @rule()
+    def restart(self):
+        self._close()
+        self._open()
+        self.tampered = False
+        assert self.tiers.local.ledger.read()[0] == self._disk()
+        tmp = [f for r, _, fs in os.walk(self.tiers.local.tmp_dir) for f in fs]
+        assert tmp == []
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def corrupt_a_byte(self, data):
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        path = self.tiers.local.path_for(key)
+        with open(path, "r+b") as f:
+            pos = data.draw(st.integers(0, len(SOURCE[key]) - 1))
+            f.seek(pos)
+            b = f.read(1)
+            f.seek(pos)
+            f.write(bytes([b[0] ^ 0x10]))
+        self.model[key] = "corrupt"
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def delete_a_file(self, data):
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        os.unlink(self.tiers.local.path_for(key))
+        del self.model[key]
+        self.tampered = True
+
+    @invariant()
+    def within_capacity(self):
+        used, peak = self.tiers.local.ledger.read()
+        assert self._disk() <= CAPACITY and used <= CAPACITY and peak <= CAPACITY
+
+    @invariant()
+    def ledger_equals_disk(self):
+        if not self.tampered:
+            assert self.tiers.local.ledger.read()[0] == self._disk()
+
+
+TestTierModel = TierMachine.TestCase
+TestTierModel.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
