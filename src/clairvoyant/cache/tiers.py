@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Callable, NamedTuple
 
 from ..errors import CacheError, CorruptEntry
@@ -84,8 +85,11 @@ def _last_ram(store: LocalStore) -> None:
 
 class Tiers:
     def __init__(self, local: LocalStore, open_ram: Callable[[], LocalStore], local_capacity: int,
-                 ram_capacity: int, source) -> None:
+                 ram_capacity: int, source, direct: bool = True) -> None:
+        """``direct``: a miss to keep goes straight to the local tier (when the whole data set fits);
+        else it waits in the RAM window and moves down after its access, when the plan counted it in."""
         self.local = local
+        self.direct = direct
         self.local_capacity, self.ram_capacity = int(local_capacity), int(ram_capacity)
         self.source = source
         self.counters = TierCounters()
@@ -112,13 +116,20 @@ class Tiers:
 
     # -- before the access ------------------------------------------------------------------
 
-    def find_local(self, key: str, size: int) -> str | None:
-        """The local entry of ``key`` if it is there and current, else None (a stale one is removed)."""
+    def find_local(self, key: str, size: int, wait: float = 0.0) -> str | None:
+        """The local entry of ``key`` if it is there and current, else None (a stale one is removed).
+        With ``wait``, an absent entry is waited for that long (another rank of the node is about to
+        keep it after its own access)."""
         path = self.local.path_for(key)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                st = os.stat(path)
+                break
+            except FileNotFoundError:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.002)
         if st.st_size != entry_size(size):
             return None
         if st.st_mtime_ns >= self.started_ns or self._version is None:
@@ -139,7 +150,7 @@ class Tiers:
 
     def place(self, key: str, data: bytes, mtime_ns: int, keep: bool) -> Placement:
         """Write a sample just read from the source where its reader will find it."""
-        if keep:
+        if keep and self.direct:
             path = self._put(self.local, key, data, mtime_ns, self.local_capacity, False)
             if path is not None:
                 self.counters.add("staged_local")
@@ -148,6 +159,11 @@ class Tiers:
         if path is not None:
             self.counters.add("staged_ram")
             return Placement(RAM, path, True)
+        if keep and not self.direct:   # the RAM window is full: straight down, if there is room
+            path = self._put(self.local, key, data, mtime_ns, self.local_capacity, False)
+            if path is not None:
+                self.counters.add("staged_local")
+                return Placement(LOCAL, path, True)
         self.counters.add("bypassed")
         return Placement(SOURCE, None, True)
 

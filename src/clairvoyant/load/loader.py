@@ -34,6 +34,7 @@ from .transport import Output
 
 STATE_FORMAT = "clairvoyant-loader-state"
 log = logging.getLogger("clairvoyant")
+PEER_WAIT = 2.0   # seconds
 
 
 def _default_workers() -> int:
@@ -137,7 +138,8 @@ class Loader:
             lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total,
                                         largest_entry=largest,
                                         default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
-            tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri), lcap.nbytes, rcap.nbytes, self.source)
+            tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri), lcap.nbytes, rcap.nbytes, self.source,
+                          direct=lcap.nbytes >= total)
         except BaseException:
             local.close()
             raise
@@ -228,7 +230,10 @@ class Loader:
                        num_workers=self.num_workers, prefetch=self.prefetch, stage_threads=self.stage_threads,
                        lookahead=self.lookahead, decode=self.decode, collate_fn=self.collate_fn,
                        skip_errors=self.on_error == "skip", output=self._output, stats=self._stats,
-                       mp_context=self.mp_context)
+                       mp_context=self.mp_context,
+                       # ranks of a node keep samples for each other: a planned hit that another rank
+                       # has not written yet is worth waiting for a moment rather than read twice
+                       peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
         self._carry = (self._epoch, residency, run)
         it = _EpochIterator(run, self)
         self._active = weakref.ref(it)

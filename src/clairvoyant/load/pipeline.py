@@ -53,7 +53,7 @@ class EpochRun:
     def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, batches: list[np.ndarray],
                  actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
                  prefetch: int, stage_threads: int, lookahead: int, decode: Callable, collate_fn: Callable | None,
-                 skip_errors: bool, output: Output, stats: Stats, mp_context: str) -> None:
+                 skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0) -> None:
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
@@ -78,7 +78,8 @@ class EpochRun:
         self._lend_limit = num_workers * LEND if output.can_share else 0
         self._lent = 0
         self._returned: collections.deque[tuple[int, int]] = collections.deque()
-        self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged)
+        self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged,
+                              peer_wait=peer_wait)
         _LIVE.add(self)
         self._stager.drop(drops)
         self._stager.start()

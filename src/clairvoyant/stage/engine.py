@@ -34,9 +34,10 @@ class Stager:
     """Stages samples in need order with a fixed number of threads."""
 
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
-                 on_done: OnDone) -> None:
+                 on_done: OnDone, peer_wait: float = 0.0) -> None:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
+        self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._stop = False
@@ -108,7 +109,7 @@ class Stager:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
         tiers = self._tiers
         if hit:
-            path = tiers.find_local(key, size)
+            path = tiers.find_local(key, size, self._peer_wait)
             if path is not None:
                 tiers.counters.add("local_hits")
                 return Placement(LOCAL, path, False)
