@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml setup.py
 
 demo: $(STAMP)
 	$(VENV)/bin/clairvoyant demo $(DEMO_ARGS)
+	# the bounded cache: half the data set fits; hit rate per epoch vs. the offline optimum and LRU
+	$(VENV)/bin/clairvoyant demo --local-capacity 50%
 
 test: $(STAMP)
 	# a hard ceiling, so that a hang can never eat the CI budget (per-test timeouts are in pyproject)
@@ -24,6 +26,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
+	$(PY) benchmarks/caching.py --throughput
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -44,6 +44,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.local_capacity is not None:
+        return _demo_capacity(args)
     from ..experiments import staging
 
     grid = tuple(int(w) for w in args.workers.split(","))
@@ -57,6 +59,30 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(json.dumps({"json": jpath, "plot": ppath, "targets": summary["targets"]}))
     else:
         print(staging.format_table(summary))
+        print(f"\nwrote {jpath} and {ppath}")
+    return 0
+
+
+def _demo_capacity(args: argparse.Namespace) -> int:
+    """The bounded-cache demo: hit rate per epoch against the optimum and LRU, source bytes."""
+    from ..experiments import caching
+
+    text = args.local_capacity.strip()
+    if not text.endswith("%"):
+        raise ConfigError(f"--local-capacity {text!r}: give a percentage of the data set, e.g. 50%")
+    try:
+        f = float(text[:-1]) / 100
+    except ValueError:
+        raise ConfigError(f"--local-capacity {text!r} is not a percentage") from None
+    if not 0 < f <= 1:
+        raise ConfigError(f"--local-capacity {text!r} must be in (0%, 100%]")
+    summary = caching.hit_rates(images=args.images, fractions=(f,), ranks_grid=(1, 4), epochs=args.epochs,
+                                data_dir=args.data_dir, progress=not args.json)
+    jpath, ppath = caching.write(summary, args.out)
+    if args.json:
+        print(json.dumps({"json": jpath, "plot": ppath, "rows": summary["rows"]}))
+    else:
+        print(caching.format_table(summary))
         print(f"\nwrote {jpath} and {ppath}")
     return 0
 
@@ -181,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--repeats", type=int, default=3, help="runs of (b) and (d); the median is reported")
     dm.add_argument("--data-dir", help="where the synthetic data set is generated (default: the cache)")
     dm.add_argument("--out", default="out/demo", help="folder for the JSON and the PNG")
+    dm.add_argument("--local-capacity", help="instead: the bounded cache at this share of the data set, "
+                    "e.g. 50%%: hit rate per epoch vs. the offline optimum and LRU, 1 and 4 ranks")
+    dm.add_argument("--images", type=int, default=2000, help="data set size for --local-capacity")
+    dm.add_argument("--epochs", type=int, default=4, help="epochs for --local-capacity")
     dm.add_argument("--json", action="store_true")
     dm.set_defaults(fn=_cmd_demo)
     return p
