@@ -116,12 +116,39 @@ def test_publish_failure_leaves_no_temporary_file_and_gives_the_bytes_back(tmp_p
         os.write(fd, b"half")
         raise RuntimeError("crash in the middle")
 
+    monkeypatch.setattr(publish_mod, "_c_write_publish", None)   # the Python steps
     monkeypatch.setattr(publish_mod, "write_entry", failing)
     with pytest.raises(RuntimeError):
         store.put("k", b"0123456789", 0, 1 << 20)
     assert not os.path.exists(store.path_for("k")) and tmp_files(str(tmp_path)) == []
     assert store.ledger.read()[0] == 0
     store.close()
+
+
+@pytest.mark.parametrize("c_helper", [True, False])
+def test_a_failed_rename_leaves_nothing_and_a_spare_is_reused(tmp_path, monkeypatch, c_helper):
+    if not c_helper:
+        monkeypatch.setattr(publish_mod, "_c_write_publish", None)
+    elif publish_mod._c_write_publish is None:
+        pytest.skip("the C helper is not built (or CLAIRVOYANT_NO_CEXT is set)")
+    store = LocalStore(str(tmp_path), "mem://fail")
+    shard = os.path.dirname(store.path_for("k"))
+    os.rename(shard, shard + ".away")                 # the rename into place fails (ENOENT)
+    with pytest.raises(OSError):
+        store.put("k", b"0123456789", 0, 1 << 20)
+    os.rename(shard + ".away", shard)
+    assert tmp_files(str(tmp_path)) == [] and store.ledger.read()[0] == 0
+    # an evicted entry's file is emptied, kept as a spare and rewritten by the next put
+    store.put("a", b"x" * 1000, 0, 1 << 20)
+    inode = os.stat(store.path_for("a")).st_ino
+    assert store.delete("a") == entry_size(1000) and store.ledger.read()[0] == 0
+    assert [os.path.getsize(f) for f in tmp_files(str(tmp_path))] == [0]
+    store.put("b", b"y" * 10, 0, 1 << 20)
+    assert os.stat(store.path_for("b")).st_ino == inode and tmp_files(str(tmp_path)) == []
+    assert check_file(store.path_for("b")) is None and store.ledger.read()[0] == entry_size(10)
+    store.delete("b")
+    store.close()
+    assert tmp_files(str(tmp_path)) == []            # spares go with the store
 
 
 CRASH_SCRIPT = textwrap.dedent("""

@@ -64,15 +64,18 @@ def write_all(fd: int, data: bytes | memoryview) -> int:
     return n
 
 
-def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected: int = -1) -> int:
+def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected: int = -1,
+                     reuse: bool = False) -> int:
     """Create ``tmp``, let ``fill(fd)`` write it, then rename it to ``final``; return ``fill``'s count.
 
     Readers of ``final`` see the old content or the new, never a part. Where
     ``expected`` >= 0 and the count differs, nothing is published. On any
-    failure, ``fill``'s own included, ``tmp`` is removed.
+    failure, ``fill``'s own included, ``tmp`` is removed. With ``reuse``, ``tmp``
+    is an existing file of ours, rewritten from the start (no new inode).
     """
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        flags = os.O_WRONLY | os.O_TRUNC if reuse else os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = os.open(tmp, flags, 0o600)
         try:
             n = fill(fd)
         finally:

@@ -15,14 +15,14 @@ import threading
 POINTS = ("reserved", "tmp_written", "published", "unlinked")
 
 _spec = os.environ.get("CLAIRVOYANT_CRASH_AT", "")
-_ARMED = bool(_spec)
+ARMED = bool(_spec)
 _point, _, _n = _spec.partition(":")
 _left = [int(_n or 1)]
 _lock = threading.Lock()
 
 
 def reached(point: str) -> None:
-    if _ARMED and point == _point:
+    if ARMED and point == _point:
         with _lock:
             _left[0] -= 1
             if _left[0] == 0:

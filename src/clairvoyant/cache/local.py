@@ -18,7 +18,9 @@ window); shared entries are named by the key alone.
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import os
 import shutil
 import stat
@@ -32,6 +34,7 @@ from .ledger import Ledger
 from .publish import remove_orphans
 
 LAYOUT = "v1"
+MAX_SPARES = 4096   # evicted files kept for reuse per process
 SHARDS = [f"{i:02x}" for i in range(256)]
 
 
@@ -84,9 +87,19 @@ class LocalStore:
             raise LocalDirNotWritable(
                 f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
         self._closer = weakref.finalize(self, os.close, self._lock_fd)  # closed with the store, at the latest
+        # Evicted entries' files, emptied and kept under temporary names of this process, to be
+        # rewritten by the next put: on a file system that pays per created or deleted inode (ext4
+        # without a journal scans recently deleted inodes on every create) this saves both.
+        self._spares: collections.deque[str] = collections.deque()
+        self._spare_seq = itertools.count()
         self.orphans_removed = sum(remove_orphans(os.path.join(self.tmp_dir, s)) for s in SHARDS)
 
     def close(self) -> None:
+        while self._spares:
+            try:
+                os.unlink(self._spares.pop())
+            except FileNotFoundError:
+                pass
         self._closer()
         self.ledger.close()
         self._lock_fd = -1
@@ -119,15 +132,20 @@ class LocalStore:
         crashpoints.reached("reserved")
         final = self.path_for(key, private)
         trailer = seal(data, mtime_ns)
-
-        def fill(fd: int) -> int:
-            written = _publish.write_entry(fd, data, trailer)
-            crashpoints.reached("tmp_written")
-            return written
+        hook = (lambda: crashpoints.reached("tmp_written")) if crashpoints.ARMED else None
         try:
-            _publish.publish(final, self._tmp_for(final), fill)
+            spare = self._spares.popleft()
+        except IndexError:
+            spare = None
+        try:
+            _publish.publish_entry(final, self._tmp_for(final), data, trailer, hook, spare)
         except BaseException:
             self.ledger.give_back(n)
+            if spare is not None:   # the publish removes it on its own failures; not on a fault before
+                try:
+                    os.unlink(spare)
+                except FileNotFoundError:
+                    pass
             raise
         crashpoints.reached("published")
         return final
@@ -137,13 +155,26 @@ class LocalStore:
         return self.delete_path(self.path_for(key, private))
 
     def delete_path(self, path: str) -> int:
+        """Remove an entry; its file becomes a spare for the next put (emptied, under a temporary
+        name of this process, so a crash leaves only an orphan for the next session to remove)."""
+        spare = os.path.join(self.tmp_dir, os.path.basename(path)[:2],
+                             f"{_publish.pid()}.spare.{next(self._spare_seq)}")
         try:
             n = os.stat(path).st_size
-            os.unlink(path)
+            os.rename(path, spare)
         except FileNotFoundError:
             return 0
         crashpoints.reached("unlinked")
         self.ledger.give_back(n)
+        try:
+            os.truncate(spare, 0)
+        except OSError:
+            os.unlink(spare)
+            return n
+        if len(self._spares) < MAX_SPARES:
+            self._spares.append(spare)
+        else:
+            os.unlink(spare)
         return n
 
     def entries(self) -> dict[str, int]:

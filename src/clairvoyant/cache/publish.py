@@ -48,8 +48,34 @@ try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
     from ._fastcopy import claim as _c_claim
+    from ._fastcopy import read_meta as c_read_meta
+    from ._fastcopy import write_publish as _c_write_publish
 except ImportError:
-    _c_claim = None
+    _c_claim = c_read_meta = _c_write_publish = None
+
+
+def publish_entry(final: str, tmp_dir: str, data: bytes, trailer: bytes,
+                  after_write: Callable[[], None] | None = None, reuse: str | None = None) -> None:
+    """Publish ``data`` followed by ``trailer`` as ``final``, atomically: one GIL-free C call where
+    the helper is built (and no ``after_write`` hook is asked for), else the same steps in Python.
+    ``reuse``: a spare file of ours (an evicted entry's inode) to write instead of creating one."""
+    tmp = reuse or tmp_name(tmp_dir, final)
+    if _c_write_publish is not None and after_write is None:
+        try:
+            _c_write_publish(tmp, final, data, trailer, reuse is not None)
+        except OSError as e:
+            raise _local_error(e, final, tmp_dir) from e
+        return
+
+    def fill(fd: int) -> int:
+        n = write_entry(fd, data, trailer)
+        if after_write is not None:
+            after_write()
+        return n
+    try:
+        write_atomically(final, tmp, fill, reuse=reuse is not None)
+    except OSError as e:
+        raise _local_error(e, final, tmp_dir) from e
 
 
 def write_entry(fd: int, data: bytes, trailer: bytes) -> int:

@@ -8,6 +8,7 @@ import stat
 from typing import Iterator
 
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
+from ..cache.publish import c_read_meta
 from ..fileio import read_file
 
 
@@ -84,6 +85,13 @@ class PosixSource:
     def read_versioned(self, key: str) -> tuple[bytes, int]:
         """The sample's bytes and the file's modification time (ns), from one open."""
         path = self.path_of(key)
+        if c_read_meta is not None:   # one GIL-free call
+            try:
+                data, mtime_ns = c_read_meta(path)
+            except OSError as e:
+                raise self.read_error(key, path, e) from e
+            self._charge(len(data))
+            return data, mtime_ns
         try:
             fd = os.open(path, os.O_RDONLY)
             try:

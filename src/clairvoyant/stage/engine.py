@@ -1,6 +1,8 @@
 """The staging engine: I/O threads that carry out the residency plan ahead of the readers.
 
-Three kinds of work, taken in this order of priority:
+Three kinds of work, taken in this order of priority (two C-level FIFO queues:
+after-use and eviction work in one, checked before each staging item and woken
+by a token in the other; staging in need order in the other):
 
 1. after an access (its batch has been read by a worker): move a kept sample
    from the RAM window to the local tier, delete what is not kept; this frees
@@ -15,7 +17,6 @@ Reads from the source release the GIL, so threads, not processes, do this.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from typing import Callable
@@ -27,7 +28,8 @@ from ..source import Source
 
 # on_done(batch, position in batch, Placement or the exception that stopped the staging)
 OnDone = Callable[[int, int, "Placement | BaseException"], None]
-_AFTER, _DROP = -2, -1
+_AFTER, _DROP = "after", "drop"
+_WAKE = ("wake",)
 
 
 class Stager:
@@ -38,8 +40,8 @@ class Stager:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
         self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
-        self._queue: queue.PriorityQueue = queue.PriorityQueue()
-        self._seq = itertools.count()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()     # staging, in need order
+        self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
         self._stop = False
         self.fatal: BaseException | None = None  # an error that stopped a staging thread itself
         self._read = getattr(source, "read_versioned", None) or (lambda key: (source.read(key), 0))
@@ -52,22 +54,24 @@ class Stager:
 
     def submit(self, batch_id: int, indices, hit, keep) -> None:
         for j, idx in enumerate(indices):
-            self._queue.put((batch_id, next(self._seq), (batch_id, j, int(idx), bool(hit[j]), bool(keep[j]))))
+            self._queue.put((batch_id, j, int(idx), bool(hit[j]), bool(keep[j])))
 
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
         for item in items:
-            self._queue.put((_AFTER, next(self._seq), item))
+            self._urgent.put((_AFTER, item))
+        self._queue.put(_WAKE)   # a thread idle on the staging queue takes them
 
     def drop(self, keys) -> None:
         for key in keys:
-            self._queue.put((_DROP, next(self._seq), key))
+            self._urgent.put((_DROP, key))
+        self._queue.put(_WAKE)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the after-use work queued so far, then stop; each thread ends the sample in hand."""
         self._stop = True
         for _ in self._threads:
-            self._queue.put((float("inf"), next(self._seq), None))
+            self._queue.put(None)
         for t in self._threads:
             if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout)
@@ -78,19 +82,25 @@ class Stager:
         except BaseException as e:  # never die silently: the consumer would wait for ever
             self.fatal = e
 
-    def _loop(self) -> None:
-        tiers = self._tiers
+    def _urgent_work(self) -> None:
+        tiers, urgent = self._tiers, self._urgent
         while True:
-            prio, _, item = self._queue.get()
+            try:
+                kind, item = urgent.get_nowait()
+            except queue.Empty:
+                return
+            if kind == _AFTER:
+                tiers.after_use(*item)
+            else:
+                tiers.drop(item)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            self._urgent_work()
             if item is None:
                 return
-            if prio == _AFTER:
-                tiers.after_use(*item)
-                continue
-            if prio == _DROP:
-                tiers.drop(item)
-                continue
-            if self._stop:
+            if item is _WAKE or self._stop:
                 continue   # staging work is dropped on close; after-use work above is finished
             batch_id, j, idx, hit, keep = item
             try:

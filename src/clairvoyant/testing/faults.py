@@ -38,23 +38,18 @@ class FaultySource(PosixSource):
 def disk_full_after(nbytes: int, root: str | None = None) -> Iterator[None]:
     """Within the block, cache writes in this process (under ``root``, if given) fail with ENOSPC
     once ``nbytes`` have been published, as a filling node-local device would."""
-    original = publish_mod.publish
+    original = publish_mod.publish_entry
     written = [0]
 
-    def fill_limited(final: str, tmp_dir: str, fill):
-        if root is not None and not final.startswith(root):
-            return original(final, tmp_dir, fill)
-
-        def limited(fd: int) -> int:
-            n = fill(fd)
-            written[0] += n
+    def limited(final: str, tmp_dir: str, data: bytes, trailer: bytes, after_write=None, reuse=None) -> None:
+        if root is None or final.startswith(root):
+            written[0] += len(data)
             if written[0] > nbytes:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return n
-        return original(final, tmp_dir, limited)
+                raise publish_mod._local_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), final, tmp_dir)
+        original(final, tmp_dir, data, trailer, after_write, reuse)
 
-    publish_mod.publish = fill_limited
+    publish_mod.publish_entry = limited
     try:
         yield
     finally:
-        publish_mod.publish = original
+        publish_mod.publish_entry = original
