@@ -127,6 +127,30 @@ def throughput(*, images: int = 3200, fraction: float = 0.5, epochs: int = 3, ba
             "ratio": med["bounded"] / med["unbounded"]}
 
 
+def source_limited(*, images: int = 3200, fraction: float = 0.5, epochs: int = 3, batch_size: int = 32,
+                   bandwidth: float = 20e6, repeats: int = 2, data_dir: str | None = None) -> dict:
+    """images/s at capacity ``fraction`` on a store too slow for the miss stream, against the limit
+    the data allows: min(decode rate, source rate / (1 - f)). The decode rate is the unbounded run's
+    images/s once everything is cached; the source rate is that run's cold first epoch, where every
+    sample is read from the source once and the source is the bottleneck."""
+    from ..paths import cache_home
+    root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
+    store_kw = dict(open_latency=0.010, read_latency=0.002, bandwidth=bandwidth)
+    got, decode, source = [], [], []
+    for _ in range(repeats):
+        [b] = run_loaders(root, 1, f"{fraction * 100:g}%", epochs=epochs, batch_size=batch_size, seed=0,
+                          workers=2, store_kw=store_kw)
+        [u] = run_loaders(root, 1, None, epochs=epochs, batch_size=batch_size, seed=0, workers=2,
+                          store_kw=store_kw)
+        got.append(sum(t[0] for t in b["times"][1:]) / sum(t[1] for t in b["times"][1:]))
+        decode.append(sum(t[0] for t in u["times"][1:]) / sum(t[1] for t in u["times"][1:]))
+        source.append(u["times"][0][0] / u["times"][0][1])
+    med = {k: float(np.median(v)) for k, v in (("bounded", got), ("decode", decode), ("source", source))}
+    limit = min(med["decode"], med["source"] / (1 - fraction))
+    return {"fraction": fraction, "bandwidth": bandwidth, "runs": {"bounded": got, "decode": decode, "source": source},
+            "median": med, "limit": limit, "ratio": med["bounded"] / limit}
+
+
 def format_table(summary: dict) -> str:
     lines = [f"{summary['images']} images, batch {summary['batch_size']}, {summary['epochs']} epochs; hit rate per "
              "epoch after the first (clairvoyant / offline optimum / LRU) and bytes read from the source",
