@@ -30,3 +30,8 @@ def test_staging_cpu_tiny():
 def test_caching_tiny(tmp_path):
     out = run("caching.py", "--tiny", "--out", str(tmp_path))
     assert "| 1 | 50% | 1 |" in out and "| 2 | 50% | 1 |" in out
+
+
+def test_balance_tiny(tmp_path):
+    out = run("balance.py", "--tiny", "--out", str(tmp_path))
+    assert "| on |" in out and "| off |" in out

@@ -20,6 +20,7 @@ from .. import manifest as manifest_mod
 from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore, digest, prepare_root
+from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist.topology import detect, validate
 from ..errors import ConfigError, EmptySourceError
@@ -58,6 +59,9 @@ class Loader:
         ram_capacity: bytes of the RAM tier (the window of samples needed soonest, in ``ram_dir``,
             default /dev/shm); default a quarter of available memory.
         local_world_size: ranks on this node, which share both tiers (default from the launcher).
+        balance: schedule the node's staging by deadline across its ranks: no rank's staging runs more
+            than a few batches ahead of the slowest rank's, so the shared storage serves the rank furthest
+            behind first.
         seed, shuffle, drop_last: as PyTorch's DistributedSampler and DataLoader.
         decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
@@ -81,7 +85,8 @@ class Loader:
                  on_error: str = "raise", manifest: str | None = None, reindex: bool = False,
                  output: str = "auto", pin_memory: bool = False, mp_context: str = "fork",
                  local_capacity: int | str | None = None, ram_capacity: int | str | None = None,
-                 ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None) -> None:
+                 ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None,
+                 balance: bool = True) -> None:
         for name, value, low in (("batch_size", batch_size, 1), ("stage_threads", stage_threads, 1),
                                  ("lookahead", lookahead, 1), ("prefetch", prefetch, 1), ("seed", seed, 0)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
@@ -110,6 +115,11 @@ class Loader:
         self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
         # leaves the node's tiers (the last one out empties the RAM tier) on close, GC or exit
         self._close_tiers = weakref.finalize(self, _close_tiers, self.tiers)
+        t = self.topology
+        self._progress = None   # deadline scheduling across the ranks of the node (balance=True)
+        if balance and t.local_world_size > 1:
+            ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
+            self._progress = NodeProgress(self.tiers.local.root, ranks.index(t.rank), len(ranks))
         self.store = self.tiers.local
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
         self.decode = decode or decode_image
@@ -235,7 +245,8 @@ class Loader:
                        mp_context=self.mp_context,
                        # ranks of a node keep samples for each other: a planned hit that another rank
                        # has not written yet is worth waiting for a moment rather than read twice
-                       peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
+                       peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
+                       progress=self._progress, first_batch=start)
         self._carry = (self._epoch, residency, run)
         it = _EpochIterator(run, self)
         self._active = weakref.ref(it)
@@ -289,6 +300,8 @@ class Loader:
         if self._carry is not None:
             self._carry[2].close()
         self._carry = None
+        if self._progress is not None:
+            self._progress.close()
         self._close_tiers()
 
     def __enter__(self) -> "Loader":

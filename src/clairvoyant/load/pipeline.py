@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..cache.progress import NodeProgress
 from ..cache.tiers import LOCAL, RAM, Placement, Tiers
 from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
@@ -53,12 +54,16 @@ class EpochRun:
     def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, batches: list[np.ndarray],
                  actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
                  prefetch: int, stage_threads: int, lookahead: int, decode: Callable, collate_fn: Callable | None,
-                 skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0) -> None:
+                 skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
+                 progress: "NodeProgress | None" = None, first_batch: int = 0) -> None:
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self.completed = False
+        # deadline scheduling across the node's ranks: this rank's staging frontier, shared
+        self._progress, self._base = progress, (epoch << 32) + first_batch
+        self._frontier = 0
         self._skip, self._output, self._stats = skip_errors, output, stats
         self._lookahead = max(1, lookahead)
         self._lock = threading.Lock()
@@ -78,8 +83,12 @@ class EpochRun:
         self._lend_limit = num_workers * LEND if output.can_share else 0
         self._lent = 0
         self._returned: collections.deque[tuple[int, int]] = collections.deque()
+        gate = None
+        if progress is not None:
+            progress.set(self._base)
+            gate = lambda k, stopped: progress.wait_for(self._base + k, stopped)  # noqa: E731
         self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged,
-                              peer_wait=peer_wait)
+                              peer_wait=peer_wait, gate=gate)
         _LIVE.add(self)
         self._stager.drop(drops)
         self._stager.start()
@@ -117,6 +126,10 @@ class EpochRun:
             self._remaining[k] -= 1
             if self._remaining[k] == 0:
                 heapq.heappush(self._ready, k)
+                if self._progress is not None and k == self._frontier:
+                    while self._frontier < len(self._remaining) and self._remaining[self._frontier] == 0:
+                        self._frontier += 1
+                    self._progress.set(self._base + self._frontier)
                 self._dispatch_locked()
 
     def _release_locked(self, k: int, corrupt: set[int] = frozenset()) -> None:
@@ -287,4 +300,6 @@ class EpochRun:
             for k in list(self._placed):
                 self._release_locked(k)
         self._stager.close()
+        if self._progress is not None:
+            self._progress.set(-1)
         _LIVE.discard(self)

@@ -36,10 +36,12 @@ class Stager:
     """Stages samples in need order with a fixed number of threads."""
 
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
-                 on_done: OnDone, peer_wait: float = 0.0) -> None:
+                 on_done: OnDone, peer_wait: float = 0.0,
+                 gate: Callable[[int, Callable[[], bool]], None] | None = None) -> None:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
         self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
+        self._gate = gate             # gate(batch, stopped): waits while other ranks of the node are behind
         self._queue: queue.SimpleQueue = queue.SimpleQueue()     # staging, in need order
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
         self._stop = False
@@ -103,6 +105,8 @@ class Stager:
             if item is _WAKE or self._stop:
                 continue   # staging work is dropped on close; after-use work above is finished
             batch_id, j, idx, hit, keep = item
+            if self._gate is not None:
+                self._gate(batch_id, lambda: self._stop)
             try:
                 outcome: Placement | BaseException = self._stage(idx, hit, keep)
             except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
