@@ -7,15 +7,18 @@ sample is in the local tier (a hit) and whether it stays there afterwards
 - a planned hit is read from the local tier, after checking that the entry is
   there and still matches the source (entries older than this session are
   checked once against the source's size and modification time);
-- a miss is read from the source once and written where its reader will find
-  it: straight into the local tier when it is to be kept and the tier has room,
-  else into the RAM tier (the window of samples needed soonest), else nowhere
-  (the reader reads the source itself: the tiers are full or the device is);
+- a miss is read from the source once and put where its reader will find it:
+  straight into the local tier when it is to be kept and the tier has room,
+  else in the RAM tier (the window of samples needed soonest: the bytes stay in
+  the staging process's memory and travel to the reader with their batch, no
+  file), else nowhere (the reader reads the source itself: the tiers are full
+  or the device is);
 - after the access, a kept sample moves from RAM to the local tier, and what is
   not kept is deleted, which is the only way the local tier evicts.
 
-Every write reserves its bytes in the tier's ledger first, so neither tier
-ever holds more than its capacity, whatever the ranks of the node do.
+Every placement reserves its bytes in the tier's ledger first (the RAM
+tier's ledger is shared by the node's processes like the local one), so
+neither tier ever holds more than its capacity, whatever the ranks do.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from ..errors import CacheError, CorruptEntry
-from .entry import TRAILER, entry_size, read_trailer, unseal
+from ..errors import CacheError
+from .entry import entry_size, read_trailer
 from .local import LocalStore, remove_tree
 from .session import Session
 
@@ -38,8 +41,10 @@ LOCAL, RAM, SOURCE = "local", "ram", "source"
 
 class Placement(NamedTuple):
     tier: str            # LOCAL, RAM or SOURCE (not cached: the reader reads the source)
-    path: str | None
+    path: str | None     # the local entry (LOCAL)
     fetched: bool        # read from the source for this access
+    data: bytes | None = None   # the sample's bytes (RAM): handed to the reader with its batch
+    mtime_ns: int = 0           # the source file's modification time (RAM), for a later move down
 
 
 class TierCounters:
@@ -155,10 +160,9 @@ class Tiers:
             if path is not None:
                 self.counters.add("staged_local")
                 return Placement(LOCAL, path, True)
-        path = self._put(self.ram, key, data, mtime_ns, self.ram_capacity, True)
-        if path is not None:
+        if self.ram.ledger.reserve(entry_size(len(data)), self.ram_capacity):
             self.counters.add("staged_ram")
-            return Placement(RAM, path, True)
+            return Placement(RAM, None, True, data, mtime_ns)
         if keep and not self.direct:   # the RAM window is full: straight down, if there is room
             path = self._put(self.local, key, data, mtime_ns, self.local_capacity, False)
             if path is not None:
@@ -178,6 +182,19 @@ class Tiers:
 
     # -- after the access -------------------------------------------------------------------
 
+    def after_use_many(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
+        """``after_use`` for the samples of one batch, RAM bytes given back in one ledger update."""
+        ram = 0
+        for key, placed, keep, corrupt in items:
+            if placed.tier == RAM:
+                if keep and placed.data is not None:
+                    self._promote(key, placed.data, placed.mtime_ns)
+                ram += entry_size(len(placed.data or b""))
+            else:
+                self.after_use(key, placed, keep, corrupt)
+        if ram:
+            self.ram.ledger.give_back(ram)
+
     def after_use(self, key: str, placed: Placement, keep: bool, corrupt: bool) -> None:
         if placed.tier == LOCAL:
             if corrupt:
@@ -185,29 +202,15 @@ class Tiers:
             if (not keep or corrupt) and self.local.delete(key):
                 self.counters.add("evictions")
         elif placed.tier == RAM:
-            if keep and not corrupt:
-                self._promote(key, placed.path)
-            if corrupt:
-                self.counters.add("corrupt")
-            self.ram.delete_path(placed.path)
+            if keep and placed.data is not None:
+                self._promote(key, placed.data, placed.mtime_ns)
+            self.ram.ledger.give_back(entry_size(len(placed.data or b"")))
 
-    def _promote(self, key: str, ram_path: str) -> None:
+    def _promote(self, key: str, data: bytes, mtime_ns: int) -> None:
         """Move a sample to keep from the RAM window down to the local tier."""
-        try:
-            with open(ram_path, "rb") as f:
-                blob = f.read()
-        except FileNotFoundError:
-            return
-        size = len(blob) - entry_size(0)
-        try:
-            data = unseal(blob, size, ram_path)
-        except CorruptEntry:
-            self.counters.add("corrupt")
-            return
-        if self.local.claim(key, size):
+        if self.local.claim(key, len(data)):
             return   # already there (another rank)
         try:
-            mtime_ns = TRAILER.unpack_from(blob, size)[2]
             if self._put(self.local, key, data, mtime_ns, self.local_capacity, False) is not None:
                 self.counters.add("promotions")
         finally:

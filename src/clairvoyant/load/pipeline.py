@@ -176,7 +176,8 @@ class EpochRun:
             items = []
             for j in positions:
                 i = int(self._batches[k][j])
-                items.append((m.keys[i], placed[j].path, int(m.sizes[i]), int(m.labels[i])))
+                p = placed[j]
+                items.append((m.keys[i], p.path, int(m.sizes[i]), int(m.labels[i]), p.data, p.tier == "source"))
             self._positions[k] = positions
             slot = worker.free.pop()
             self._inflight[k] = worker.wid

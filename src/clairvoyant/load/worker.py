@@ -1,7 +1,8 @@
 """The reader worker process: read staged files, decode, collate into a shared slot.
 
-Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label), ...]``
-(``path`` None: read the sample from the source), or ``None`` to stop. Messages out:
+Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label, data,
+from_source), ...]`` (``data``: the sample's bytes, from the RAM window; ``path``: a cached
+entry; ``from_source``: read it from the source here), or ``None`` to stop. Messages out:
 ``("ok", k, slot, spec, size, skipped, repaired)`` or ``("err", k, slot, kind, key, message,
 traceback)``. Only our own small tuples cross the pipe; batch data travels in the slot.
 
@@ -49,9 +50,12 @@ def worker_main(wid: int, conn, slots: list[Slot], decode: Callable[[bytes], Any
         conn.send(_load_batch(k, slot_id, items, skip, slots, decode, collate, source))
 
 
-def _read(path: str | None, key: str, size: int, source) -> tuple[bytes, str | None]:
+def _read(path: str | None, key: str, size: int, source, data: bytes | None,
+          from_source: bool) -> tuple[bytes, str | None]:
     """The sample's bytes, and why the cached entry could not be used (None if it was)."""
-    if path is None:
+    if data is not None:
+        return data, None
+    if from_source or path is None:
         return source.read(key), None
     try:
         return unseal(read_file(path, entry_size(size)), size, path), None
@@ -64,9 +68,9 @@ def _read(path: str | None, key: str, size: int, source) -> tuple[bytes, str | N
 
 def _load_batch(k, slot_id, items, skip, slots, decode, collate, source) -> tuple:
     samples, skipped, repaired = [], [], []
-    for j, (key, path, size, label) in enumerate(items):
+    for j, (key, path, size, label, given, from_source) in enumerate(items):
         try:
-            data, why = _read(path, key, size, source)
+            data, why = _read(path, key, size, source, given, from_source)
         except Exception as e:
             if skip:
                 skipped.append((key, f"{type(e).__name__}: {e}"))

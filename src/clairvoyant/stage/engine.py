@@ -60,8 +60,7 @@ class Stager:
 
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
-        for item in items:
-            self._urgent.put((_AFTER, item))
+        self._urgent.put((_AFTER, items))   # one batch's worth: one task, one ledger update per tier
         self._queue.put(_WAKE)   # a thread idle on the staging queue takes them
 
     def drop(self, keys) -> None:
@@ -92,7 +91,7 @@ class Stager:
             except queue.Empty:
                 return
             if kind == _AFTER:
-                tiers.after_use(*item)
+                tiers.after_use_many(item)
             else:
                 tiers.drop(item)
 
