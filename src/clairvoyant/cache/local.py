@@ -69,7 +69,8 @@ def source_root(local_dir: str, source_uri: str) -> str:
 class LocalStore:
     """Entries of one source in one tier directory, with their shared ledger."""
 
-    def __init__(self, local_dir: str, source_uri: str) -> None:
+    def __init__(self, local_dir: str, source_uri: str, entries: bool = True) -> None:
+        """``entries=False``: only the ledger and locks (the RAM window, whose bytes stay in memory)."""
         self.local_dir = prepare_root(local_dir)
         self.root = source_root(self.local_dir, source_uri)
         self.data_dir = os.path.join(self.root, "data")
@@ -77,7 +78,8 @@ class LocalStore:
         try:
             # 256 shards each for data and temporary files: concurrent creates and renames of many
             # staging threads would otherwise queue on one directory's lock
-            for d in (self.data_dir, self.tmp_dir):
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            for d in (self.data_dir, self.tmp_dir) if entries else ():
                 os.makedirs(d, mode=0o700, exist_ok=True)
                 for shard in SHARDS:
                     os.makedirs(os.path.join(d, shard), exist_ok=True)

@@ -148,7 +148,8 @@ class Loader:
             lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total,
                                         largest_entry=largest,
                                         default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
-            tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri), lcap.nbytes, rcap.nbytes, self.source,
+            tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri, entries=False), lcap.nbytes,
+                          rcap.nbytes, self.source,
                           # straight to the local tier when everything fits, or when this process is
                           # the node's only rank (no other rank's keeps to make room for)
                           direct=lcap.nbytes >= total or self.topology.local_world_size == 1)
