@@ -27,6 +27,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
 	$(PY) benchmarks/caching.py --throughput
+	$(PY) benchmarks/balance.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
