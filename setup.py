@@ -1,7 +1,8 @@
-"""Build of the optional C helper; everything else is in pyproject.toml.
+"""Build of the optional C helpers; everything else is in pyproject.toml.
 
-The extension is optional: where it cannot be compiled, clairvoyant falls back
-to the same operation in Python (slower on few cores, identical in effect).
+The extensions are optional: where they cannot be compiled, clairvoyant falls
+back to the same operations in Python (slower, identical in effect; the tests
+check that).
 """
 
 import sys
@@ -10,6 +11,8 @@ from setuptools import Extension, setup
 
 ext = [] if sys.platform != "linux" else [
     Extension("clairvoyant.cache._fastcopy", ["src/clairvoyant/cache/_fastcopy.c"], optional=True,
+              extra_compile_args=["-O2"]),
+    Extension("clairvoyant.plan._belady", ["src/clairvoyant/plan/_belady.c"], optional=True,
               extra_compile_args=["-O2"]),
 ]
 setup(ext_modules=ext)

@@ -107,3 +107,25 @@ def test_node_sequence_interleaves_the_node_ranks_by_step():
     assert list(node_ranks(2, 4, 2)) == [2, 3] and list(node_ranks(1, 3, 2)) == [0, 1]
     later = node_sequence(25, ranks=node_ranks(2, 4, 2), start_batch=1, **kw)
     assert later.tolist() == want[6:].tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(2, 40), frac=st.floats(0.02, 1.0), seed=st.integers(0, 10_000), warm=st.integers(0, 40),
+       dup=st.booleans())
+def test_the_c_loop_takes_the_python_loops_decisions(n, frac, seed, warm, dup):
+    from clairvoyant.plan import residency
+    if residency._c_simulate is None:
+        import pytest
+        pytest.skip("the C helper is not built (or CLAIRVOYANT_NO_CEXT is set)")
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 6, n)
+    capacity = max(int(sizes.max()), int(frac * sizes.sum()))
+    seq, following = rng.permutation(n), rng.permutation(n)
+    if dup:   # padding repeats samples within an epoch, and a sample may be missing from the next
+        seq = np.concatenate([seq, seq[:3]])
+        following = following[: n // 2]
+    residents = {int(s): int(sizes[s]) for s in rng.permutation(n)[:min(warm, n)]}
+    c = simulate_epoch(seq, following, sizes, capacity, dict(residents))
+    py = simulate_epoch(seq, following, sizes, capacity, dict(residents), use_c=False)
+    assert c.hit.tolist() == py.hit.tolist() and c.keep.tolist() == py.keep.tolist()
+    assert c.drop_at_start == py.drop_at_start and c.residents_after == py.residents_after

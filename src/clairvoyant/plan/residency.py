@@ -22,11 +22,19 @@ holds, which never exceeds the capacity.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .evict import NEVER, FarthestNextUse, next_uses
+
+try:
+    if os.environ.get("CLAIRVOYANT_NO_CEXT"):
+        raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
+    from ._belady import simulate as _c_simulate
+except ImportError:
+    _c_simulate = None
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
 
@@ -68,19 +76,36 @@ class EpochResidency:
 
 
 def simulate_epoch(sequence: np.ndarray, following: np.ndarray, sizes: np.ndarray, capacity: int,
-                   residents: dict[int, int]) -> EpochResidency:
+                   residents: dict[int, int], *, use_c: bool = True) -> EpochResidency:
     """Farthest-next-use over ``sequence`` (this epoch), looking ahead into ``following`` (the
-    next epoch) for next uses, starting with ``residents`` (sample -> bytes) in the tier."""
-    seq = np.asarray(sequence, dtype=np.int64)
+    next epoch) for next uses, starting with ``residents`` (sample -> bytes) in the tier.
+
+    The loop runs in C where the helper is built (ImageNet's 1.28 M accesses in well under a
+    second, against about 10 s in Python), else in Python; both take the same decisions."""
+    seq = np.ascontiguousarray(sequence, dtype=np.int64)
     full = np.concatenate([seq, np.asarray(following, dtype=np.int64)])
-    nxt = next_uses(full)[:len(seq)]
-    first: dict[int, int] = {}
-    for i, s in enumerate(full.tolist()):
-        first.setdefault(s, i)
+    nxt = np.ascontiguousarray(next_uses(full)[:len(seq)])
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    first = np.full(len(sizes), NEVER, dtype=np.int64)
+    first[full[::-1]] = np.arange(len(full) - 1, -1, -1, dtype=np.int64)   # the earliest position wins
+    order = sorted(residents, key=lambda x: first[x])   # stable: soonest needed first
+    if use_c and _c_simulate is not None:
+        hit = np.zeros(len(seq), dtype=np.uint8)
+        keep = np.zeros(len(seq), dtype=np.uint8)
+        rs = np.asarray(order, dtype=np.int64)
+        rz = np.asarray([residents[x] for x in order], dtype=np.int64)
+        drop, after_s, after_z = _c_simulate(seq, nxt, sizes, int(capacity), rs, first[rs] if len(rs) else rs,
+                                             rz, hit, keep)
+        return EpochResidency(hit=hit.view(bool), keep=keep.view(bool), drop_at_start=drop,
+                              residents_after=dict(zip(after_s, after_z)))
+    return _simulate_py(seq, nxt, sizes, capacity, residents, order, first)
+
+
+def _simulate_py(seq, nxt, sizes, capacity, residents, order, first) -> EpochResidency:
     cache = FarthestNextUse(capacity)
     drop: list[int] = []
-    for s in sorted(residents, key=lambda x: first.get(x, NEVER)):
-        if cache.admit(s, residents[s], first.get(s, NEVER)) is None:
+    for s in order:
+        if cache.admit(s, residents[s], int(first[s])) is None:
             drop.append(s)   # no room even for the soonest-needed residents: the farthest go
     hit = np.zeros(len(seq), dtype=bool)
     keep = np.zeros(len(seq), dtype=bool)

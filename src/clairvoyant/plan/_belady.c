@@ -1,0 +1,217 @@
+/* Farthest-next-use over one epoch's accesses: the loop of plan/residency.py in C.
+ *
+ * simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep)
+ *   seq, nxt:   int64 per access (the sample, the position of its next access or INT64_MAX)
+ *   sizes:      int64 per sample
+ *   res_*:      int64 per resident from before, already in the order to admit them
+ *   hit, keep:  writable bytes per access, filled with 0/1
+ * returns (drop, after_samples, after_sizes) as lists.
+ *
+ * Same decisions, in the same order, as the Python loop (plan/residency.py with
+ * plan/evict.py's FarthestNextUse): a max-heap on (next use, then smallest
+ * sample) with stale entries skipped lazily. Pure computation: no I/O.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { int64_t nu, s; } Entry;
+
+/* a before b in the heap: larger next use first, then smaller sample */
+static int above(Entry a, Entry b) { return a.nu > b.nu || (a.nu == b.nu && a.s < b.s); }
+
+typedef struct { Entry *v; Py_ssize_t n, cap; } Heap;
+
+static int push(Heap *h, Entry e) {
+    if (h->n == h->cap) {
+        Py_ssize_t cap = h->cap ? 2 * h->cap : 1024;
+        Entry *v = realloc(h->v, (size_t)cap * sizeof(Entry));
+        if (!v) return -1;
+        h->v = v;
+        h->cap = cap;
+    }
+    Py_ssize_t i = h->n++;
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!above(e, h->v[p])) break;
+        h->v[i] = h->v[p];
+        i = p;
+    }
+    h->v[i] = e;
+    return 0;
+}
+
+static Entry pop(Heap *h) {
+    Entry top = h->v[0], last = h->v[--h->n];
+    Py_ssize_t i = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && above(h->v[c + 1], h->v[c])) c++;
+        if (!above(h->v[c], last)) break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n) h->v[i] = last;
+    return top;
+}
+
+typedef struct {
+    int64_t *next;     /* per sample: its next use while resident */
+    int64_t *size;     /* per sample: bytes while resident */
+    char *resident;
+    int64_t used, capacity;
+    Heap heap;
+    Entry *held;       /* victims taken off the heap during one admission */
+} Cache;
+
+/* the resident with the farthest next use, not yet taken; stale entries dropped */
+static int farthest(Cache *c, Entry *out) {
+    while (c->heap.n) {
+        Entry e = c->heap.v[0];
+        if (c->resident[e.s] == 1 && c->next[e.s] == e.nu) {
+            *out = e;
+            return 1;
+        }
+        pop(&c->heap);
+    }
+    return 0;
+}
+
+/* 1 admitted (victims in c->held[0..*nv)), 0 refused; -1 out of memory */
+static int admit(Cache *c, int64_t s, int64_t size, int64_t nu, Py_ssize_t *nv) {
+    *nv = 0;
+    if (size > c->capacity) return 0;
+    int64_t freed = 0;
+    while (c->used - freed + size > c->capacity) {
+        Entry top;
+        if (!farthest(c, &top) || top.nu <= nu) {
+            for (Py_ssize_t k = 0; k < *nv; k++) {
+                c->resident[c->held[k].s] = 1;
+                if (push(&c->heap, c->held[k]) < 0) return -1;
+            }
+            *nv = 0;
+            return 0;
+        }
+        pop(&c->heap);
+        c->resident[top.s] = 2;   /* taken: not a candidate again in this admission */
+        c->held[(*nv)++] = top;
+        freed += c->size[top.s];
+    }
+    for (Py_ssize_t k = 0; k < *nv; k++) {
+        int64_t v = c->held[k].s;
+        c->resident[v] = 0;
+        c->used -= c->size[v];
+    }
+    c->resident[s] = 1;
+    c->next[s] = nu;
+    c->size[s] = size;
+    c->used += size;
+    return push(&c->heap, (Entry){nu, s}) < 0 ? -1 : 1;
+}
+
+static PyObject *simulate(PyObject *self, PyObject *args) {
+    Py_buffer seq, nxt, sizes, rs, rf, rz, hit, keep;
+    long long capacity;
+    if (!PyArg_ParseTuple(args, "y*y*y*Ly*y*y*w*w*", &seq, &nxt, &sizes, &capacity, &rs, &rf, &rz, &hit, &keep))
+        return NULL;
+    PyObject *result = NULL, *drop = NULL, *after_s = NULL, *after_z = NULL;
+    Py_ssize_t n = seq.len / 8, nsamples = sizes.len / 8, nres = rs.len / 8;
+    const int64_t *S = seq.buf, *NX = nxt.buf, *Z = sizes.buf, *RS = rs.buf, *RF = rf.buf, *RZ = rz.buf;
+    char *H = hit.buf, *K = keep.buf;
+    Cache c = {0};
+    int64_t *last = NULL;
+    c.capacity = capacity;
+    c.next = calloc((size_t)nsamples + 1, sizeof(int64_t));
+    c.size = calloc((size_t)nsamples + 1, sizeof(int64_t));
+    c.resident = calloc((size_t)nsamples + 1, 1);
+    c.held = malloc(((size_t)nsamples + 1) * sizeof(Entry));
+    last = malloc(((size_t)nsamples + 1) * sizeof(int64_t));
+    drop = PyList_New(0);
+    if (!c.next || !c.size || !c.resident || !c.held || !last || !drop) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < nsamples; s++) last[s] = -1;
+    Py_ssize_t nv;
+    for (Py_ssize_t k = 0; k < nres; k++) {
+        int r = admit(&c, RS[k], RZ[k], RF[k], &nv);
+        if (r < 0) { PyErr_NoMemory(); goto done; }
+        if (r == 0) {
+            PyObject *o = PyLong_FromLongLong(RS[k]);
+            if (!o || PyList_Append(drop, o) < 0) { Py_XDECREF(o); goto done; }
+            Py_DECREF(o);
+        }
+    }
+    memset(H, 0, (size_t)n);
+    memset(K, 0, (size_t)n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = S[i], nu = NX[i];
+        if (s < 0 || s >= nsamples) {
+            PyErr_SetString(PyExc_IndexError, "sample index outside the sizes array");
+            goto done;
+        }
+        if (c.resident[s] == 1) {
+            H[i] = 1;
+            K[i] = 1;
+            c.next[s] = nu;
+            if (push(&c.heap, (Entry){nu, s}) < 0) { PyErr_NoMemory(); goto done; }
+        } else {
+            int r = admit(&c, s, Z[s], nu, &nv);
+            if (r < 0) { PyErr_NoMemory(); goto done; }
+            if (r == 0) continue;
+            K[i] = 1;
+            for (Py_ssize_t k = 0; k < nv; k++) {
+                int64_t v = c.held[k].s;
+                if (last[v] < 0) {
+                    PyObject *o = PyLong_FromLongLong(v);
+                    if (!o || PyList_Append(drop, o) < 0) { Py_XDECREF(o); goto done; }
+                    Py_DECREF(o);
+                } else {
+                    K[last[v]] = 0;
+                }
+            }
+        }
+        last[s] = i;
+    }
+    after_s = PyList_New(0);
+    after_z = PyList_New(0);
+    if (!after_s || !after_z) goto done;
+    for (Py_ssize_t s = 0; s < nsamples; s++) {
+        if (c.resident[s] == 1) {
+            PyObject *a = PyLong_FromLongLong(s), *b = PyLong_FromLongLong(c.size[s]);
+            int bad = !a || !b || PyList_Append(after_s, a) < 0 || PyList_Append(after_z, b) < 0;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            if (bad) goto done;
+        }
+    }
+    result = Py_BuildValue("(OOO)", drop, after_s, after_z);
+done:
+    Py_XDECREF(drop);
+    Py_XDECREF(after_s);
+    Py_XDECREF(after_z);
+    free(c.next);
+    free(c.size);
+    free(c.resident);
+    free(c.held);
+    free(c.heap.v);
+    free(last);
+    PyBuffer_Release(&seq); PyBuffer_Release(&nxt); PyBuffer_Release(&sizes);
+    PyBuffer_Release(&rs); PyBuffer_Release(&rf); PyBuffer_Release(&rz);
+    PyBuffer_Release(&hit); PyBuffer_Release(&keep);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"simulate", simulate, METH_VARARGS,
+     "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep) -> "
+     "(drop, after_samples, after_sizes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_belady", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__belady(void) { return PyModule_Create(&module); }
