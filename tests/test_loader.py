@@ -98,6 +98,34 @@ def test_mid_epoch_resume_yields_exactly_the_remaining_batches(dataset, tmp_path
         assert not same(head + list(c), full)
 
 
+def test_resume_with_a_bounded_tier_yields_the_same_batches_and_stays_within_capacity(dataset, tmp_path, no_leaks):
+    import hashlib
+    kw = dict(batch_size=8, seed=3, num_workers=1, local_capacity="40%", output="numpy",
+              decode=lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy())   # the bytes' identity
+    with Loader(dataset, local_dir=tmp_path / "a", **kw) as a:
+        full = []
+        for e in range(3):
+            a.set_epoch(e)
+            full.append([(x.copy(), y.copy()) for x, y in a])
+    with Loader(dataset, local_dir=tmp_path / "b", **kw) as b:
+        b.set_epoch(0)
+        list(b)
+        b.set_epoch(1)
+        it = iter(b)
+        head = [(x.copy(), y.copy()) for x, y in (next(it) for _ in range(4))]
+        state = b.state_dict()
+        del it
+    with Loader(dataset, local_dir=tmp_path / "b", **kw) as c:   # a new job, warm tier, mid-epoch
+        c.load_state_dict(state)
+        rest = list(c)
+        assert same(head + rest, full[1]) and not same(head + rest, full[2])
+        c.set_epoch(2)
+        assert same(list(c), full[2])
+        s = c.stats()
+        assert s["usage"]["local"]["peak"] <= s["usage"]["local"]["capacity"]
+        assert s["tiers"]["local_hits"] > 0                         # the warm tier was used
+
+
 def test_state_from_another_configuration_is_refused(dataset, tmp_path):
     with Loader(dataset, batch_size=8, local_dir=tmp_path, num_workers=1) as a:
         state = a.state_dict()
