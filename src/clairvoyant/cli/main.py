@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--experiments", type=int, default=1, help="concurrent jobs sharing the storage")
     pl.add_argument("--dataset-size", help="data set size, e.g. 140GB, for the cache hit rate")
     pl.add_argument("--local-capacity", default="0", help="node-local SSD for the cache, e.g. 400GiB")
-    pl.add_argument("--ram-capacity", default="0", help="RAM for the cache, e.g. 32GiB")
+    pl.add_argument("--ram-capacity", default="0", help="RAM for the staging window, e.g. 32GiB (not a cache: "
+                    "it does not raise the hit rate)")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=_cmd_plan)
 

@@ -5,8 +5,10 @@ throughput >= n / t samples per second and a p99 batch latency <= t. Read IOPS
 are samples/s (one read per sample, unpacked) and bandwidth is mean sample
 size x samples/s. With a node-local cache holding a fraction f of the data set
 and eviction by farthest next use, the hit rate per epoch after the first is f
-(the offline optimum under a fresh permutation each epoch), so the shared
-storage is left with (1 - f) of the reads. Pure arithmetic, no I/O.
+(the offline optimum under a fresh permutation each epoch, and what the loader
+measures: docs/benchmarks.md), so the shared storage is left with (1 - f) of
+the reads. The loader's RAM tier is the staging window of the samples about to
+be read, not a cache, so only the local capacity counts. Pure arithmetic, no I/O.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Budget:
     latency_budget_s: float      # p99 of one batch's wait must stay below this
     iops: float
     bytes_per_s: float
-    cache_fraction: float | None = None     # of the data set held per node (local + RAM)
+    cache_fraction: float | None = None     # of the data set held per node (the local tier)
     hit_rate: float | None = None           # per epoch after the first
     shared_iops: float | None = None        # what is left on the shared storage
     shared_bytes_per_s: float | None = None
@@ -55,7 +57,7 @@ def loading_budget(*, batch_size: int, step_time: float, sample_bytes: float, gp
     if dataset_bytes is not None:
         if dataset_bytes <= 0:
             raise ConfigError("the data set size must be > 0")
-        fraction = min(1.0, (local_capacity + ram_capacity) / dataset_bytes)
+        fraction = min(1.0, local_capacity / dataset_bytes)
         hit = fraction
         shared_iops, shared_bw = iops * (1 - hit), bw * (1 - hit)
     return Budget(batch_size, step_time, sample_bytes, gpus_per_node, nodes, experiments, per_gpu, total,
