@@ -157,6 +157,58 @@ def _cmd_cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from .. import manifest as manifest_mod
+    from ..plan.budget import advise, loading_budget
+    from ..source import as_source
+    from ..cache.capacity import parse_capacity
+    from ..tune.probe import probe
+    from ..units import format_bytes
+
+    if args.emulate:
+        from ..testing import EmulatedStore
+        try:
+            open_ms, read_ms, mbs = (float(x) for x in args.emulate.split(","))
+        except ValueError:
+            raise ConfigError(f"--emulate {args.emulate!r}: give OPEN_MS,READ_MS,MB_PER_S, e.g. 10,2,400") from None
+        source = EmulatedStore(args.path, open_latency=open_ms / 1e3, read_latency=read_ms / 1e3,
+                               bandwidth=mbs * 1e6)
+    else:
+        source = as_source(args.path)
+    man, _ = manifest_mod.obtain(source)
+    readers = tuple(int(r) for r in args.readers.split(","))
+    quiet = args.json or not sys.stderr.isatty()
+    res = probe(source, man, readers=readers, seconds=args.seconds, local_dir=args.local_dir,
+                progress=None if quiet else (lambda m: print(f"probing: {m}", file=sys.stderr)))
+    out = res.to_json()
+    advice = None
+    if args.batch_size is not None and args.step_time is not None:
+        b = loading_budget(batch_size=args.batch_size, step_time=args.step_time, sample_bytes=res.mean_size,
+                           gpus_per_node=args.gpus, dataset_bytes=float(man.total_bytes),
+                           local_capacity=parse_capacity(args.local_capacity, what="--local-capacity",
+                                                         dataset_bytes=man.total_bytes).nbytes)
+        advice = advise(b, res.best.files_per_s, res.best.readers)
+        out["advice"] = advice.to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{res.uri}: {res.samples} samples, mean {format_bytes(res.mean_size)}")
+    print(f"metadata (stat): p50 {res.stat_s['p50'] * 1e3:.2f} ms, p99 {res.stat_s['p99'] * 1e3:.2f} ms")
+    print(f"read, one reader: p50 {res.read_s['p50'] * 1e3:.2f} ms, p90 {res.read_s['p90'] * 1e3:.2f} ms, "
+          f"p99 {res.read_s['p99'] * 1e3:.2f} ms")
+    print("readers  files/s     bytes/s")
+    for p in res.curve:
+        print(f"{p.readers:7d}  {p.files_per_s:9,.0f}  {format_bytes(p.bytes_per_s)}/s")
+    if res.reused:
+        print("(the data set is small: some samples were read twice, a page cache may flatter the figures)")
+    if res.local:
+        print(f"local {res.local['dir']}: create {res.local['write_files_per_s']:,.0f} files/s, "
+              f"read back {res.local['read_files_per_s']:,.0f} files/s")
+    for line in advice.lines if advice else ():
+        print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clairvoyant", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -182,6 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "it does not raise the hit rate)")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=_cmd_plan)
+
+    pr = sub.add_parser("probe", help="measure the storage: latency, throughput vs. readers (never writes there)")
+    pr.add_argument("path", help="the data set's directory")
+    pr.add_argument("--readers", default="1,2,4,8,16,32,64", help="concurrent readers to try")
+    pr.add_argument("--seconds", type=float, default=1.0, help="time per number of readers")
+    pr.add_argument("--local-dir", help="also measure this node-local directory (files are created and removed)")
+    pr.add_argument("--batch-size", type=int, help="with --step-time: hold the result against the budget")
+    pr.add_argument("--step-time", type=float)
+    pr.add_argument("--gpus", type=int, default=1, help="GPUs per node")
+    pr.add_argument("--local-capacity", default="0", help="node-local cache, e.g. 400GiB or 50%% of the data set")
+    pr.add_argument("--emulate", help="probe PATH as an emulated store: OPEN_MS,READ_MS,MB_PER_S")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=_cmd_probe)
 
     ca = sub.add_parser("cache", help="check or empty a cache directory (local_dir or the RAM tier)")
     casub = ca.add_subparsers(dest="cache_command", required=True)
