@@ -51,7 +51,7 @@ class TierCounters:
     """What the tiers did, for stats(); updated by the staging threads under one lock."""
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
-             "stale", "corrupt", "missed_hits")
+             "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -61,6 +61,11 @@ class TierCounters:
     def add(self, name: str, n: int = 1) -> None:
         with self.lock:
             setattr(self, name, getattr(self, name) + n)
+
+    def add_fetch(self, seconds: float) -> None:
+        with self.lock:
+            self.fetches += 1
+            self.fetch_seconds += seconds
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:

@@ -209,6 +209,21 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ..tune.report import draw, load
+
+    out = args.out or os.path.splitext(args.path)[0] + ".png"
+    batches, epochs = load(args.path)
+    draw(args.path, out)
+    if args.json:
+        print(json.dumps({"png": out, "batches": len(batches), "epochs": len(epochs)}))
+    else:
+        for r in epochs:
+            print(r.get("line", ""))
+        print(f"wrote {out} ({len(batches)} batches, {len(epochs)} epochs)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clairvoyant", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -247,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--emulate", help="probe PATH as an emulated store: OPEN_MS,READ_MS,MB_PER_S")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=_cmd_probe)
+
+    rp = sub.add_parser("report", help="draw a run's metrics log (Loader(metrics=PATH)) as a PNG")
+    rp.add_argument("path")
+    rp.add_argument("--out", help="PNG path (default: next to the log)")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(fn=_cmd_report)
 
     ca = sub.add_parser("cache", help="check or empty a cache directory (local_dir or the RAM tier)")
     casub = ca.add_subparsers(dest="cache_command", required=True)

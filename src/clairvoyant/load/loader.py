@@ -28,7 +28,9 @@ from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, plan_epoch
 from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
 from ..source import as_source
+from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.stats import Stats
+from ..tune.verdict import judge
 from .decode import decode_image
 from .pipeline import EpochRun
 from .transport import Output
@@ -62,6 +64,10 @@ class Loader:
         balance: schedule the node's staging by deadline across its ranks: no rank's staging runs more
             than a few batches ahead of the slowest rank's, so the shared storage serves the rank furthest
             behind first.
+        verdict: log, at the end of each epoch, whether loading kept the loop fed and, if not, the
+            bottleneck stage (logger ``clairvoyant``, level INFO; also in ``stats()["verdict"]``).
+        metrics: a path: append JSON lines there, one per batch (wait, loop step, wait by cause) and
+            one per epoch (verdict, tiers); ``clairvoyant report PATH`` draws them.
         seed, shuffle, drop_last: as PyTorch's DistributedSampler and DataLoader.
         decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
@@ -86,7 +92,7 @@ class Loader:
                  output: str = "auto", pin_memory: bool = False, mp_context: str = "fork",
                  local_capacity: int | str | None = None, ram_capacity: int | str | None = None,
                  ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None,
-                 balance: bool = True) -> None:
+                 balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None) -> None:
         for name, value, low in (("batch_size", batch_size, 1), ("stage_threads", stage_threads, 1),
                                  ("lookahead", lookahead, 1), ("prefetch", prefetch, 1), ("seed", seed, 0)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
@@ -128,6 +134,9 @@ class Loader:
         self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
         self.on_error, self.mp_context = on_error, mp_context
         self._stats = Stats()
+        self._verdict_log = bool(verdict)
+        self._last_verdict: dict | None = None
+        self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
         self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
         self._carry: tuple[int, EpochResidency, Any] | None = None   # last epoch's plan and its run
         self._inventory_used = False
@@ -249,6 +258,8 @@ class Loader:
                        peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
                        progress=self._progress, first_batch=start)
         self._carry = (self._epoch, residency, run)
+        if self._metrics is not None:
+            run.on_batch = self._metrics.write
         it = _EpochIterator(run, self)
         self._active = weakref.ref(it)
         return it
@@ -287,7 +298,24 @@ class Loader:
         d = self._stats.snapshot()
         d["tiers"] = self.tiers.counters.snapshot()
         d["usage"] = self.tiers.usage()
+        d["stages"] = stage_rates(d["tiers"], d["reader"])
+        d["verdict"] = self._last_verdict
         return d
+
+    def _epoch_done(self, run: EpochRun) -> None:
+        """The epoch's verdict: logged (verdict=True) and written (metrics=) when asked."""
+        w = run.window
+        v = judge(w.waits, w.steps, w.samples, w.causes)
+        if v is None:
+            return
+        self._last_verdict = dict(v.to_dict(), epoch=run.epoch)
+        if self._verdict_log:
+            log.info("clairvoyant: %s", v.line(run.epoch))
+        if self._metrics is not None:
+            s = self.stats()
+            self._metrics.write({"type": "epoch", "epoch": run.epoch, "verdict": v.to_dict(), "line": v.line(run.epoch),
+                                 "reads": s["epochs"].get(run.epoch, {}), "stages": s["stages"]})
+            self._metrics.flush()
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
@@ -303,6 +331,8 @@ class Loader:
         self._carry = None
         if self._progress is not None:
             self._progress.close()
+        if self._metrics is not None:
+            self._metrics.close()
         self._close_tiers()
 
     def __enter__(self) -> "Loader":
@@ -324,6 +354,7 @@ class _EpochIterator:
     def __init__(self, run: EpochRun, loader: Loader) -> None:
         self._run = run
         self._loader = loader
+        self._reported = False
 
     def __iter__(self) -> "_EpochIterator":
         return self
@@ -332,7 +363,13 @@ class _EpochIterator:
         return len(self._run) - self._run.position
 
     def __next__(self) -> Any:
-        out = self._run.next()
+        try:
+            out = self._run.next()
+        except StopIteration:
+            if self._run.completed and not self._reported:
+                self._reported = True
+                self._loader._epoch_done(self._run)
+            raise
         self._loader._done += 1
         return out
 

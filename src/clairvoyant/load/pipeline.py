@@ -35,6 +35,7 @@ from ..manifest import Manifest
 from ..source import Source
 from ..stage.engine import Stager
 from ..tune.stats import Stats
+from ..tune.verdict import split_wait
 from .pool import WorkerPool
 from .transport import Output, unpack_copy, unpack_shared
 
@@ -50,6 +51,24 @@ def _close_all() -> None:
         run.close()
 
 
+class EpochWindow:
+    """One epoch's per-batch waits and loop steps, samples, and waiting by cause."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+        self.samples = 0
+        self.causes: dict[str, float] = {}
+
+    def add(self, wait: float, step: float | None, n: int, causes: dict[str, float] | None) -> None:
+        self.waits.append(wait)
+        if step is not None:
+            self.steps.append(step)
+        self.samples += n
+        for c, v in (causes or {}).items():
+            self.causes[c] = self.causes.get(c, 0.0) + v
+
+
 class EpochRun:
     def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, batches: list[np.ndarray],
                  actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
@@ -57,10 +76,17 @@ class EpochRun:
                  skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
                  progress: "NodeProgress | None" = None, first_batch: int = 0) -> None:
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
+        self.epoch = epoch
         self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self.completed = False
+        # each batch's timeline, for splitting the loop's waits into causes (tune/verdict.py)
+        self._staged_at: dict[int, float] = {}
+        self._dispatched_at: dict[int, float] = {}
+        self._worker_times: dict[int, tuple[float, float, float]] = {}
+        self.window = EpochWindow()   # this epoch's waits, steps and causes, for its verdict
+        self.on_batch: Callable[[dict], None] | None = None   # a record per batch (metrics log)
         # deadline scheduling across the node's ranks: this rank's staging frontier, shared
         self._progress, self._base = progress, (epoch << 32) + first_batch
         self._frontier = 0
@@ -125,6 +151,7 @@ class EpochRun:
                 self._failed.setdefault(k, []).append((j, outcome))
             self._remaining[k] -= 1
             if self._remaining[k] == 0:
+                self._staged_at[k] = time.perf_counter()
                 heapq.heappush(self._ready, k)
                 if self._progress is not None and k == self._frontier:
                     while self._frontier < len(self._remaining) and self._remaining[self._frontier] == 0:
@@ -182,6 +209,7 @@ class EpochRun:
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
             worker.conn.send((k, slot, items, self._skip))
+            self._dispatched_at[k] = time.perf_counter()
 
     # -- consumer side (the training loop's thread) ------------------------------------------
 
@@ -193,6 +221,7 @@ class EpochRun:
             self.close()
             raise StopIteration
         t0 = time.perf_counter()
+        causes = None
         try:
             if k not in self._results:
                 with self._lock:
@@ -203,13 +232,25 @@ class EpochRun:
                     if self._stager.fatal is not None:
                         raise WorkerError(f"the staging engine stopped: {self._stager.fatal!r}") \
                             from self._stager.fatal
-                self._stats.add(wait_seconds=time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                self._stats.add(wait_seconds=t1 - t0)
+                with self._lock:
+                    causes = split_wait(t0, t1, self._staged_at.get(k), self._dispatched_at.get(k),
+                                        self._worker_times.get(k))
             out, n = self._take(k)
         except BaseException:
             self.close()
             raise
         now = time.perf_counter()
-        self._stats.timings.record(now - t0, None if self._last_return is None else t0 - self._last_return, n)
+        step = None if self._last_return is None else t0 - self._last_return
+        self._stats.timings.record(now - t0, step, n)
+        self._stats.add_causes(causes)
+        self.window.add(now - t0, step, n, causes)
+        if self.on_batch is not None:
+            self.on_batch({"type": "batch", "epoch": self._epoch, "batch": k, "wait": now - t0, "loop": step,
+                           "samples": n, "causes": causes})
+        for d in (self._staged_at, self._dispatched_at, self._worker_times):
+            d.pop(k, None)
         self._last_return = now
         self._next = k + 1
         self._fill_window()
@@ -228,7 +269,7 @@ class EpochRun:
                     f"sample {key!r} of the source could not be decoded ({message}): pass on_error='skip' to "
                     "skip bad samples, or fix or remove the file and re-index the source")
             raise WorkerError(f"reader worker failed on batch {k} at sample {key!r}: {message}\n{tb}")
-        _, _, slot_id, spec, size, skipped, _ = res
+        _, _, slot_id, spec, size, skipped, _, _ = res
         wid = self._inflight.pop(k)
         worker = self._pool.workers[wid]
         if size and self._lent < self._lend_limit:
@@ -275,6 +316,9 @@ class EpochRun:
         k = msg[1]
         positions = self._positions.pop(k, [])
         corrupt = set()
+        if msg[0] == "ok":
+            self._worker_times[k] = msg[7]
+            self._stats.add_worker(msg[7], len(positions))
         if msg[0] == "ok" and msg[6]:
             for p, why in msg[6]:
                 j = positions[p]

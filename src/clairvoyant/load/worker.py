@@ -3,7 +3,7 @@
 Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label, data,
 from_source), ...]`` (``data``: the sample's bytes, from the RAM window; ``path``: a cached
 entry; ``from_source``: read it from the source here), or ``None`` to stop. Messages out:
-``("ok", k, slot, spec, size, skipped, repaired)`` or ``("err", k, slot, kind, key, message,
+``("ok", k, slot, spec, size, skipped, repaired, (read_s, decode_s, collate_s))`` or ``("err", k, slot, kind, key, message,
 traceback)``. Only our own small tuples cross the pipe; batch data travels in the slot.
 
 Every cached entry is checked against its checksum as it is read. An entry that
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import signal
+import time
 import traceback
 from typing import Any, Callable
 
@@ -68,7 +69,10 @@ def _read(path: str | None, key: str, size: int, source, data: bytes | None,
 
 def _load_batch(k, slot_id, items, skip, slots, decode, collate, source) -> tuple:
     samples, skipped, repaired = [], [], []
+    clock = time.perf_counter
+    read_s = decode_s = 0.0
     for j, (key, path, size, label, given, from_source) in enumerate(items):
+        t0 = clock()
         try:
             data, why = _read(path, key, size, source, given, from_source)
         except Exception as e:
@@ -78,6 +82,8 @@ def _load_batch(k, slot_id, items, skip, slots, decode, collate, source) -> tupl
             return ("err", k, slot_id, "read", key, f"cannot read sample {key!r}: {e}", traceback.format_exc())
         if why is not None:
             repaired.append((j, why))
+        t1 = clock()
+        read_s += t1 - t0
         try:
             sample = decode(data)
         except Exception as e:
@@ -86,11 +92,13 @@ def _load_batch(k, slot_id, items, skip, slots, decode, collate, source) -> tupl
                 continue
             return ("err", k, slot_id, "decode", key, f"{type(e).__name__}: {e}", traceback.format_exc())
         samples.append((sample, label))
+        decode_s += clock() - t1
     if not samples:
         return ("err", k, slot_id, "empty", items[0][0] if items else "",
                 f"all {len(items)} samples of the batch were skipped", "")
+    t2 = clock()
     try:
         spec, size = pack(collate(samples), slots[slot_id])
     except Exception as e:
         return ("err", k, slot_id, "collate", items[0][0], f"{type(e).__name__}: {e}", traceback.format_exc())
-    return ("ok", k, slot_id, spec, size, skipped, repaired)
+    return ("ok", k, slot_id, spec, size, skipped, repaired, (read_s, decode_s, clock() - t2))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable
 
 from ..cache.tiers import LOCAL, Placement, Tiers
@@ -149,7 +150,9 @@ class Stager:
                 tiers.release(key)
 
     def _fetch(self, key: str, size: int) -> tuple[bytes, int]:
+        t0 = time.perf_counter()
         data, mtime = self._read(key)
+        self._tiers.counters.add_fetch(time.perf_counter() - t0)
         _check_size(key, len(data), size)
         return data, mtime
 

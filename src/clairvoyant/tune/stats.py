@@ -21,6 +21,9 @@ class Stats:
     samples: int = 0
     skipped: list = field(default_factory=list)  # keys skipped with on_error="skip"
     epochs: dict = field(default_factory=dict)   # epoch -> source_files, source_bytes, from_local, from_ram, ...
+    wait_by_cause: dict = field(default_factory=dict)   # seconds the loop waited, by cause (tune/verdict.py)
+    reader: dict = field(default_factory=lambda: {"samples": 0, "read_s": 0.0, "decode_s": 0.0, "collate_s": 0.0,
+                                                  "batches": 0})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     timings: Timings = field(default_factory=Timings, repr=False, compare=False)
 
@@ -28,6 +31,21 @@ class Stats:
         with self._lock:
             for name, d in deltas.items():
                 setattr(self, name, getattr(self, name) + d)
+
+    def add_causes(self, causes: dict[str, float] | None) -> None:
+        if causes:
+            with self._lock:
+                for c, v in causes.items():
+                    self.wait_by_cause[c] = self.wait_by_cause.get(c, 0.0) + v
+
+    def add_worker(self, times: tuple[float, float, float], samples: int) -> None:
+        with self._lock:
+            r = self.reader
+            r["samples"] += samples
+            r["batches"] += 1
+            r["read_s"] += times[0]
+            r["decode_s"] += times[1]
+            r["collate_s"] += times[2]
 
     def count_epoch(self, epoch: int, **deltas: int) -> None:
         """Add to the counters of one epoch."""
@@ -42,5 +60,7 @@ class Stats:
                  if not f.name.startswith("_") and f.name != "timings"}
             d["skipped"] = list(self.skipped)
             d["epochs"] = {e: dict(c) for e, c in self.epochs.items()}
+            d["wait_by_cause"] = dict(self.wait_by_cause)
+            d["reader"] = dict(self.reader)
         d.update(self.timings.summary())
         return d

@@ -1,0 +1,91 @@
+"""The loading verdict: 'no' with the right bottleneck on slow sources and slow decoders,
+'yes' on fast ones (each with its opposite as the control)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from clairvoyant import Loader
+from clairvoyant.testing import EmulatedStore
+from clairvoyant.tune.verdict import judge, split_wait
+
+
+def test_split_wait_follows_the_batch_timeline():
+    c = split_wait(10.0, 11.0, staged_at=10.4, dispatched_at=10.5, worker=(0.1, 0.3, 0.0))
+    assert c["fetch"] == pytest.approx(0.4) and c["queue"] == pytest.approx(0.1)
+    assert c["read"] == pytest.approx(0.125) and c["decode"] == pytest.approx(0.375)
+    assert sum(c.values()) == pytest.approx(1.0)
+    # staged and dispatched before the wait began: all of it is the reader's
+    c = split_wait(10.0, 10.2, staged_at=9.0, dispatched_at=9.5, worker=(0.0, 1.0, 0.0))
+    assert c["decode"] == pytest.approx(0.2) and c["fetch"] == 0 and c["queue"] == 0
+
+
+def test_judge_yes_and_no():
+    fed = judge([0.001] * 100, [0.1] * 100, 3200, {"fetch": 0.1})
+    assert fed.keeps_up and fed.bottleneck is None and "yes" in fed.line(0)
+    starved = judge([0.2] * 100, [0.1] * 100, 3200, {"fetch": 1.0, "decode": 19.0})
+    assert not starved.keeps_up and starved.bottleneck == "decode" and "bottleneck: decode" in starved.line(3)
+
+
+def _run(tmp_path, source, decode, step, epochs=1, **kw):
+    with Loader(source, batch_size=8, local_dir=tmp_path / "l", num_workers=1, output="numpy", decode=decode,
+                verdict=True, **kw) as ld:
+        for e in range(epochs):
+            ld.set_epoch(e)
+            for _ in ld:
+                time.sleep(step)
+        return ld.stats()["verdict"]
+
+
+def tiny(b: bytes) -> np.ndarray:
+    return np.frombuffer(b[:4], np.uint8).copy()
+
+
+def slow_decode(b: bytes) -> np.ndarray:
+    time.sleep(0.004)
+    return tiny(b)
+
+
+def test_a_slow_source_is_named(dataset, tmp_path, caplog, no_leaks):
+    slow = EmulatedStore(dataset, open_latency=0.040, read_latency=0.0, state_dir=str(tmp_path / "emu"))
+    with caplog.at_level(logging.INFO, "clairvoyant"):
+        v = _run(tmp_path, slow, tiny, step=0.002, stage_threads=2)
+    assert not v["keeps_up"] and v["bottleneck"] == "fetch", v
+    assert any("loading keeps up: NO" in r.getMessage() and "source fetch" in r.getMessage() for r in caplog.records)
+
+
+def test_a_fast_source_keeps_up(dataset, tmp_path, no_leaks):
+    fast = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=str(tmp_path / "emu"))
+    v = _run(tmp_path, fast, tiny, step=0.030, epochs=2)      # the second epoch: everything is local
+    assert v["keeps_up"] and v["bottleneck"] is None, v
+
+
+def test_a_slow_decoder_is_named_and_a_slower_loop_is_fed(dataset, tmp_path, no_leaks):
+    v = _run(tmp_path, dataset, slow_decode, step=0.001, epochs=2)
+    assert not v["keeps_up"] and v["bottleneck"] == "decode", v
+    v = _run(tmp_path, dataset, slow_decode, step=0.120, epochs=2)   # control: the loop is the slow part
+    assert v["keeps_up"], v
+
+
+def test_metrics_lines_and_report(dataset, tmp_path, no_leaks):
+    from clairvoyant.cli.main import main
+    path = tmp_path / "run.jsonl"
+    with Loader(dataset, batch_size=8, local_dir=tmp_path / "l", num_workers=1, output="numpy", decode=tiny,
+                metrics=path, local_capacity="50%") as ld:
+        for e in range(2):
+            ld.set_epoch(e)
+            for _ in ld:
+                time.sleep(0.002)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    batches = [r for r in records if r["type"] == "batch"]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert len(batches) == 2 * 12 and [r["epoch"] for r in epochs] == [0, 1]
+    assert "loading keeps up" in epochs[0]["line"] and epochs[1]["reads"]["source_files"] > 0
+    assert main(["report", str(path), "--out", str(tmp_path / "run.png")]) == 0
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
