@@ -35,3 +35,8 @@ def test_caching_tiny(tmp_path):
 def test_balance_tiny(tmp_path):
     out = run("balance.py", "--tiny", "--out", str(tmp_path))
     assert "| on |" in out and "| off |" in out
+
+
+def test_verdict_overhead_tiny():
+    out = run("verdict_overhead.py", "--images", "96", "--repeats", "1", "--epochs", "1")
+    assert "ratio with/without" in out and "always-on bookkeeping" in out
