@@ -28,6 +28,7 @@ from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, plan_epoch
 from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
 from ..source import as_source
+from ..tune.autotune import Tuner
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.stats import Stats
 from ..tune.verdict import judge
@@ -38,6 +39,7 @@ from .transport import Output
 STATE_FORMAT = "clairvoyant-loader-state"
 log = logging.getLogger("clairvoyant")
 PEER_WAIT = 2.0   # seconds
+AUTO_START_THREADS = 16
 
 
 def _default_workers() -> int:
@@ -72,7 +74,9 @@ class Loader:
         decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
         num_workers: reader processes (default: the CPUs this process may use).
-        stage_threads: I/O threads copying from the source.
+        stage_threads: I/O threads reading from the source, or ``"auto"`` (the default): the tuner
+            moves the count every half second from what it measures (more when the loop waits on
+            the source and the threads are busy, fewer when they idle; tune/autotune.py).
         lookahead: how many batches ahead of the training loop staging runs.
         prefetch: batches each reader may hold ready.
         rank, world_size: default from torchrun, MPI or SLURM variables, else a single process.
@@ -86,17 +90,23 @@ class Loader:
     def __init__(self, source: Any, batch_size: int = 1, *, local_dir: str | os.PathLike[str] | None = None,
                  seed: int = 0, shuffle: bool = True, drop_last: bool = False,
                  decode: Callable[[bytes], Any] | None = None, collate_fn: Callable | None = None,
-                 num_workers: int | None = None, stage_threads: int = 32, lookahead: int = 64,
+                 num_workers: int | None = None, stage_threads: int | str = "auto", lookahead: int = 64,
                  prefetch: int = 2, rank: int | None = None, world_size: int | None = None,
                  on_error: str = "raise", manifest: str | None = None, reindex: bool = False,
                  output: str = "auto", pin_memory: bool = False, mp_context: str = "fork",
                  local_capacity: int | str | None = None, ram_capacity: int | str | None = None,
                  ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None,
                  balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None) -> None:
+        if isinstance(stage_threads, str) and stage_threads == "auto":
+            self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
+            stage_threads = AUTO_START_THREADS
+        else:
+            self._tuner = None
         for name, value, low in (("batch_size", batch_size, 1), ("stage_threads", stage_threads, 1),
                                  ("lookahead", lookahead, 1), ("prefetch", prefetch, 1), ("seed", seed, 0)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+                also = " or 'auto'" if name == "stage_threads" else ""
+                raise ConfigError(f"{name} must be an integer >= {low}{also}, got {value!r}")
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
             raise ConfigError(f"num_workers must be an integer >= 1 or None, got {num_workers!r}")
         if on_error not in ("raise", "skip"):
@@ -249,14 +259,15 @@ class Loader:
         actions, drops, residency = self._plan_residency(start)
         run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers,
                        batches=list(plan.batches[start:]), actions=actions, drops=drops, epoch=self._epoch,
-                       num_workers=self.num_workers, prefetch=self.prefetch, stage_threads=self.stage_threads,
+                       num_workers=self.num_workers, prefetch=self.prefetch,
+                       stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
                        lookahead=self.lookahead, decode=self.decode, collate_fn=self.collate_fn,
                        skip_errors=self.on_error == "skip", output=self._output, stats=self._stats,
                        mp_context=self.mp_context,
                        # ranks of a node keep samples for each other: a planned hit that another rank
                        # has not written yet is worth waiting for a moment rather than read twice
                        peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
-                       progress=self._progress, first_batch=start)
+                       progress=self._progress, first_batch=start, tuner=self._tuner)
         self._carry = (self._epoch, residency, run)
         if self._metrics is not None:
             run.on_batch = self._metrics.write
@@ -300,6 +311,7 @@ class Loader:
         d["usage"] = self.tiers.usage()
         d["stages"] = stage_rates(d["tiers"], d["reader"])
         d["verdict"] = self._last_verdict
+        d["stage_threads"] = self._tuner.threads if self._tuner is not None else self.stage_threads
         return d
 
     def _epoch_done(self, run: EpochRun) -> None:

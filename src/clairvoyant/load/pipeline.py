@@ -35,6 +35,7 @@ from ..manifest import Manifest
 from ..source import Source
 from ..stage.engine import Stager
 from ..tune.stats import Stats
+from ..tune.autotune import Tuner
 from ..tune.verdict import split_wait
 from .pool import WorkerPool
 from .transport import Output, unpack_copy, unpack_shared
@@ -74,7 +75,7 @@ class EpochRun:
                  actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
                  prefetch: int, stage_threads: int, lookahead: int, decode: Callable, collate_fn: Callable | None,
                  skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
-                 progress: "NodeProgress | None" = None, first_batch: int = 0) -> None:
+                 progress: "NodeProgress | None" = None, first_batch: int = 0, tuner: "Tuner | None" = None) -> None:
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self.epoch = epoch
         self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
@@ -87,6 +88,8 @@ class EpochRun:
         self._worker_times: dict[int, tuple[float, float, float]] = {}
         self.window = EpochWindow()   # this epoch's waits, steps and causes, for its verdict
         self.on_batch: Callable[[dict], None] | None = None   # a record per batch (metrics log)
+        self._tuner = tuner          # moves the staging thread count (stage_threads="auto")
+
         # deadline scheduling across the node's ranks: this rank's staging frontier, shared
         self._progress, self._base = progress, (epoch << 32) + first_batch
         self._frontier = 0
@@ -251,12 +254,25 @@ class EpochRun:
                            "samples": n, "causes": causes})
         for d in (self._staged_at, self._dispatched_at, self._worker_times):
             d.pop(k, None)
+        if self._tuner is not None:
+            self._tune(now)
         self._last_return = now
         self._next = k + 1
         self._fill_window()
         with self._lock:
             self._dispatch_locked()
         return out
+
+    def _tune(self, now: float) -> None:
+        """Hand the tuner the loader's cumulative counters; apply its thread count when it decides."""
+        c = self._tiers.counters
+        with c.lock:
+            fetches, busy = c.fetches, c.fetch_seconds
+        with self._stats._lock:
+            waited = self._stats.wait_by_cause.get("fetch", 0.0)
+        n = self._tuner.tick(now, waited, fetches, busy)
+        if n is not None:
+            self._stager.resize(n)
 
     def _take(self, k: int) -> Any:
         res = self._results.pop(k)

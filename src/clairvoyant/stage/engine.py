@@ -50,10 +50,39 @@ class Stager:
         self._read = getattr(source, "read_versioned", None) or (lambda key: (source.read(key), 0))
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
+        self._size_lock = threading.Lock()
+        self._target = threads    # threads wanted (the tuner moves it)
+        self._excess = 0          # threads to retire, each after the item in hand
+        self._started = False
+
+    @property
+    def threads(self) -> int:
+        return self._target
 
     def start(self) -> None:
+        self._started = True
         for t in self._threads:
             t.start()
+
+    def resize(self, n: int) -> None:
+        """Run ``n`` staging threads from now on: new ones start at once, surplus ones retire after
+        the item in hand."""
+        with self._size_lock:
+            if self._stop or n == self._target:
+                return
+            if n > self._target:
+                grow = n - self._target
+                cancel = min(grow, self._excess)   # threads about to retire simply stay
+                self._excess -= cancel
+                for _ in range(grow - cancel):
+                    t = threading.Thread(target=self._run, name=f"clairvoyant-stager-{len(self._threads)}",
+                                         daemon=True)
+                    self._threads.append(t)
+                    if self._started:
+                        t.start()
+            else:
+                self._excess += self._target - n
+            self._target = n
 
     def submit(self, batch_id: int, indices, hit, keep) -> None:
         for j, idx in enumerate(indices):
@@ -71,7 +100,8 @@ class Stager:
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the after-use work queued so far, then stop; each thread ends the sample in hand."""
-        self._stop = True
+        with self._size_lock:
+            self._stop = True
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:
@@ -96,6 +126,15 @@ class Stager:
             else:
                 tiers.drop(item)
 
+    def _retire(self) -> bool:
+        if not self._excess:
+            return False
+        with self._size_lock:
+            if self._excess:
+                self._excess -= 1
+                return True
+        return False
+
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
@@ -103,6 +142,8 @@ class Stager:
             if item is None:
                 return
             if item is _WAKE or self._stop:
+                if self._retire():
+                    return
                 continue   # staging work is dropped on close; after-use work above is finished
             batch_id, j, idx, hit, keep = item
             if self._gate is not None:
@@ -118,6 +159,8 @@ class Stager:
                 outcome.__cause__ = e
             if not self._stop:
                 self._on_done(batch_id, j, outcome)
+            if self._retire():   # the tuner asked for fewer threads: this one goes, its item done
+                return
 
     def _stage(self, idx: int, hit: bool, keep: bool) -> Placement:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
