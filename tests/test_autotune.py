@@ -61,10 +61,10 @@ def test_latency_quadrupling_trace_recovers_in_a_few_intervals():
 
 def test_auto_grows_threads_for_a_slow_source(dataset, tmp_path, no_leaks):
     slow = EmulatedStore(dataset, open_latency=0.100, read_latency=0.0, state_dir=str(tmp_path / "emu"))
-    with Loader(slow, batch_size=4, local_dir=tmp_path / "l", num_workers=1, output="numpy",
+    with Loader(slow, batch_size=4, local_dir=tmp_path / "l", num_workers=1, output="numpy", lookahead=8,
                 local_capacity="10%", decode=lambda b: np.zeros(1, np.uint8)) as ld:
         assert ld.stats()["stage_threads"] == 16
-        for e in range(4):
+        for e in range(6):
             ld.set_epoch(e)
             for _ in ld:
                 time.sleep(0.001)
