@@ -40,3 +40,8 @@ def test_balance_tiny(tmp_path):
 def test_verdict_overhead_tiny():
     out = run("verdict_overhead.py", "--images", "96", "--repeats", "1", "--epochs", "1")
     assert "ratio with/without" in out and "always-on bookkeeping" in out
+
+
+def test_autotune_tiny(tmp_path):
+    out = run("autotune.py", "--tiny", "--out", str(tmp_path))
+    assert "| latency-bound |" in out

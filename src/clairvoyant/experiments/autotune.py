@@ -1,0 +1,119 @@
+"""The autotuner against a grid of fixed staging thread counts, on three profiles, and after a step
+change of the source's latency.
+
+Profiles (local tier at 10% of the data set, so nine samples in ten are read
+from the source every epoch; 2 readers): a latency-bound source (40 ms per
+open), a decode-bound workload (a heavy transform, 2 ms of CPU per sample), a
+bandwidth-bound source (30 MB/s shared). For each, images/s over epochs 2-3
+(after a first epoch that also lets the tuner settle) with stage_threads fixed
+at each value of the grid, and with "auto". The step run starts at 10 ms per
+open and goes to 40 ms after a few seconds; images/s per second of wall time
+shows how long auto takes to get back to 90% of the best fixed count's rate at
+40 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from ..load.decode import decode_image
+from ..testing import EmulatedStore, make_dataset
+
+PROFILES = {
+    "latency-bound": dict(store=dict(open_latency=0.040, read_latency=0.002, bandwidth=400e6), heavy=0.0),
+    "decode-bound": dict(store=dict(open_latency=0.002, read_latency=0.0, bandwidth=400e6), heavy=0.002),
+    "bandwidth-bound": dict(store=dict(open_latency=0.010, read_latency=0.002, bandwidth=30e6), heavy=0.0),
+}
+
+
+class HeavyDecode:
+    """Decode, then burn ``seconds`` of CPU (a stand-in for a heavy transform)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, data: bytes):
+        img = decode_image(data)
+        end = time.thread_time() + self.seconds
+        x = img.astype(np.float32)
+        while time.thread_time() < end:
+            x = x * 0.999 + 0.001
+        return img
+
+
+def _run(root: str, store_kw: dict, heavy: float, threads, epochs: int, images_only_after: int = 1,
+         on_start=None) -> tuple[float, list[tuple[float, int]], int]:
+    from ..load.loader import Loader
+    work = tempfile.mkdtemp(prefix="clairvoyant-autotune-")
+    try:
+        store = EmulatedStore(root, state_dir=os.path.join(work, "emu"), **store_kw)
+        decode = HeavyDecode(heavy) if heavy else None
+        trace: list[tuple[float, int]] = []
+        with Loader(store, batch_size=32, local_dir=os.path.join(work, "l"), num_workers=2, output="numpy",
+                    local_capacity="10%", stage_threads=threads, decode=decode) as ld:
+            if on_start is not None:
+                on_start(store)
+            n = 0
+            t_measure = None
+            for e in range(epochs):
+                ld.set_epoch(e)
+                if e == images_only_after:
+                    t_measure, n = time.perf_counter(), 0
+                for _, y in ld:
+                    n += len(y)
+                    trace.append((time.perf_counter(), len(y)))
+            rate = n / (time.perf_counter() - t_measure) if t_measure is not None else 0.0
+            return rate, trace, ld.stats()["stage_threads"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def grid(*, images: int = 3200, grid_threads=(4, 8, 16, 32, 64), epochs: int = 3, profiles=None,
+         data_dir: str | None = None, progress=None) -> dict:
+    from ..paths import cache_home
+    root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
+    out = {}
+    for name in profiles or PROFILES:
+        p = PROFILES[name]
+        fixed = {t: _run(root, p["store"], p["heavy"], t, epochs)[0] for t in grid_threads}
+        auto, _, settled = _run(root, p["store"], p["heavy"], "auto", epochs)
+        best = max(fixed, key=fixed.get)
+        out[name] = {"fixed": fixed, "auto": auto, "auto_threads": settled, "best_threads": best,
+                     "ratio": auto / fixed[best]}
+        if progress:
+            progress(f"{name}: auto {auto:.0f} images/s ({settled} threads), best fixed {fixed[best]:.0f} "
+                     f"({best} threads)")
+    return out
+
+
+def step_change(*, images: int = 3200, before: float = 0.010, after: float = 0.040, switch_s: float = 4.0,
+                epochs: int = 6, data_dir: str | None = None) -> dict:
+    """images/s per second of wall time, auto, with the open latency going from ``before`` to
+    ``after`` ``switch_s`` seconds into the run."""
+    from ..paths import cache_home
+    root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
+    switched: list[float] = []
+
+    def start(store) -> None:
+        def flip() -> None:
+            store.open_latency = after
+            switched.append(time.perf_counter())
+        timer = threading.Timer(switch_s, flip)
+        timer.daemon = True
+        timer.start()
+
+    _, trace, threads = _run(root, dict(open_latency=before, read_latency=0.002, bandwidth=400e6), 0.0, "auto",
+                             epochs, images_only_after=0, on_start=start)
+    t0 = trace[0][0]
+    seconds = int(trace[-1][0] - t0) + 1
+    per_s = np.zeros(seconds)
+    for t, n in trace:
+        per_s[int(t - t0)] += n
+    return {"switch_at_s": (switched[0] - t0) if switched else None, "images_per_s": per_s.tolist(),
+            "final_threads": threads}
