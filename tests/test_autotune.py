@@ -18,13 +18,15 @@ def obs(wait=0.0, fetches=0, busy=0.0, interval=0.5):
 def test_more_threads_when_the_loop_waits_on_busy_fetchers():
     assert decide(obs(wait=0.1, fetches=100, busy=7.5), 16) == 24
     assert decide(obs(wait=0.1, fetches=10, busy=1.0), 2) == 4
+    assert decide(obs(wait=0.1, fetches=10, busy=2.0), 4) == 6
     # waits but idle fetchers: the threads are not the limit
     assert decide(obs(wait=0.1, fetches=100, busy=1.0), 16) == 16
 
 
 def test_fewer_threads_when_they_idle_but_not_below_what_the_rate_needs():
     assert decide(obs(fetches=400, busy=2.0), 32) == 25           # a fifth fewer
-    assert decide(obs(fetches=0, busy=0.0), 3) == 2                 # never below the floor
+    assert decide(obs(fetches=400, busy=2.0), 12) == 12           # 4 in flight: not idle enough to shrink
+    assert decide(obs(fetches=0, busy=0.0), 5) == 4                 # never below the floor
     assert decide(obs(fetches=400, busy=4.5), 16) == 16             # busy enough: keep
 
 

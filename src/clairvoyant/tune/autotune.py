@@ -10,8 +10,9 @@ split measures:
   interval): the misses are not fetched in time; if the threads were busy,
   add threads (x1.5, at least +2): more requests in flight;
 - no fetch waits and the threads mostly idle (busy < ``idle`` of them): remove
-  a fifth of them, down to what Little's law says the observed fetch rate
-  needs, with a margin; fewer threads cost less CPU and fewer GIL hand-offs;
+  a fifth of them, down to three times what Little's law says the observed
+  fetch rate needs (misses come in bursts) and never below 4; fewer threads
+  cost less CPU and fewer GIL hand-offs;
 - else keep.
 
 The Tuner adds one memory: when more threads did not fetch more (less than
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MIN_THREADS, MAX_THREADS = 2, 256
+MIN_THREADS, MAX_THREADS = 4, 256
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Observation:
     fetch_busy_s: float      # sum of their durations (thread-seconds spent fetching)
 
 
-def decide(obs: Observation, threads: int, *, wait_share: float = 0.02, idle: float = 0.3, margin: float = 2.0,
+def decide(obs: Observation, threads: int, *, wait_share: float = 0.02, idle: float = 0.3, margin: float = 3.0,
            lo: int = MIN_THREADS, hi: int = MAX_THREADS) -> int:
     """The staging thread count for the next interval."""
     if obs.interval_s <= 0:
