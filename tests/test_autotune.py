@@ -19,30 +19,36 @@ def test_more_threads_when_the_loop_waits_on_busy_fetchers():
     assert decide(obs(wait=0.1, fetches=100, busy=7.5), 16) == 24
     assert decide(obs(wait=0.1, fetches=10, busy=1.0), 2) == 4
     assert decide(obs(wait=0.1, fetches=10, busy=2.0), 4) == 6
+    assert decide(obs(wait=0.1, fetches=10, busy=3.0), 8) == 12
     # waits but idle fetchers: the threads are not the limit
     assert decide(obs(wait=0.1, fetches=100, busy=1.0), 16) == 16
 
 
 def test_fewer_threads_when_they_idle_but_not_below_what_the_rate_needs():
     assert decide(obs(fetches=400, busy=2.0), 32) == 25           # a fifth fewer
+    assert decide(obs(fetches=400, busy=1.0), 12) == 9            # 2 in flight: 4x that is 8, a fifth fewer is 9
     assert decide(obs(fetches=400, busy=2.0), 12) == 12           # 4 in flight: not idle enough to shrink
-    assert decide(obs(fetches=0, busy=0.0), 5) == 4                 # never below the floor
+    assert decide(obs(fetches=0, busy=0.0), 9) == 8                 # never below the floor
     assert decide(obs(fetches=400, busy=4.5), 16) == 16             # busy enough: keep
 
 
 def test_saturated_source_stops_the_growth():
     t = Tuner(16)
-    # a bandwidth-bound trace: waits persist, but 24 threads fetch no more than 16 did
+    # a bandwidth-bound trace: waits persist, but 24 threads fetch no more than 16 did, each fetch
+    # taking 1.5x as long (queueing)
     assert t.observe(obs(wait=0.2, fetches=500, busy=8.0)) == 24
     assert t.observe(obs(wait=0.2, fetches=510, busy=12.0)) == 16      # back to what sufficed
     for _ in range(Tuner.PROBE_AFTER - 1):
         assert t.observe(obs(wait=0.2, fetches=505, busy=8.0)) == 16   # held at the ceiling
     assert t.observe(obs(wait=0.2, fetches=505, busy=8.0)) == 16
     assert t.observe(obs(wait=0.2, fetches=505, busy=8.0)) == 24       # then probes again
-    # negative control: the same trace with the rate growing keeps growing
+    # negative controls: the rate grew, or each fetch took no longer (the rate lags a change): grow
     g = Tuner(16)
     g.observe(obs(wait=0.2, fetches=500, busy=8.0))
     assert g.observe(obs(wait=0.2, fetches=700, busy=12.0)) == 36
+    h = Tuner(16)
+    h.observe(obs(wait=0.2, fetches=500, busy=8.0))
+    assert h.observe(obs(wait=0.2, fetches=510, busy=8.2)) == 36
 
 
 def test_latency_quadrupling_trace_recovers_in_a_few_intervals():

@@ -10,16 +10,19 @@ split measures:
   interval): the misses are not fetched in time; if the threads were busy,
   add threads (x1.5, at least +2): more requests in flight;
 - no fetch waits and the threads mostly idle (busy < ``idle`` of them): remove
-  a fifth of them, down to three times what Little's law says the observed
-  fetch rate needs (misses come in bursts) and never below 4; fewer threads
-  cost less CPU and fewer GIL hand-offs;
+  a fifth of them, down to four times what Little's law says the observed
+  fetch rate needs (misses come in bursts: a batch's worth at once) and never
+  below 8; fewer threads cost less CPU and fewer GIL hand-offs;
 - else keep.
 
 The Tuner adds one memory: when more threads did not fetch more (less than
-+10%), the source is saturated (bandwidth, or its own limit on requests in
-flight): it goes back to the smaller count and does not exceed it for 20
-intervals (10 s), then probes again, so a source that speeds up or slows
-down later is followed.
++10%) and each fetch took longer in proportion (requests queue instead of
+overlapping), the source is saturated (bandwidth, or its own limit on
+requests in flight): it goes back to the smaller count and does not exceed it
+for 20 intervals (10 s), then probes again, so a source that speeds up or
+slows down later is followed. Both signs are needed: the rate alone lags the
+change by up to an interval, and would stop the growth just after a latency
+jump.
 
 When the source's latency quadruples, fetch waits appear within one interval
 and the thread count grows geometrically, so it reaches the new need in a few
@@ -31,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MIN_THREADS, MAX_THREADS = 4, 256
+MIN_THREADS, MAX_THREADS = 8, 256
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Observation:
     fetch_busy_s: float      # sum of their durations (thread-seconds spent fetching)
 
 
-def decide(obs: Observation, threads: int, *, wait_share: float = 0.02, idle: float = 0.3, margin: float = 3.0,
+def decide(obs: Observation, threads: int, *, wait_share: float = 0.02, idle: float = 0.3, margin: float = 4.0,
            lo: int = MIN_THREADS, hi: int = MAX_THREADS) -> int:
     """The staging thread count for the next interval."""
     if obs.interval_s <= 0:
@@ -63,7 +66,7 @@ class Tuner:
     def __init__(self, threads: int, interval: float = 0.5) -> None:
         self.threads, self.interval = threads, interval
         self._base: tuple[float, float, int, float] | None = None   # the last tick's cumulative counters
-        self._prev: tuple[int, float] | None = None   # (threads, fetches/s) of the interval before
+        self._prev: tuple[int, float, float] | None = None   # (threads, fetches/s, s per fetch) before
         self.ceiling: int | None = None
         self._ttl = 0
         self.history: list[tuple[float, int]] = []   # (fetches/s, threads) per interval
@@ -82,10 +85,12 @@ class Tuner:
 
     def observe(self, obs: Observation) -> int:
         rate = obs.fetches / obs.interval_s if obs.interval_s > 0 else 0.0
+        latency = obs.fetch_busy_s / obs.fetches if obs.fetches else 0.0
         self.history.append((rate, self.threads))
-        prev, self._prev = self._prev, (self.threads, rate)
+        prev, self._prev = self._prev, (self.threads, rate, latency)
         waiting = obs.interval_s > 0 and obs.fetch_wait_s / obs.interval_s > 0.02
-        if prev is not None and waiting and self.threads > prev[0] and rate < 1.1 * prev[1]:
+        if (prev is not None and waiting and self.threads > prev[0] and rate < 1.1 * prev[1]
+                and latency >= 0.8 * prev[2] * self.threads / prev[0]):
             new = prev[0]            # more threads did not fetch more: saturated
             self.ceiling, self._ttl = prev[0], self.PROBE_AFTER
         else:
