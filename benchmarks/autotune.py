@@ -1,6 +1,7 @@
 """Benchmark: stage_threads="auto" against a grid of fixed thread counts, and a latency step.
 
-    python benchmarks/autotune.py            # three profiles and the step (about 4 minutes)
+    python benchmarks/autotune.py            # three profiles and the step (about 6 minutes)
+    python benchmarks/autotune.py --readers  # instead: reader processes 1-4, threads on auto
     python benchmarks/autotune.py --tiny     # CI smoke size
 """
 
@@ -17,8 +18,16 @@ from clairvoyant.experiments import autotune
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--readers", action="store_true", help="vary the reader processes instead")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = p.parse_args(argv)
+    if args.readers:
+        res = autotune.readers_grid()
+        print("| profile | " + " | ".join(f"{w} readers" for w in next(iter(res.values()))) + " |")
+        print("| --- " * (len(next(iter(res.values()))) + 1) + "|")
+        for name, r in res.items():
+            print(f"| {name} | " + " | ".join(f"{v:,.0f}" for v in r.values()) + " |")
+        return 0
     if args.tiny:
         res = {"grid": autotune.grid(images=96, grid_threads=(2, 8), epochs=2, profiles=["latency-bound"],
                                      data_dir=os.path.join(args.out, "tiny-data"))}

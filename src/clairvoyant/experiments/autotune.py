@@ -117,3 +117,28 @@ def step_change(*, images: int = 3200, before: float = 0.010, after: float = 0.0
         per_s[int(t - t0)] += n
     return {"switch_at_s": (switched[0] - t0) if switched else None, "images_per_s": per_s.tolist(),
             "final_threads": threads}
+
+
+def readers_grid(*, images: int = 3200, readers=(1, 2, 3, 4), epochs: int = 3, data_dir: str | None = None) -> dict:
+    """images/s with stage_threads="auto" and each number of reader processes, per profile."""
+    from ..load.loader import Loader
+    from ..paths import cache_home
+    root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
+    out: dict = {}
+    for name, p in PROFILES.items():
+        for w in readers:
+            work = tempfile.mkdtemp(prefix="clairvoyant-readers-")
+            try:
+                store = EmulatedStore(root, state_dir=os.path.join(work, "emu"), **p["store"])
+                with Loader(store, batch_size=32, local_dir=os.path.join(work, "l"), num_workers=w, output="numpy",
+                            local_capacity="10%", decode=HeavyDecode(p["heavy"]) if p["heavy"] else None) as ld:
+                    n, t0 = 0, time.perf_counter()
+                    for e in range(epochs):
+                        ld.set_epoch(e)
+                        if e == 1:
+                            n, t0 = 0, time.perf_counter()
+                        n += sum(len(y) for _, y in ld)
+                    out.setdefault(name, {})[w] = n / (time.perf_counter() - t0)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    return out
