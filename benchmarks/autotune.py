@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | " + " | ".join(f"{v:,.0f}" for v in r.values()) + " |")
         return 0
     if args.tiny:
-        res = {"grid": autotune.grid(images=96, grid_threads=(2, 8), epochs=2, profiles=["latency-bound"],
-                                     data_dir=os.path.join(args.out, "tiny-data"))}
+        res = {"grid": autotune.grid(images=96, grid_threads=(2, 8), epochs=2, auto_epochs=3,
+                                     profiles=["latency-bound"], data_dir=os.path.join(args.out, "tiny-data"))}
     else:
         res = {"grid": autotune.grid(progress=print), "step": autotune.step_change()}
     print("| profile | " + " | ".join(f"{t} threads" for t in next(iter(res["grid"].values()))["fixed"])
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- " * (len(next(iter(res["grid"].values()))["fixed"]) + 3) + "|")
     for name, r in res["grid"].items():
         cells = " | ".join(f"{v:,.0f}" for v in r["fixed"].values())
-        print(f"| {name} | {cells} | {r['auto']:,.0f} ({r['auto_threads']} threads) | {r['ratio']:.2f} |")
+        print(f"| {name} | {cells} | {r['auto']:,.0f} ({r['auto_threads']} threads, {r['auto_readers']} readers) "
+              f"| {r['ratio']:.2f} |")
     if "step" in res:
         s = res["step"]
         print(f"step: latency x4 at {s['switch_at_s']:.1f} s; images/s per second: "

@@ -5,8 +5,8 @@ Profiles (local tier at 10% of the data set, so nine samples in ten are read
 from the source every epoch; 2 readers): a latency-bound source (40 ms per
 open), a decode-bound workload (a heavy transform, 2 ms of CPU per sample), a
 bandwidth-bound source (30 MB/s shared). For each, images/s over epochs 2-3
-(after a first epoch that also lets the tuner settle) with stage_threads fixed
-at each value of the grid, and with "auto". The step run starts at 10 ms per
+with stage_threads fixed at each value of the grid (2 readers), and with both
+on auto over the last two of six epochs (the reader count moves once per epoch). The step run starts at 10 ms per
 open and goes to 40 ms after a few seconds; images/s per second of wall time
 shows how long auto takes to get back to 90% of the best fixed count's rate at
 40 ms.
@@ -48,14 +48,14 @@ class HeavyDecode:
 
 
 def _run(root: str, store_kw: dict, heavy: float, threads, epochs: int, images_only_after: int = 1,
-         on_start=None) -> tuple[float, list[tuple[float, int]], int]:
+         on_start=None, readers: int | None = 2) -> tuple[float, list[tuple[float, int]], tuple[int, int]]:
     from ..load.loader import Loader
     work = tempfile.mkdtemp(prefix="clairvoyant-autotune-")
     try:
         store = EmulatedStore(root, state_dir=os.path.join(work, "emu"), **store_kw)
         decode = HeavyDecode(heavy) if heavy else None
         trace: list[tuple[float, int]] = []
-        with Loader(store, batch_size=32, local_dir=os.path.join(work, "l"), num_workers=2, output="numpy",
+        with Loader(store, batch_size=32, local_dir=os.path.join(work, "l"), num_workers=readers, output="numpy",
                     local_capacity="10%", stage_threads=threads, decode=decode) as ld:
             if on_start is not None:
                 on_start(store)
@@ -69,26 +69,30 @@ def _run(root: str, store_kw: dict, heavy: float, threads, epochs: int, images_o
                     n += len(y)
                     trace.append((time.perf_counter(), len(y)))
             rate = n / (time.perf_counter() - t_measure) if t_measure is not None else 0.0
-            return rate, trace, ld.stats()["stage_threads"]
+            st = ld.stats()
+            return rate, trace, (st["stage_threads"], st["readers"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def grid(*, images: int = 3200, grid_threads=(4, 8, 16, 32, 64), epochs: int = 3, profiles=None,
-         data_dir: str | None = None, progress=None) -> dict:
+def grid(*, images: int = 3200, grid_threads=(4, 8, 16, 32, 64), epochs: int = 3, auto_epochs: int = 6,
+         profiles=None, data_dir: str | None = None, progress=None) -> dict:
+    """Fixed thread counts (2 readers) measured over epochs 2-3; auto (threads and readers) over
+    its last two of ``auto_epochs`` epochs, once the per-epoch reader tuning has had its steps."""
     from ..paths import cache_home
     root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
     out = {}
     for name in profiles or PROFILES:
         p = PROFILES[name]
         fixed = {t: _run(root, p["store"], p["heavy"], t, epochs)[0] for t in grid_threads}
-        auto, _, settled = _run(root, p["store"], p["heavy"], "auto", epochs)
+        auto, _, (threads, readers) = _run(root, p["store"], p["heavy"], "auto", auto_epochs,
+                                           images_only_after=auto_epochs - 2, readers=None)
         best = max(fixed, key=fixed.get)
-        out[name] = {"fixed": fixed, "auto": auto, "auto_threads": settled, "best_threads": best,
-                     "ratio": auto / fixed[best]}
+        out[name] = {"fixed": fixed, "auto": auto, "auto_threads": threads, "auto_readers": readers,
+                     "best_threads": best, "ratio": auto / fixed[best]}
         if progress:
-            progress(f"{name}: auto {auto:.0f} images/s ({settled} threads), best fixed {fixed[best]:.0f} "
-                     f"({best} threads)")
+            progress(f"{name}: auto {auto:.0f} images/s ({threads} threads, {readers} readers), best fixed "
+                     f"{fixed[best]:.0f} ({best} threads)")
     return out
 
 
@@ -108,8 +112,8 @@ def step_change(*, images: int = 3200, before: float = 0.010, after: float = 0.0
         timer.daemon = True
         timer.start()
 
-    _, trace, threads = _run(root, dict(open_latency=before, read_latency=0.002, bandwidth=400e6), 0.0, "auto",
-                             epochs, images_only_after=0, on_start=start)
+    _, trace, (threads, _) = _run(root, dict(open_latency=before, read_latency=0.002, bandwidth=400e6), 0.0,
+                                  "auto", epochs, images_only_after=0, on_start=start)
     t0 = trace[0][0]
     seconds = int(trace[-1][0] - t0) + 1
     per_s = np.zeros(seconds)

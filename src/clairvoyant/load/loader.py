@@ -28,7 +28,7 @@ from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, plan_epoch
 from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
 from ..source import as_source
-from ..tune.autotune import Tuner
+from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.stats import Stats
 from ..tune.verdict import judge
@@ -73,7 +73,9 @@ class Loader:
         seed, shuffle, drop_last: as PyTorch's DistributedSampler and DataLoader.
         decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
-        num_workers: reader processes (default: the CPUs this process may use).
+        num_workers: reader processes, or None (the default): one per CPU this process may use, then
+            tuned once per epoch (one more while readers hold the loop back and it helps, up to two
+            per CPU; tune/autotune.py).
         stage_threads: I/O threads reading from the source, or ``"auto"`` (the default): the tuner
             moves the count every half second from what it measures (more when the loop waits on
             the source and the threads are busy, fewer when they idle; tune/autotune.py).
@@ -140,7 +142,9 @@ class Loader:
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
         self.decode = decode or decode_image
         self.collate_fn = collate_fn
+        self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or _default_workers()
+        self._epochs_seen = 0
         self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
         self.on_error, self.mp_context = on_error, mp_context
         self._stats = Stats()
@@ -256,6 +260,8 @@ class Loader:
                           drop_last=self.drop_last)
         start, self._resume, self._loaded_epoch = self._resume, 0, None
         self._done = start
+        if self._reader_tuner is not None:
+            self.num_workers = self._reader_tuner.readers
         actions, drops, residency = self._plan_residency(start)
         run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers,
                        batches=list(plan.batches[start:]), actions=actions, drops=drops, epoch=self._epoch,
@@ -312,6 +318,7 @@ class Loader:
         d["stages"] = stage_rates(d["tiers"], d["reader"])
         d["verdict"] = self._last_verdict
         d["stage_threads"] = self._tuner.threads if self._tuner is not None else self.stage_threads
+        d["readers"] = self._reader_tuner.readers if self._reader_tuner is not None else self.num_workers
         return d
 
     def _epoch_done(self, run: EpochRun) -> None:
@@ -321,6 +328,10 @@ class Loader:
         if v is None:
             return
         self._last_verdict = dict(v.to_dict(), epoch=run.epoch)
+        self._epochs_seen += 1
+        if self._reader_tuner is not None and self._epochs_seen > 1:   # the first epoch is unlike the rest
+            readers = sum(v.shares.get(c, 0.0) for c in ("queue", "read", "decode", "collate"))
+            self._reader_tuner.epoch_done(v.samples_per_s, readers, v.keeps_up)
         if self._verdict_log:
             log.info("clairvoyant: %s", v.line(run.epoch))
         if self._metrics is not None:
