@@ -49,6 +49,10 @@ def test_saturated_source_stops_the_growth():
     h = Tuner(16)
     h.observe(obs(wait=0.2, fetches=500, busy=8.0))
     assert h.observe(obs(wait=0.2, fetches=510, busy=8.2)) == 36
+    # the source slowed 4x just as threads were added: fetch time far beyond the threads' share: grow
+    j = Tuner(16)
+    j.observe(obs(wait=0.2, fetches=500, busy=8.0))                    # 16 ms per fetch
+    assert j.observe(obs(wait=0.3, fetches=180, busy=11.5)) == 36      # 64 ms per fetch with 24 threads
 
 
 def test_latency_quadrupling_trace_recovers_in_a_few_intervals():

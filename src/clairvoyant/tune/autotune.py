@@ -16,13 +16,14 @@ split measures:
 - else keep.
 
 The Tuner adds one memory: when more threads did not fetch more (less than
-+10%) and each fetch took longer in proportion (requests queue instead of
-overlapping), the source is saturated (bandwidth, or its own limit on
-requests in flight): it goes back to the smaller count and does not exceed it
-for 20 intervals (10 s), then probes again, so a source that speeds up or
-slows down later is followed. Both signs are needed: the rate alone lags the
-change by up to an interval, and would stop the growth just after a latency
-jump.
++10%) and each fetch took longer in proportion to the added threads (within
+0.8-1.5x: requests queue instead of overlapping), the source is saturated
+(bandwidth, or its own limit on requests in flight): it goes back to the
+smaller count and does not exceed it for 10 intervals (5 s), then probes
+again, so a source that speeds up or slows down later is followed. A fetch
+time that jumps far beyond the added threads' share is the source slowing
+down, not saturation: the growth goes on (the benchmark's latency step fell to
+a third for 10 s before this distinction).
 
 When the source's latency quadruples, fetch waits appear within one interval
 and the thread count grows geometrically, so it reaches the new need in a few
@@ -61,7 +62,7 @@ def decide(obs: Observation, threads: int, *, wait_share: float = 0.02, idle: fl
 class Tuner:
     """``decide`` plus the saturation memory; the caller measures and applies."""
 
-    PROBE_AFTER = 20   # intervals a saturation ceiling holds
+    PROBE_AFTER = 10   # intervals a saturation ceiling holds
 
     def __init__(self, threads: int, interval: float = 0.5) -> None:
         self.threads, self.interval = threads, interval
@@ -89,8 +90,9 @@ class Tuner:
         self.history.append((rate, self.threads))
         prev, self._prev = self._prev, (self.threads, rate, latency)
         waiting = obs.interval_s > 0 and obs.fetch_wait_s / obs.interval_s > 0.02
-        if (prev is not None and waiting and self.threads > prev[0] and rate < 1.1 * prev[1]
-                and latency >= 0.8 * prev[2] * self.threads / prev[0]):
+        grew = prev is not None and self.threads > prev[0]
+        queueing = grew and prev[2] > 0 and 0.8 <= (latency / prev[2]) / (self.threads / prev[0]) <= 1.5
+        if grew and waiting and rate < 1.1 * prev[1] and queueing:
             new = prev[0]            # more threads did not fetch more: saturated
             self.ceiling, self._ttl = prev[0], self.PROBE_AFTER
         else:
