@@ -85,15 +85,16 @@ def test_auto_grows_threads_for_a_slow_source(dataset, tmp_path, no_leaks):
 
 def test_reader_tuner_adds_readers_while_it_helps_and_goes_back_when_not():
     from clairvoyant.tune.autotune import ReaderTuner
-    t = ReaderTuner(2)
+    assert ReaderTuner(2).readers == 3                                   # one per core, and one more
+    t = ReaderTuner(2, start=2)
     assert t.epoch_done(650, reader_share=0.9, keeps_up=False) == 3     # readers hold the loop back
     assert t.epoch_done(690, reader_share=0.9, keeps_up=False) == 4     # +6%: keep climbing
     assert t.epoch_done(700, reader_share=0.9, keeps_up=False) == 3     # +1.4%: back
     assert t.epoch_done(690, reader_share=0.9, keeps_up=False) == 3     # and stays
     assert t.epoch_done(695, reader_share=0.9, keeps_up=False) == 3
     # controls: fed loops, or waits that are not the readers', add nothing
-    assert ReaderTuner(2).epoch_done(650, reader_share=0.9, keeps_up=True) == 2
-    assert ReaderTuner(2).epoch_done(650, reader_share=0.2, keeps_up=False) == 2
+    assert ReaderTuner(2, start=2).epoch_done(650, reader_share=0.9, keeps_up=True) == 2
+    assert ReaderTuner(2, start=2).epoch_done(650, reader_share=0.2, keeps_up=False) == 2
     capped = ReaderTuner(1)
-    capped.epoch_done(100, 0.9, False)
+    assert capped.readers == 2
     assert capped.epoch_done(150, 0.9, False) == 2                      # at most two per core

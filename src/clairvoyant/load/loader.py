@@ -73,9 +73,9 @@ class Loader:
         seed, shuffle, drop_last: as PyTorch's DistributedSampler and DataLoader.
         decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
-        num_workers: reader processes, or None (the default): one per CPU this process may use, then
-            tuned once per epoch (one more while readers hold the loop back and it helps, up to two
-            per CPU; tune/autotune.py).
+        num_workers: reader processes, or None (the default): one per CPU this process may use and
+            one more, then tuned once per epoch (one more while readers hold the loop back and it
+            helps, up to two per CPU; tune/autotune.py).
         stage_threads: I/O threads reading from the source, or ``"auto"`` (the default): the tuner
             moves the count every half second from what it measures (more when the loop waits on
             the source and the threads are busy, fewer when they idle; tune/autotune.py).
@@ -143,7 +143,7 @@ class Loader:
         self.decode = decode or decode_image
         self.collate_fn = collate_fn
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
-        self.num_workers = num_workers or _default_workers()
+        self.num_workers = num_workers or self._reader_tuner.readers
         self._epochs_seen = 0
         self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
         self.on_error, self.mp_context = on_error, mp_context
