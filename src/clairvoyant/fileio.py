@@ -1,4 +1,4 @@
-"""Low-level file operations: whole-file reads, in-kernel copies, atomic writes.
+"""Low-level file operations: whole-file reads, writes, atomic writes.
 
 Each uses as few system calls as it can: on a few cores every call is a GIL
 hand-off for the staging threads.
@@ -6,7 +6,6 @@ hand-off for the staging threads.
 
 from __future__ import annotations
 
-import errno
 import os
 from typing import Callable
 
@@ -34,25 +33,6 @@ def read_file(path: str, size: int = -1) -> bytes:
         return data
     finally:
         os.close(fd)
-
-
-_NO_RANGE = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
-
-
-def copy_fd(src: int, dst: int) -> int:
-    """Copy the rest of ``src`` to ``dst`` inside the kernel where it can (copy_file_range)."""
-    total = 0
-    try:
-        while n := os.copy_file_range(src, dst, 1 << 30):
-            total += n
-        return total
-    except (AttributeError, OSError) as e:
-        if total or (isinstance(e, OSError) and e.errno not in _NO_RANGE):
-            raise
-    while chunk := os.read(src, 1 << 20):
-        write_all(dst, chunk)
-        total += len(chunk)
-    return total
 
 
 def write_all(fd: int, data: bytes | memoryview) -> int:
