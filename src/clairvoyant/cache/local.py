@@ -2,18 +2,17 @@
 
 Layout under the tier's directory::
 
-    v1/<source id>/data/<xx>/<sha1 of key>[.<pid>]  entries: sample bytes + trailer (entry.py)
-    v1/<source id>/tmp/<xx>/<pid>.<name>.<n>         writes in progress
+    v1/<source id>/data/<xx>/<sha1 of key>           entries: sample bytes + trailer (entry.py)
+    v1/<source id>/tmp/<xx>/<pid>.<name>.<n>         writes in progress, and spare files for reuse
     v1/<source id>/locks                             byte-range locks, one byte per key hash
     v1/<source id>/usage                             the tier's byte ledger (ledger.py)
-    v1/<source id>/session.lock, init.lock           who uses the tier now (session.py)
+    v1/<source id>/<tier>.session.lock, ...          who uses the tiers now (session.py)
 
 Several processes (the ranks of a node) share one tier: a byte-range lock on
 the key's slot in ``locks`` makes sure a sample is copied once, and the ledger
 keeps the bytes of all of them within the capacity. POSIX record locks vanish
-with their process, so a killed rank never leaves a stale lock behind.
-Entries named ``.<pid>`` are private to one process (the RAM tier's staging
-window); shared entries are named by the key alone.
+with their process, so a killed rank never leaves a stale lock behind. The RAM tier keeps only its ledger and locks in such a directory
+(``entries=False``): its bytes stay in the staging process's memory.
 """
 
 from __future__ import annotations
@@ -106,10 +105,9 @@ class LocalStore:
         self.ledger.close()
         self._lock_fd = -1
 
-    def path_for(self, key: str, private: bool = False) -> str:
+    def path_for(self, key: str) -> str:
         d = digest(key)
-        path = os.path.join(self.data_dir, d[:2], d)
-        return f"{path}.{_publish.pid()}" if private else path
+        return os.path.join(self.data_dir, d[:2], d)
 
     def _tmp_for(self, final: str) -> str:
         return os.path.join(self.tmp_dir, os.path.basename(final)[:2])
@@ -125,14 +123,14 @@ class LocalStore:
     def release(self, key: str) -> None:
         _publish.release(self._lock_fd, self._offset(key))
 
-    def put(self, key: str, data: bytes, mtime_ns: int, capacity: int, private: bool = False) -> str | None:
+    def put(self, key: str, data: bytes, mtime_ns: int, capacity: int) -> str | None:
         """Publish ``data`` as the entry of ``key`` if the tier has room; its path, or None if the
         ledger has no room. Raises LocalStorageFull (nothing reserved, nothing left) if the device is full."""
         n = entry_size(len(data))
         if not self.ledger.reserve(n, capacity):
             return None
         crashpoints.reached("reserved")
-        final = self.path_for(key, private)
+        final = self.path_for(key)
         trailer = seal(data, mtime_ns)
         hook = (lambda: crashpoints.reached("tmp_written")) if crashpoints.ARMED else None
         try:
@@ -152,9 +150,9 @@ class LocalStore:
         crashpoints.reached("published")
         return final
 
-    def delete(self, key: str, private: bool = False) -> int:
+    def delete(self, key: str) -> int:
         """Remove the entry of ``key``; the bytes it held (0 if it was not there)."""
-        return self.delete_path(self.path_for(key, private))
+        return self.delete_path(self.path_for(key))
 
     def delete_path(self, path: str) -> int:
         """Remove an entry; its file becomes a spare for the next put (emptied, under a temporary
@@ -182,14 +180,6 @@ class LocalStore:
     def entries(self) -> dict[str, int]:
         """Every published entry: file name -> bytes on disk."""
         return scan_entries(self.data_dir)
-
-    def clear(self) -> int:
-        """Remove every entry; the number removed. Callers make sure no one uses the tier."""
-        removed = 0
-        for name in self.entries():
-            removed += bool(self.delete_path(os.path.join(self.data_dir, name[:2], name)))
-        self.ledger.set(0)
-        return removed
 
 
 def scan_entries(data_dir: str) -> dict[str, int]:

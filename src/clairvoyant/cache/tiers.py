@@ -79,12 +79,11 @@ def _first_local(store: LocalStore) -> dict[str, int]:
 
 
 def _first_ram(store: LocalStore) -> dict[str, int]:
-    store.clear()   # RAM entries live for one access of one session: whatever is here is an orphan
+    store.ledger.set(0)   # the window's bytes live in processes' memory: a new session holds none yet
     return {}
 
 
 def _last_ram(store: LocalStore) -> None:
-    store.clear()
     remove_tree(store.root)
     for d in (os.path.dirname(store.root), store.local_dir):   # v1/, then the per-user directory
         try:
@@ -160,26 +159,26 @@ class Tiers:
 
     def place(self, key: str, data: bytes, mtime_ns: int, keep: bool) -> Placement:
         """Write a sample just read from the source where its reader will find it."""
-        if keep and self.direct:
-            path = self._put(self.local, key, data, mtime_ns, self.local_capacity, False)
-            if path is not None:
-                self.counters.add("staged_local")
-                return Placement(LOCAL, path, True)
-        if self.ram.ledger.reserve(entry_size(len(data)), self.ram_capacity):
-            self.counters.add("staged_ram")
-            return Placement(RAM, None, True, data, mtime_ns)
-        if keep and not self.direct:   # the RAM window is full: straight down, if there is room
-            path = self._put(self.local, key, data, mtime_ns, self.local_capacity, False)
-            if path is not None:
-                self.counters.add("staged_local")
-                return Placement(LOCAL, path, True)
+        # to keep: straight down first where the plan allows it; else the RAM window first, and
+        # down only if the window is full
+        order = ((LOCAL, RAM) if self.direct else (RAM, LOCAL)) if keep else (RAM,)
+        for tier in order:
+            if tier == RAM:
+                if self.ram.ledger.reserve(entry_size(len(data)), self.ram_capacity):
+                    self.counters.add("staged_ram")
+                    return Placement(RAM, None, True, data, mtime_ns)
+            else:
+                path = self._put_local(key, data, mtime_ns)
+                if path is not None:
+                    self.counters.add("staged_local")
+                    return Placement(LOCAL, path, True)
         self.counters.add("bypassed")
         return Placement(SOURCE, None, True)
 
-    def _put(self, store: LocalStore, key: str, data: bytes, mtime_ns: int, capacity: int,
-             private: bool) -> str | None:
+    def _put_local(self, key: str, data: bytes, mtime_ns: int) -> str | None:
+        store = self.local
         try:
-            return store.put(key, data, mtime_ns, capacity, private)
+            return store.put(key, data, mtime_ns, self.local_capacity)
         except CacheError as e:   # the device is full (or failing): read the source instead
             self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples that do "
                             "not fit are read from the source until there is room again")
@@ -192,9 +191,7 @@ class Tiers:
         ram = 0
         for key, placed, keep, corrupt in items:
             if placed.tier == RAM:
-                if keep and placed.data is not None:
-                    self._promote(key, placed.data, placed.mtime_ns)
-                ram += entry_size(len(placed.data or b""))
+                ram += self._leave_window(key, placed, keep)
             else:
                 self.after_use(key, placed, keep, corrupt)
         if ram:
@@ -207,19 +204,18 @@ class Tiers:
             if (not keep or corrupt) and self.local.delete(key):
                 self.counters.add("evictions")
         elif placed.tier == RAM:
-            if keep and placed.data is not None:
-                self._promote(key, placed.data, placed.mtime_ns)
-            self.ram.ledger.give_back(entry_size(len(placed.data or b"")))
+            self.ram.ledger.give_back(self._leave_window(key, placed, keep))
 
-    def _promote(self, key: str, data: bytes, mtime_ns: int) -> None:
-        """Move a sample to keep from the RAM window down to the local tier."""
-        if self.local.claim(key, len(data)):
-            return   # already there (another rank)
-        try:
-            if self._put(self.local, key, data, mtime_ns, self.local_capacity, False) is not None:
-                self.counters.add("promotions")
-        finally:
-            self.local.release(key)
+    def _leave_window(self, key: str, placed: Placement, keep: bool) -> int:
+        """A sample leaves the RAM window: down to the local tier if kept; the bytes to give back."""
+        data = placed.data or b""
+        if keep and placed.data is not None and not self.local.claim(key, len(data)):   # not there yet
+            try:
+                if self._put_local(key, data, placed.mtime_ns) is not None:
+                    self.counters.add("promotions")
+            finally:
+                self.local.release(key)
+        return entry_size(len(data))
 
     def drop(self, key: str) -> None:
         """Evict a resident the plan will not use before it would have to go."""
