@@ -24,15 +24,26 @@ class Capacity:
         return f"{format_bytes(self.nbytes)} ({self.how})"
 
 
+def is_percentage(value: object) -> bool:
+    return isinstance(value, str) and value.strip().endswith("%")
+
+
+def parse_fraction(value: str, *, what: str) -> float:
+    """``"50%"`` -> 0.5; ConfigError unless a positive percentage."""
+    try:
+        pct = float(value.strip()[:-1]) if is_percentage(value) else float("nan")
+    except ValueError:
+        pct = float("nan")
+    if pct != pct:
+        raise ConfigError(f"{what}={value!r} is not a percentage: write e.g. '50%'")
+    if not 0 < pct:
+        raise ConfigError(f"{what}={value!r} must be a positive percentage")
+    return pct / 100
+
+
 def parse_capacity(value: int | float | str, *, what: str, dataset_bytes: int) -> Capacity:
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            pct = float(value.strip()[:-1])
-        except ValueError:
-            raise ConfigError(f"{what}={value!r} is not a percentage: write e.g. '50%'") from None
-        if not 0 < pct:
-            raise ConfigError(f"{what}={value!r} must be a positive percentage")
-        return Capacity(int(dataset_bytes * pct / 100), f"{value.strip()} of the data set")
+    if is_percentage(value):
+        return Capacity(int(dataset_bytes * parse_fraction(value, what=what)), f"{value.strip()} of the data set")
     return Capacity(parse_bytes(value, what=what), "as given")
 
 

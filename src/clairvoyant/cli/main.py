@@ -54,35 +54,30 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                           open_latency=args.open_latency_ms / 1e3, read_latency=args.read_latency_ms / 1e3,
                           bandwidth=args.bandwidth_mbs * 1e6, repeats=args.repeats, decoder=args.decoder,
                           progress=not args.json and sys.stderr.isatty())
-    jpath, ppath = staging.write(summary, args.out)
-    if args.json:
-        print(json.dumps({"json": jpath, "plot": ppath, "targets": summary["targets"]}))
-    else:
-        print(staging.format_table(summary))
-        print(f"\nwrote {jpath} and {ppath}")
-    return 0
+    return _print_experiment(args, staging, summary, "targets")
 
 
 def _demo_capacity(args: argparse.Namespace) -> int:
     """The bounded-cache demo: hit rate per epoch against the optimum and LRU, source bytes."""
+    from ..cache.capacity import parse_fraction
     from ..experiments import caching
 
-    text = args.local_capacity.strip()
-    if not text.endswith("%"):
-        raise ConfigError(f"--local-capacity {text!r}: give a percentage of the data set, e.g. 50%")
-    try:
-        f = float(text[:-1]) / 100
-    except ValueError:
-        raise ConfigError(f"--local-capacity {text!r} is not a percentage") from None
-    if not 0 < f <= 1:
-        raise ConfigError(f"--local-capacity {text!r} must be in (0%, 100%]")
+    f = parse_fraction(args.local_capacity, what="--local-capacity")
+    if f > 1:
+        raise ConfigError(f"--local-capacity {args.local_capacity!r} must be in (0%, 100%]")
     summary = caching.hit_rates(images=args.images, fractions=(f,), ranks_grid=(1, 4), epochs=args.epochs,
                                 data_dir=args.data_dir, progress=not args.json)
-    jpath, ppath = caching.write(summary, args.out)
+    return _print_experiment(args, caching, summary, "rows")
+
+
+def _print_experiment(args: argparse.Namespace, experiment, summary: dict, key: str) -> int:
+    """Write an experiment's JSON and plot, then print its table (or, with --json, the paths and
+    ``summary[key]``)."""
+    jpath, ppath = experiment.write(summary, args.out)
     if args.json:
-        print(json.dumps({"json": jpath, "plot": ppath, "rows": summary["rows"]}))
+        print(json.dumps({"json": jpath, "plot": ppath, key: summary[key]}))
     else:
-        print(caching.format_table(summary))
+        print(experiment.format_table(summary))
         print(f"\nwrote {jpath} and {ppath}")
     return 0
 

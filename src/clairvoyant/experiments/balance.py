@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from .processes import run_forked
+
 
 def make_sized_dataset(root: str, n: int, small: int, seed: int = 0) -> str:
     """``n`` files of random bytes; odd-numbered ones twice as large. Made once."""
@@ -76,19 +78,9 @@ def run(*, n: int = 2000, small: int = 64 << 10, batch: int = 16, step: float = 
             work = tempfile.mkdtemp(prefix="clairvoyant-balance-")
             try:
                 barrier = ctx.Barrier(2)
-                outs = [os.path.join(work, f"w{r}.json") for r in (0, 1)]
-                procs = [ctx.Process(target=_rank, args=(r, root, work, barrier, balance, batch, step, store_kw,
-                                                         outs[r])) for r in (0, 1)]
-                for p in procs:
-                    p.start()
-                for p in procs:
-                    p.join()
-                if any(p.exitcode != 0 for p in procs):
-                    raise RuntimeError(f"a rank failed: {[p.exitcode for p in procs]}")
-                waits = []
-                for o in outs:
-                    with open(o) as f:
-                        waits.append(json.load(f)[1:])   # the first batch of each waits for the start
+                args = [(r, root, work, barrier, balance, batch, step, store_kw) for r in (0, 1)]
+                outs = run_forked(_rank, args, [os.path.join(work, f"w{r}.json") for r in (0, 1)], "rank")
+                waits = [o[1:] for o in outs]   # the first batch of each waits for the start
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             p99 = [float(np.percentile(w, 99)) for w in waits]

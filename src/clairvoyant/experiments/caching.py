@@ -13,7 +13,6 @@ capacity, on a store fast enough for the miss stream.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import shutil
 import tempfile
@@ -26,6 +25,7 @@ from ..cache.entry import entry_size
 from ..plan.residency import node_ranks, node_sequence
 from ..testing import EmulatedStore, make_dataset
 from ..testing.reference import belady_hits, lru_hits
+from .processes import run_forked
 
 
 def _rank(rank: int, world: int, root: str, state_dir: str, local: str, ram: str, capacity: str | None,
@@ -51,23 +51,10 @@ def run_loaders(root: str, ranks: int, capacity: str | None, *, epochs: int, bat
     """Run ``ranks`` loader processes sharing fresh tiers; return each one's stats."""
     work = tempfile.mkdtemp(prefix="clairvoyant-caching-")
     try:
-        ctx = mp.get_context("fork")
-        outs = [os.path.join(work, f"r{r}.json") for r in range(ranks)]
         kw = dict(store_kw or dict(open_latency=0.0, read_latency=0.0, bandwidth=1e12))
-        procs = [ctx.Process(target=_rank, args=(r, ranks, root, os.path.join(work, "emu"), os.path.join(work, "local"),
-                                                 os.path.join(work, "ram"), capacity, epochs, batch_size, seed,
-                                                 workers, kw, outs[r])) for r in range(ranks)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode != 0 for p in procs):
-            raise RuntimeError(f"a loader process failed: exit codes {[p.exitcode for p in procs]}")
-        results = []
-        for o in outs:
-            with open(o) as f:
-                results.append(json.load(f))
-        return results
+        args = [(r, ranks, root, os.path.join(work, "emu"), os.path.join(work, "local"), os.path.join(work, "ram"),
+                 capacity, epochs, batch_size, seed, workers, kw) for r in range(ranks)]
+        return run_forked(_rank, args, [os.path.join(work, f"r{r}.json") for r in range(ranks)], "loader process")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
