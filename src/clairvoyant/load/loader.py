@@ -130,6 +130,7 @@ class Loader:
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
+        self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)   # what tiers count
         self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
         # leaves the node's tiers (the last one out empties the RAM tier) on close, GC or exit
         self._close_tiers = weakref.finalize(self, _close_tiers, self.tiers)
@@ -151,7 +152,6 @@ class Loader:
         self._verdict_log = bool(verdict)
         self._last_verdict: dict | None = None
         self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
-        self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
         self._carry: tuple[int, EpochResidency, Any] | None = None   # last epoch's plan and its run
         self._inventory_used = False
         self._epoch = 0
@@ -161,8 +161,7 @@ class Loader:
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
 
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
-        sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)
-        total, largest = int(sizes.sum()), int(sizes.max())
+        total, largest = int(self._entry_sizes.sum()), int(self._entry_sizes.max())
         ram_base = prepare_root(os.fspath(ram_dir) if ram_dir is not None else default_ram_dir())
         rcap = capacity_mod.resolve(ram_capacity, what="ram_capacity", dataset_bytes=total, largest_entry=largest,
                                     default=lambda: capacity_mod.default_ram(ram_base, 0))
@@ -214,18 +213,25 @@ class Loader:
             residents = self._residents()
         res = simulate_epoch(seq, following, self._entry_sizes, self.tiers.local_capacity, residents)
         R, ri, B = len(ranks), ranks.index(t.rank), self.batch_size
-        n_batches = len(self) - start
-        actions, owner = [], np.zeros(len(seq), dtype=np.int64)
-        for b in range(n_batches):
-            length = min(B, (len(seq) - b * R * B) // R)
-            step = b * R * B
-            owner[step:step + R * length] = np.repeat(np.arange(R), length)
-            sl = slice(step + ri * length, step + (ri + 1) * length)
+
+        def length(b: int) -> int:   # of each rank's batch in step b (the last may be shorter)
+            return min(B, (len(seq) - b * R * B) // R)
+        actions = []
+        for b in range(len(self) - start):
+            sl = slice(b * R * B + ri * length(b), b * R * B + (ri + 1) * length(b))
             actions.append((res.hit[sl], res.keep[sl]))
-        first = {}
-        for pos, s in enumerate(seq.tolist()):
-            first.setdefault(s, pos)
-        mine = [s for s in res.drop_at_start if (owner[first[s]] == ri if s in first else ri == 0)]
+        # a resident dropped at the start is deleted by the rank that first reads it this epoch
+        # (by the node's first rank if none does)
+        first = np.full(len(self.manifest), -1, dtype=np.int64)
+        first[seq[::-1]] = np.arange(len(seq) - 1, -1, -1)
+
+        def owner(s: int) -> int:
+            p = int(first[s])
+            if p < 0:
+                return 0
+            b = p // (R * B)
+            return (p - b * R * B) // length(b)
+        mine = [s for s in res.drop_at_start if owner(s) == ri]
         return actions, [self.manifest.keys[s] for s in mine], res
 
     # -- PyTorch conventions --------------------------------------------------------------------

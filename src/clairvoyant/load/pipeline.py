@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cache.progress import NodeProgress
-from ..cache.tiers import LOCAL, RAM, Placement, Tiers
+from ..cache.tiers import LOCAL, SOURCE, Placement, Tiers
 from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
 from ..source import Source
@@ -141,15 +141,16 @@ class EpochRun:
                 return
             if isinstance(outcome, Placement):
                 self._placed.setdefault(k, {})[j] = outcome
+                where = {"from_" + outcome.tier: 1}
                 if outcome.fetched:
                     size = int(self._manifest.sizes[int(self._batches[k][j])])
-                    self._stats.count_epoch(self._epoch, source_files=1, source_bytes=size)
+                    self._stats.count_epoch(self._epoch, source_files=1, source_bytes=size, **where)
                     self._stats.source_files += 1
                     self._stats.source_bytes += size
-                    self._stats.staged_files += outcome.tier != "source"
+                    self._stats.staged_files += outcome.tier != SOURCE
                 else:
+                    self._stats.count_epoch(self._epoch, **where)
                     self._stats.local_hits += 1
-                self._stats.count_epoch(self._epoch, **{"from_" + outcome.tier: 1})
             else:
                 self._failed.setdefault(k, []).append((j, outcome))
             self._remaining[k] -= 1

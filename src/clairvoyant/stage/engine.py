@@ -34,7 +34,7 @@ _WAKE = ("wake",)
 
 
 class Stager:
-    """Stages samples in need order with a fixed number of threads."""
+    """Stages samples in need order with a number of threads that ``resize`` may change."""
 
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
                  on_done: OnDone, peer_wait: float = 0.0,
@@ -54,10 +54,6 @@ class Stager:
         self._target = threads    # threads wanted (the tuner moves it)
         self._excess = 0          # threads to retire, each after the item in hand
         self._started = False
-
-    @property
-    def threads(self) -> int:
-        return self._target
 
     def start(self) -> None:
         self._started = True
