@@ -86,7 +86,7 @@ def test_mid_epoch_resume_yields_exactly_the_remaining_batches(dataset, tmp_path
         head = [next(it) for _ in range(5)]
         state = json.loads(json.dumps(b.state_dict()))  # must survive JSON
         del it
-    assert state["batches_done"] == 5 and state["epoch"] == 2
+    assert state["batches_done"] == 5 and state["epoch"] == 2 and state["position"] == 5 * 8
     with Loader(dataset, **kw) as c:
         c.load_state_dict(state)
         c.set_epoch(2)  # a training loop calls set_epoch again after resuming: the position stays
@@ -94,7 +94,7 @@ def test_mid_epoch_resume_yields_exactly_the_remaining_batches(dataset, tmp_path
         assert len(rest) == len(full) - 5
         assert same(head + rest, full)
         # negative control: resuming one batch later misses a batch
-        c.load_state_dict(dict(state, batches_done=6))
+        c.load_state_dict(dict(state, position=6 * 8))
         assert not same(head + list(c), full)
 
 
@@ -129,9 +129,12 @@ def test_resume_with_a_bounded_tier_yields_the_same_batches_and_stays_within_cap
 def test_state_from_another_configuration_is_refused(dataset, tmp_path):
     with Loader(dataset, batch_size=8, local_dir=tmp_path, num_workers=1) as a:
         state = a.state_dict()
-    with Loader(dataset, batch_size=9, local_dir=tmp_path, num_workers=1) as b:
-        with pytest.raises(ValueError, match="batch_size"):
+    with Loader(dataset, batch_size=8, local_dir=tmp_path, num_workers=1, seed=1) as b:
+        with pytest.raises(ValueError, match="seed"):
             b.load_state_dict(state)
+        with pytest.raises(ValueError, match="outside"):
+            b.load_state_dict(dict(state, seed=1, position=97))
+        b.load_state_dict(dict(state, seed=1, batch_size=9))   # another batch size is fine (elastic resume)
 
 
 def test_second_epoch_and_second_run_read_nothing_from_the_source(dataset, tmp_path, no_leaks):

@@ -105,7 +105,7 @@ def test_node_sequence_interleaves_the_node_ranks_by_step():
     want = np.concatenate([b for s in range(len(p2)) for b in (p2[s], p3[s])])
     assert seq.tolist() == want.tolist()
     assert list(node_ranks(2, 4, 2)) == [2, 3] and list(node_ranks(1, 3, 2)) == [0, 1]
-    later = node_sequence(25, ranks=node_ranks(2, 4, 2), start_batch=1, **kw)
+    later = node_sequence(25, ranks=node_ranks(2, 4, 2), position=3 * 4, **kw)   # one batch of 3 on 4 ranks
     assert later.tolist() == want[6:].tolist()
 
 

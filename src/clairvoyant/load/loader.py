@@ -25,7 +25,7 @@ from ..cache.tiers import Tiers
 from ..dist.topology import detect, validate
 from ..errors import ConfigError, EmptySourceError
 from ..paths import default_local_dir, default_ram_dir
-from ..plan import num_batches, plan_epoch
+from ..plan import num_batches, plan_epoch, position_after
 from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
 from ..source import as_source
 from ..tune.autotune import ReaderTuner, Tuner
@@ -155,8 +155,10 @@ class Loader:
         self._carry: tuple[int, EpochResidency, Any] | None = None   # last epoch's plan and its run
         self._inventory_used = False
         self._epoch = 0
-        self._resume = 0          # batch to start the next iteration at
-        self._done = 0            # batches of the current epoch already yielded (for state_dict)
+        self._resume = 0          # global position of the epoch to start the next iteration at
+        self._start = 0           # global position the current iteration started at
+        self._span = 0            # batches of the current iteration
+        self._done = 0            # batches of the current iteration already yielded (for state_dict)
         self._loaded_epoch: int | None = None
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
 
@@ -198,16 +200,17 @@ class Loader:
                 out[i] = int(n)
         return out
 
-    def _plan_residency(self, start: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str], EpochResidency]:
-        """This rank's (hit, keep) per batch and the keys it evicts at the start, from the node's plan."""
+    def _plan_residency(self, position: int, steps: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str], EpochResidency]:
+        """This rank's (hit, keep) per batch and the keys it evicts at the start, from the node's plan
+        of the epoch from global ``position`` on."""
         t = self.topology
         ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
         kw = dict(seed=self.seed, world_size=t.world_size, ranks=ranks, batch_size=self.batch_size,
                   shuffle=self.shuffle, drop_last=self.drop_last)
-        seq = node_sequence(len(self.manifest), epoch=self._epoch, start_batch=start, **kw)
+        seq = node_sequence(len(self.manifest), epoch=self._epoch, position=position, **kw)
         following = node_sequence(len(self.manifest), epoch=self._epoch + 1, **kw)
         carry = self._carry
-        if carry is not None and carry[0] == self._epoch - 1 and start == 0 and carry[2].completed:
+        if carry is not None and carry[0] == self._epoch - 1 and position == 0 and carry[2].completed:
             residents = carry[1].residents_after
         else:
             residents = self._residents()
@@ -217,7 +220,7 @@ class Loader:
         def length(b: int) -> int:   # of each rank's batch in step b (the last may be shorter)
             return min(B, (len(seq) - b * R * B) // R)
         actions = []
-        for b in range(len(self) - start):
+        for b in range(steps):
             sl = slice(b * R * B + ri * length(b), b * R * B + (ri + 1) * length(b))
             actions.append((res.hit[sl], res.keep[sl]))
         # a resident dropped at the start is deleted by the rank that first reads it this epoch
@@ -256,21 +259,21 @@ class Loader:
             self._resume = 0
             self._loaded_epoch = None
         if epoch != self._epoch:
-            self._done = 0
+            self._done = self._start = self._span = 0
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         self._close_active()
+        start, self._resume, self._loaded_epoch = self._resume, 0, None
         plan = plan_epoch(len(self.manifest), seed=self.seed, epoch=self._epoch, rank=self.rank,
                           world_size=self.world_size, batch_size=self.batch_size, shuffle=self.shuffle,
-                          drop_last=self.drop_last)
-        start, self._resume, self._loaded_epoch = self._resume, 0, None
-        self._done = start
+                          drop_last=self.drop_last, position=start)
+        self._start, self._span, self._done = start, len(plan), 0
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers
-        actions, drops, residency = self._plan_residency(start)
+        actions, drops, residency = self._plan_residency(start, len(plan))
         run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers,
-                       batches=list(plan.batches[start:]), actions=actions, drops=drops, epoch=self._epoch,
+                       batches=list(plan.batches), actions=actions, drops=drops, epoch=self._epoch,
                        num_workers=self.num_workers, prefetch=self.prefetch,
                        stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
                        lookahead=self.lookahead, decode=self.decode, collate_fn=self.collate_fn,
@@ -279,7 +282,8 @@ class Loader:
                        # ranks of a node keep samples for each other: a planned hit that another rank
                        # has not written yet is worth waiting for a moment rather than read twice
                        peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
-                       progress=self._progress, first_batch=start, tuner=self._tuner)
+                       progress=self._progress, first_batch=start // (self.batch_size * self.world_size),
+                       tuner=self._tuner)
         self._carry = (self._epoch, residency, run)
         if self._metrics is not None:
             run.on_batch = self._metrics.write
@@ -287,27 +291,57 @@ class Loader:
         self._active = weakref.ref(it)
         return it
 
+    @property
+    def position(self) -> int:
+        """Samples of the current epoch's order consumed by all ranks together (a prefix of the
+        order, plan/partition.py): where a resume, at any world size, continues."""
+        if self._loaded_epoch is not None or self._span == 0:
+            return self._resume if self._loaded_epoch is not None else self._start
+        return position_after(len(self.manifest), self._start, self._done, self.batch_size, self.world_size,
+                              self._span)
+
     def state_dict(self) -> dict:
-        """JSON-serialisable position: resuming from it yields exactly the remaining batches."""
-        return {"format": STATE_FORMAT, "version": 1, "epoch": self._epoch, "batches_done": self._done,
-                "seed": self.seed, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
-                "num_samples": len(self.manifest), "manifest": self.manifest.fingerprint}
+        """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this
+        world size or another one (elastic resume); any rank's state serves every rank."""
+        return {"format": STATE_FORMAT, "version": 2, "epoch": self._epoch, "position": self.position,
+                "batches_done": self._done, "seed": self.seed, "batch_size": self.batch_size,
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "rank": self.rank,
+                "world_size": self.world_size, "num_samples": len(self.manifest),
+                "manifest": self.manifest.fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved position. The state may come from any rank of a job of any world size
+        and batch size: the rest of that epoch is split over this job's ranks (plan/partition.py); the
+        data, seed and shuffle must be the same."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError("not a clairvoyant loader state: pass what Loader.state_dict() returned")
+        if state.get("version") not in (1, 2):
+            raise ConfigError(f"loader state version {state.get('version')!r} is newer than this clairvoyant: "
+                              "upgrade clairvoyant to resume from it")
         mine = self.state_dict()
-        for key in ("seed", "batch_size", "shuffle", "drop_last", "world_size", "rank", "num_samples", "manifest"):
+        for key in ("seed", "shuffle", "num_samples", "manifest"):
             if state.get(key) != mine[key]:
                 raise ConfigError(
                     f"the saved state has {key}={state.get(key)!r} but this loader has {mine[key]!r}: "
-                    "resume with the same data, seed, batch size and topology")
-        done = int(state["batches_done"])
-        if not 0 <= done <= len(self):
-            raise ConfigError(f"batches_done={done} is outside [0, {len(self)}]")
+                    "resume with the same data, seed and shuffle (world size and batch size may change)")
+        n = len(self.manifest)
+        try:
+            if state["version"] == 1:   # batches done by every rank of the saving job
+                saved = plan_epoch(n, seed=self.seed, epoch=int(state["epoch"]), world_size=int(state["world_size"]),
+                                   batch_size=int(state["batch_size"]), shuffle=self.shuffle,
+                                   drop_last=bool(state["drop_last"]))
+                position = position_after(n, 0, int(state["batches_done"]), int(state["batch_size"]),
+                                          int(state["world_size"]), len(saved))
+            else:
+                position = int(state["position"])
+            epoch = int(state["epoch"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"the saved loader state is incomplete ({e!r}): pass what Loader.state_dict() "
+                              "returned") from e
+        if not 0 <= position <= n or epoch < 0:
+            raise ConfigError(f"the saved position {position} of epoch {epoch} is outside [0, {n}]")
         self._close_active()
-        self._epoch, self._resume, self._done = int(state["epoch"]), done, done
+        self._epoch, self._resume, self._done, self._start, self._span = epoch, position, 0, position, 0
         self._loaded_epoch = self._epoch
 
     # -- statistics and lifecycle ---------------------------------------------------------------

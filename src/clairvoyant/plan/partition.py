@@ -1,10 +1,21 @@
-"""How an epoch's order is split over ranks and cut into batches.
+"""How an epoch's order is split over ranks and cut into batches, from any point of the epoch.
 
 Ranks split the order as PyTorch's DistributedSampler does: the order is padded
 by repeating its head until its length divides by the world size, and rank r
 takes positions r, r + W, r + 2W, ...  Every sample is seen at least once per
 epoch across ranks, the first ``pad`` samples twice, and every rank gets the
 same number of samples and therefore of batches.
+
+**The position** of an epoch is how many samples of its order the ranks have
+consumed together. Because rank r's first k batches of B hold exactly the
+padded positions below k*B*W, whatever has been consumed is always a prefix of
+the order, so one number describes it for every rank at once. Resuming at
+position p splits the rest of the order, ``order[p:]``, by the same rule over
+the (possibly different) world size W' (elastic resume): padded to a multiple
+of W' with samples already consumed (at most W' - 1, from the epoch's head, as
+DistributedSampler pads every epoch), interleaved over the ranks, cut into
+batches. At p = k*B*W with the same W this is exactly batches k, k+1, ... of
+the uninterrupted epoch.
 """
 
 from __future__ import annotations
@@ -18,12 +29,16 @@ def padding(num_samples: int, world_size: int) -> int:
     return math.ceil(num_samples / world_size) * world_size - num_samples
 
 
-def rank_indices(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    pad = padding(len(order), world_size)
-    if pad:
-        reps = math.ceil(pad / len(order))
-        order = np.concatenate([order, np.tile(order, reps)[:pad]])
-    return order[rank::world_size]
+def rank_indices(order: np.ndarray, rank: int, world_size: int, position: int = 0) -> np.ndarray:
+    """Rank ``rank``'s samples of the epoch ``order`` from global ``position`` on."""
+    if not 0 <= position <= len(order):
+        raise ValueError(f"position {position} is outside the epoch's {len(order)} samples")
+    rest = order[position:]
+    pad = padding(len(rest), world_size)
+    if pad:   # repeat samples already consumed where there are any, else the epoch's head
+        head = order[:position] if position else order
+        rest = np.concatenate([rest, np.tile(head, math.ceil(pad / len(head)))[:pad]])
+    return rest[rank::world_size]
 
 
 def num_batches(samples_per_rank: int, batch_size: int, drop_last: bool) -> int:
@@ -35,3 +50,12 @@ def num_batches(samples_per_rank: int, batch_size: int, drop_last: bool) -> int:
 def cut_batches(indices: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
     n = num_batches(len(indices), batch_size, drop_last)
     return [indices[i * batch_size:(i + 1) * batch_size] for i in range(n)]
+
+
+def position_after(num_samples: int, start: int, batches: int, batch_size: int, world_size: int,
+                   total_batches: int) -> int:
+    """The epoch's position once every rank has yielded ``batches`` of its ``total_batches`` from
+    ``start``: a prefix of the order; the whole epoch once the last batch is out."""
+    if batches >= total_batches:
+        return num_samples
+    return min(num_samples, start + batches * batch_size * world_size)

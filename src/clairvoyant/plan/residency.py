@@ -46,12 +46,13 @@ def node_ranks(rank: int, world_size: int, local_world_size: int) -> range:
 
 
 def node_sequence(num_samples: int, *, seed: int, epoch: int, world_size: int, ranks: range, batch_size: int,
-                  shuffle: bool = True, drop_last: bool = False, start_batch: int = 0) -> np.ndarray:
-    """The samples the node's ranks read in one epoch, from batch ``start_batch`` on, step by step."""
+                  shuffle: bool = True, drop_last: bool = False, position: int = 0) -> np.ndarray:
+    """The samples the node's ranks read in one epoch, from the epoch's global ``position`` on
+    (plan/partition.py), step by step."""
     order = epoch_order(num_samples, seed, epoch, shuffle)
-    per_rank = [cut_batches(rank_indices(order, r, world_size), batch_size, drop_last) for r in ranks]
+    per_rank = [cut_batches(rank_indices(order, r, world_size, position), batch_size, drop_last) for r in ranks]
     steps = len(per_rank[0]) if per_rank else 0
-    parts = [per_rank[i][s] for s in range(start_batch, steps) for i in range(len(per_rank))]
+    parts = [per_rank[i][s] for s in range(steps) for i in range(len(per_rank))]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
