@@ -9,13 +9,15 @@ from .errors import (CacheError, ClairvoyantError, ConfigError, DecodeError, Emp
                      LocalDirNotWritable, LocalStorageFull, ManifestError, SampleReadError, SourceChanged,
                      SourceError, SourceNotFound, WorkerDied, WorkerError)
 from .load.loader import Loader
+from .load.seeding import ReaderInfo, get_worker_info
 from .manifest import Manifest
-from .source import PosixSource, Source
+from .source import ListedSource, PosixSource, Source, list_file_source
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Loader", "Manifest", "Source", "PosixSource",
+    "Loader", "Manifest", "Source", "PosixSource", "ListedSource", "list_file_source",
+    "get_worker_info", "ReaderInfo",
     "ClairvoyantError", "ConfigError", "SourceError", "SourceNotFound", "EmptySourceError",
     "SampleReadError", "SourceChanged", "ManifestError", "CacheError", "LocalDirNotWritable",
     "LocalStorageFull", "DecodeError", "WorkerError", "WorkerDied",

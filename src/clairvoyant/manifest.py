@@ -6,7 +6,8 @@ atomically; it is never unpickled.
 
 Labels follow torchvision's ImageFolder: when every key lies in a top-level
 sub-directory, those directories are the classes, in sorted order; otherwise
-every sample's label is -1.
+every sample's label is -1. A listed source (a list file, a torchvision-style
+dataset) gives its own labels and classes.
 """
 
 from __future__ import annotations
@@ -60,10 +61,15 @@ class Manifest:
         return h.hexdigest()[:20]
 
     @classmethod
-    def from_entries(cls, uri: str, entries: Iterable[tuple[str, int]]) -> "Manifest":
+    def from_entries(cls, uri: str, entries: Iterable[tuple[str, int]], labels: dict[str, int] | None = None,
+                     classes: tuple[str, ...] = ()) -> "Manifest":
+        """Keys sorted; labels given (a listed source), else from the top-level directories."""
         items = sorted(entries)
         keys = tuple(k for k, _ in items)
         sizes = np.fromiter((s for _, s in items), dtype=np.int64, count=len(items))
+        if labels is not None:
+            given = np.fromiter((labels[k] for k in keys), dtype=np.int64, count=len(keys))
+            return cls(uri=uri, keys=keys, sizes=sizes, labels=given, classes=tuple(classes))
         if keys and all("/" in k for k in keys):
             top = [k.split("/", 1)[0] for k in keys]
             classes = tuple(sorted(set(top)))
@@ -129,7 +135,8 @@ def build(source: Source, progress: Callable[[int], None] | None = None) -> Mani
         entries.append(entry)
         if progress is not None and len(entries) % 1000 == 0:
             progress(len(entries))
-    return Manifest.from_entries(source.uri, entries)
+    return Manifest.from_entries(source.uri, entries, getattr(source, "labels", None),
+                                 tuple(getattr(source, "classes", ())))
 
 
 def obtain(source: Source, path: str | None = None, *, reindex: bool = False) -> tuple[Manifest, bool]:

@@ -1,8 +1,11 @@
 """Default collation, in NumPy, of a list of samples into a batch (PyTorch's default_collate rules).
 
-Arrays stack along a new first axis (lazily: the stacking happens straight into
-shared memory), ints become an int64 array, floats a float64 array, tuples,
-lists and dicts collate field by field, anything else stays a list.
+Arrays and tensors of any dtype (uint8 images, float tensors from transforms)
+stack along a new first axis lazily: each sample is written straight into its
+place in the shared-memory batch, the one copy collation needs. PIL images
+(a transform that ends without ToTensor) stack as uint8 arrays. Ints become an
+int64 array, floats a float64 array, tuples, lists and dicts collate field by
+field, anything else stays a list.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ def default_collate(samples: Sequence[Any]) -> Any:
     first = samples[0]
     if isinstance(first, np.ndarray) or (type(first).__module__.startswith("torch") and hasattr(first, "numpy")):
         return Stack([s if isinstance(s, np.ndarray) else s.detach().cpu().numpy() for s in samples])
+    if hasattr(first, "getbands") and hasattr(first, "__array_interface__"):   # PIL images
+        return Stack([np.asarray(s) for s in samples])
     if isinstance(first, (bool, np.bool_)):
         return np.array(samples, dtype=np.bool_)
     if isinstance(first, numbers.Integral):

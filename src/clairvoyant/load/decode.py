@@ -37,3 +37,28 @@ def decode_image_pillow(data: bytes) -> np.ndarray:
         if img.mode != "RGB":
             img = img.convert("RGB")
         return np.asarray(img)
+
+
+def decode_pil(data: bytes):
+    """Decode to an RGB PIL image, as torchvision's ``pil_loader`` does (``decode="pil"``), for
+    transforms written for ImageFolder."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    return img.convert("RGB")
+
+
+def resolve(decode, *, has_transform: bool):
+    """``decode=`` as a function: "numpy" (uint8 HWC), "pil" (RGB image), a callable, or None (PIL
+    when a transform follows, as torchvision's datasets hand PIL images to transforms; else NumPy)."""
+    from ..errors import ConfigError
+
+    if decode is None:
+        decode = "pil" if has_transform else "numpy"
+    if decode == "numpy":
+        return decode_image
+    if decode == "pil":
+        return decode_pil
+    if callable(decode):
+        return decode
+    raise ConfigError(f"decode={decode!r}: choose 'numpy', 'pil' or a function from a sample's bytes")

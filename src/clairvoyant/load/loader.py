@@ -32,8 +32,10 @@ from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.stats import Stats
 from ..tune.verdict import judge
-from .decode import decode_image
+from ..source import DatasetPort, is_dataset
+from .decode import resolve as resolve_decode
 from .pipeline import EpochRun
+from .worker import ReaderSpec
 from .transport import Output
 
 STATE_FORMAT = "clairvoyant-loader-state"
@@ -53,7 +55,10 @@ class Loader:
     """Iterate over batches of a source, staging upcoming samples to node-local storage.
 
     Args:
-        source: a directory path or a source object (e.g. ``clairvoyant.testing.EmulatedStore``).
+        source: a directory path; a list file (``.csv``/``.tsv``/``.jsonl``: path, label[, more]); a
+            torchvision-style dataset (``ImageFolder(root, transform=t)``: its files, classes, transform
+            and target_transform are used as they are); or a source object (e.g.
+            ``clairvoyant.testing.EmulatedStore``, ``clairvoyant.ListedSource``).
         batch_size: samples per batch on this rank.
         local_dir: node-local staging directory, shared by the ranks of a node; defaults to a
             per-user directory under ``$TMPDIR`` created with mode 0700.
@@ -71,7 +76,17 @@ class Loader:
         metrics: a path: append JSON lines there, one per batch (wait, loop step, wait by cause) and
             one per epoch (verdict, tiers); ``clairvoyant report PATH`` draws them.
         seed, shuffle, drop_last: as PyTorch's DistributedSampler and DataLoader.
-        decode: picklable callable from a sample's bytes to a sample (default: JPEG/PNG to uint8 HWC).
+        decode: what a sample's bytes become: ``"numpy"`` (uint8 HWC RGB, libjpeg-turbo for JPEG),
+            ``"pil"`` (an RGB PIL image, as torchvision's loader gives) or a callable; default
+            ``"pil"`` when there is a transform, else ``"numpy"``.
+        transform, target_transform: applied in the reader to each decoded sample and to its label,
+            as torchvision's datasets apply them (e.g. a ``transforms.Compose`` written for
+            ImageFolder).
+        worker_init_fn: called with the reader's index at the start of each reader process, after its
+            generators are seeded; ``clairvoyant.get_worker_info()`` tells the reader's id, count and
+            seed there. Readers reseed Python's, NumPy's and torch's global generators before every
+            batch from (seed, epoch, rank, the batch's position), so augmentations differ across
+            readers, ranks and epochs and repeat for the same seed (load/seeding.py).
         collate_fn: list of ``(sample, label)`` to a batch (default: stack arrays, labels to int64).
         num_workers: reader processes, or None (the default): one per CPU this process may use and
             one more, then tuned once per epoch (one more while readers hold the loop back and it
@@ -98,7 +113,9 @@ class Loader:
                  output: str = "auto", pin_memory: bool = False, mp_context: str = "fork",
                  local_capacity: int | str | None = None, ram_capacity: int | str | None = None,
                  ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None,
-                 balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None) -> None:
+                 balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None,
+                 transform: Callable | None = None, target_transform: Callable | None = None,
+                 worker_init_fn: Callable[[int], None] | None = None) -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
             self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
@@ -113,8 +130,27 @@ class Loader:
             raise ConfigError(f"num_workers must be an integer >= 1 or None, got {num_workers!r}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error={on_error!r}: choose 'raise' or 'skip'")
-        if decode is not None and not callable(decode):
-            raise ConfigError(f"decode={decode!r} is not callable")
+        for name, fn in (("transform", transform), ("target_transform", target_transform),
+                         ("worker_init_fn", worker_init_fn)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name}={fn!r} is not callable")
+        port = DatasetPort(source) if is_dataset(source) else None
+        if port is not None:   # a torchvision-style dataset: its files, labels and transforms
+            for name, mine, theirs in (("transform", transform, port.transform),
+                                       ("target_transform", target_transform, port.target_transform)):
+                if mine is not None and theirs is not None:
+                    raise ConfigError(f"{name} is given twice, to the Loader and to dataset {port.name}: "
+                                      "pass it once")
+            transform = transform if transform is not None else port.transform
+            target_transform = target_transform if target_transform is not None else port.target_transform
+            if not port.pil and decode is None:
+                raise ConfigError(
+                    f"dataset {port.name} opens its files with its own loader ({port.loader_name}), which "
+                    "clairvoyant cannot call on staged bytes: pass decode= a function from a file's bytes to "
+                    "what that loader returns")
+            source = port.source
+        self.decode = resolve_decode(decode, has_transform=transform is not None)
+        self.transform, self.target_transform, self.worker_init_fn = transform, target_transform, worker_init_fn
         if (rank is None) != (world_size is None):
             raise ConfigError("pass both rank and world_size, or neither (then they come from the launcher)")
         if rank is None:
@@ -141,7 +177,6 @@ class Loader:
             self._progress = NodeProgress(self.tiers.local.root, ranks.index(t.rank), len(ranks))
         self.store = self.tiers.local
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
-        self.decode = decode or decode_image
         self.collate_fn = collate_fn
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
@@ -161,6 +196,7 @@ class Loader:
         self._done = 0            # batches of the current iteration already yielded (for state_dict)
         self._loaded_epoch: int | None = None
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
+        self._guard = None   # the loss-spike guard, once guard() was called
 
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
         total, largest = int(self._entry_sizes.sum()), int(self._entry_sizes.max())
@@ -276,7 +312,7 @@ class Loader:
                        batches=list(plan.batches), actions=actions, drops=drops, epoch=self._epoch,
                        num_workers=self.num_workers, prefetch=self.prefetch,
                        stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
-                       lookahead=self.lookahead, decode=self.decode, collate_fn=self.collate_fn,
+                       lookahead=self.lookahead, reader=self._reader_spec(start),
                        skip_errors=self.on_error == "skip", output=self._output, stats=self._stats,
                        mp_context=self.mp_context,
                        # ranks of a node keep samples for each other: a planned hit that another rank
@@ -299,6 +335,13 @@ class Loader:
             return self._resume if self._loaded_epoch is not None else self._start
         return position_after(len(self.manifest), self._start, self._done, self.batch_size, self.world_size,
                               self._span)
+
+    def _reader_spec(self, position: int) -> ReaderSpec:
+        return ReaderSpec(decode=self.decode, transform=self.transform, target_transform=self.target_transform,
+                          collate_fn=self.collate_fn, source=self.source, seed=self.seed, epoch=self._epoch,
+                          rank=self.rank, num_workers=self.num_workers, position=position,
+                          stride=self.batch_size * self.world_size, worker_init_fn=self.worker_init_fn,
+                          digests=self._guard is not None)
 
     def state_dict(self) -> dict:
         """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this

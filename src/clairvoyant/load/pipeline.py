@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from ..tune.autotune import Tuner
 from ..tune.verdict import split_wait
 from .pool import WorkerPool
 from .transport import Output, unpack_copy, unpack_shared
+from .worker import Failed, Item, Job, Loaded, ReaderSpec
 
 _LIVE: "weakref.WeakSet[EpochRun]" = weakref.WeakSet()
 # Batches a worker's slots may hold while the training loop still uses them (lent without a copy);
@@ -70,10 +71,38 @@ class EpochWindow:
             self.causes[c] = self.causes.get(c, 0.0) + v
 
 
+class ServedSample(NamedTuple):
+    key: str
+    where: str       # local, ram or source: where the reader got the bytes it decoded
+    digest: int      # xxh3-64 of those bytes
+    mtime_ns: int    # the source file's modification time when it was fetched (RAM window)
+
+
+class ServedBatch(NamedTuple):
+    """The batch the loop got last, as the guard checks it (load/guard.py)."""
+    epoch: int
+    batch: int
+    samples: list[ServedSample]
+    spec: Any
+    leaves: list[int]
+    output: Any
+
+
+def _reader_error(msg: Failed, k: int) -> Exception:
+    if msg.kind in ("decode", "transform"):
+        what = "decoded" if msg.kind == "decode" else "transformed"
+        return DecodeError(
+            f"sample {msg.key!r} of the source could not be {what} ({msg.message}): pass on_error='skip' to "
+            "skip bad samples, or fix or remove the file and re-index the source")
+    if msg.kind == "init":
+        return WorkerError(f"{msg.message}\n{msg.traceback}")
+    return WorkerError(f"reader worker failed on batch {k} at sample {msg.key!r}: {msg.message}\n{msg.traceback}")
+
+
 class EpochRun:
     def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, batches: list[np.ndarray],
                  actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
-                 prefetch: int, stage_threads: int, lookahead: int, decode: Callable, collate_fn: Callable | None,
+                 prefetch: int, stage_threads: int, lookahead: int, reader: ReaderSpec,
                  skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
                  progress: "NodeProgress | None" = None, first_batch: int = 0, tuner: "Tuner | None" = None) -> None:
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
@@ -81,6 +110,8 @@ class EpochRun:
         self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
+        self._served_positions: dict[int, list[int]] = {}    # the same, kept for the guard until taken
+        self._mtimes: dict[int, list[int]] = {}              # batch -> source mtime per position (RAM)
         self.completed = False
         # each batch's timeline, for splitting the loop's waits into causes (tune/verdict.py)
         self._staged_at: dict[int, float] = {}
@@ -107,7 +138,9 @@ class EpochRun:
         self._closed = False
         self._owner_pid = os.getpid()
         # Fork the readers before any staging thread exists.
-        self._pool = WorkerPool(num_workers, prefetch + LEND, decode, collate_fn, source, mp_context)
+        self._pool = WorkerPool(num_workers, prefetch + LEND, reader, mp_context)
+        self._digests = reader.digests
+        self.last_served: ServedBatch | None = None   # the batch the loop got last (digests on: the guard)
         self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
         self._lend_limit = num_workers * LEND if output.can_share else 0
         self._lent = 0
@@ -196,7 +229,7 @@ class EpochRun:
             failed = self._failed.get(k, [])
             if failed and not self._skip:
                 _, err = failed[0]
-                self._results[k] = ("fail", err)
+                self._results[k] = err
                 self._release_locked(k)
                 continue
             bad = {j for j, _ in failed}
@@ -208,11 +241,13 @@ class EpochRun:
             for j in positions:
                 i = int(self._batches[k][j])
                 p = placed[j]
-                items.append((m.keys[i], p.path, int(m.sizes[i]), int(m.labels[i]), p.data, p.tier == "source"))
+                items.append(Item(m.keys[i], p.path, int(m.sizes[i]), int(m.labels[i]), p.data, p.tier == SOURCE))
             self._positions[k] = positions
+            if self._digests:
+                self._mtimes[k] = [placed[j].mtime_ns for j in positions]
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
-            worker.conn.send((k, slot, items, self._skip))
+            worker.conn.send(Job(k, slot, items, self._skip))
             self._dispatched_at[k] = time.perf_counter()
 
     # -- consumer side (the training loop's thread) ------------------------------------------
@@ -277,16 +312,11 @@ class EpochRun:
 
     def _take(self, k: int) -> Any:
         res = self._results.pop(k)
-        if res[0] == "fail":
-            raise res[1]
-        if res[0] == "err":
-            _, _, _, kind, key, message, tb = res
-            if kind == "decode":
-                raise DecodeError(
-                    f"sample {key!r} of the source could not be decoded ({message}): pass on_error='skip' to "
-                    "skip bad samples, or fix or remove the file and re-index the source")
-            raise WorkerError(f"reader worker failed on batch {k} at sample {key!r}: {message}\n{tb}")
-        _, _, slot_id, spec, size, skipped, _, _ = res
+        if isinstance(res, BaseException):   # staging could not read a sample
+            raise res
+        if isinstance(res, Failed):
+            raise _reader_error(res, k)
+        slot_id, spec, size, skipped = res.slot, res.spec, res.size, res.skipped
         wid = self._inflight.pop(k)
         worker = self._pool.workers[wid]
         if size and self._lent < self._lend_limit:
@@ -305,7 +335,18 @@ class EpochRun:
             self._stats.skipped.extend(key for key, _ in skipped)
         n = len(self._batches[k]) - len(skipped) - len(self._failed.get(k, ()))
         self._stats.add(batches=1, samples=n)
+        if self._digests:
+            self._remember(k, res, out)
         return out, n
+
+    def _remember(self, k: int, res: Loaded, out: Any) -> None:
+        """What the guard needs of the batch just handed out: which bytes each sample was decoded
+        from, where they came from, and the checksum of every array as the reader wrote it."""
+        keys, positions = self._manifest.keys, self._served_positions.pop(k, [])
+        mtimes = self._mtimes.pop(k, [])
+        samples = [ServedSample(keys[int(self._batches[k][positions[p]])], where, digest, mtimes[p])
+                   for p, where, digest in res.served or ()]
+        self.last_served = ServedBatch(self._epoch, k, samples, res.spec, res.leaves or [], out)
 
     def _poll(self, timeout: float) -> None:
         ready = self._pool.wait(timeout)
@@ -329,23 +370,27 @@ class EpochRun:
                     "memory (see `dmesg`) or been killed; the loader stopped, restart the epoch or resume "
                     "from a state_dict")
 
-    def _receive(self, w, msg: tuple) -> None:
-        k = msg[1]
+    def _receive(self, w, msg: Loaded | Failed) -> None:
+        k = msg.batch
+        if k < 0:   # the reader could not start (worker_init_fn raised)
+            raise _reader_error(msg, k)
         positions = self._positions.pop(k, [])
         corrupt = set()
-        if msg[0] == "ok":
-            self._worker_times[k] = msg[7]
-            self._stats.add_worker(msg[7], len(positions))
-        if msg[0] == "ok" and msg[6]:
-            for p, why in msg[6]:
+        if isinstance(msg, Loaded):
+            self._worker_times[k] = msg.times
+            self._stats.add_worker(msg.times, len(positions))
+            for p, why in msg.repaired:
                 j = positions[p]
                 if why != "gone":
                     corrupt.add(j)
                 self._stats.count_epoch(self._epoch, repaired=1)
+            if self._digests:
+                self._served_positions[k] = positions
         with self._lock:
-            if msg[0] == "err":  # the worker wrote nothing into the slot: it is free again
+            if isinstance(msg, Failed):  # the worker wrote nothing into the slot: it is free again
                 self._inflight.pop(k, None)
-                w.free.append(msg[2])
+                w.free.append(msg.slot)
+                self._mtimes.pop(k, None)
             self._release_locked(k, corrupt)
         self._results[k] = msg
 

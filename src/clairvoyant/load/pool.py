@@ -10,11 +10,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from dataclasses import replace
 
 from ..errors import ConfigError
 from .transport import Slot
-from .worker import worker_main
+from .worker import ReaderSpec, worker_main
 
 
 class Worker:
@@ -35,8 +35,7 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, num_workers: int, slots_per_worker: int, decode: Callable[[bytes], Any],
-                 collate_fn: Callable | None, source: Any, mp_context: str = "fork") -> None:
+    def __init__(self, num_workers: int, slots_per_worker: int, spec: ReaderSpec, mp_context: str = "fork") -> None:
         if mp_context != "fork":
             raise ConfigError(
                 f"mp_context={mp_context!r} is not supported yet: reader workers share batch buffers by fork; "
@@ -47,7 +46,7 @@ class WorkerPool:
             for wid in range(num_workers):
                 slots = [Slot() for _ in range(slots_per_worker)]
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=worker_main, args=(wid, child, slots, decode, collate_fn, source),
+                proc = ctx.Process(target=worker_main, args=(wid, child, slots, replace(spec, num_workers=num_workers)),
                                    name=f"clairvoyant-reader-{wid}", daemon=True)
                 proc.start()
                 child.close()

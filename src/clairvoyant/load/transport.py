@@ -15,6 +15,7 @@ import tempfile
 from typing import Any
 
 import numpy as np
+import xxhash
 
 _ALIGN = 64
 
@@ -71,6 +72,8 @@ def _leaf_array(x: Any) -> np.ndarray | None:
         return x
     if type(x).__module__.startswith("torch") and hasattr(x, "numpy"):
         return x.detach().cpu().numpy()
+    if hasattr(x, "__array_interface__") and hasattr(x, "getbands"):   # a PIL image
+        return np.asarray(x)
     return None
 
 
@@ -107,11 +110,14 @@ def _place(shape: tuple, dtype: np.dtype, src: Any, cursor: list[int], jobs: lis
     return ("a", dtype.str, list(shape), offset)
 
 
-def pack(tree: Any, slot: Slot) -> tuple[Any, int]:
-    """Write every array of ``tree`` into ``slot``; return (description, bytes used)."""
+def pack(tree: Any, slot: Slot, digests: bool = False) -> tuple[Any, int, list[int] | None]:
+    """Write every array of ``tree`` into ``slot`` (each sample's array straight into its place in the
+    batch: the one copy collation needs); return (description, bytes used, and with ``digests`` the
+    xxh3-64 of each array as written, in the description's order)."""
     cursor, jobs = [0], []
     spec = _plan(tree, cursor, jobs)
     buf = slot.buffer(cursor[0], grow=True)
+    leaves: list[int] | None = [] if digests else None
     for offset, shape, dtype, src in jobs:
         out = np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
         if isinstance(src, Stack):
@@ -119,7 +125,28 @@ def pack(tree: Any, slot: Slot) -> tuple[Any, int]:
                 out[i] = a
         else:
             out[...] = src
-    return spec, cursor[0]
+        if leaves is not None:
+            leaves.append(xxhash.xxh3_64_intdigest(out.data))
+    return spec, cursor[0], leaves
+
+
+def leaf_digests(spec: Any, batch: Any) -> list[int]:
+    """The xxh3-64 of each array of a batch as the loop holds it, in the order ``pack`` recorded."""
+    out: list[int] = []
+
+    def walk(s: Any, x: Any) -> None:
+        kind = s[0]
+        if kind == "a":
+            arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+            out.append(xxhash.xxh3_64_intdigest(np.ascontiguousarray(arr).data))
+        elif kind in ("t", "l"):
+            for sub, y in zip(s[1], x):
+                walk(sub, y)
+        elif kind == "d":
+            for k, sub in s[1]:
+                walk(sub, x[k])
+    walk(spec, batch)
+    return out
 
 
 def unpack_copy(spec: Any, slot: Slot, size: int, output: "Output") -> Any:

@@ -1,30 +1,103 @@
-"""The reader worker process: read staged files, decode, collate into a shared slot.
+"""The reader worker process: read staged samples, decode, transform, collate into a shared slot.
 
-Messages in: ``(k, slot, items, skip)`` with ``items = [(key, path, size, label, data,
-from_source), ...]`` (``data``: the sample's bytes, from the RAM window; ``path``: a cached
-entry; ``from_source``: read it from the source here), or ``None`` to stop. Messages out:
-``("ok", k, slot, spec, size, skipped, repaired, (read_s, decode_s, collate_s))`` or ``("err", k, slot, kind, key, message,
-traceback)``. Only our own small tuples cross the pipe; batch data travels in the slot.
+A reader gets a :class:`ReaderSpec` when it is forked (what to do with a
+sample) and then :class:`Job` records, one per batch, or None to stop. It
+answers :class:`Loaded` (the batch is in the slot) or :class:`Failed` (the
+slot is untouched). Only these small records cross the pipe; batch data
+travels in the slot.
 
 Every cached entry is checked against its checksum as it is read. An entry that
 is corrupt, truncated or gone is never decoded: the sample is read from the
 source instead and reported in ``repaired`` (position, reason), and the
 training process has the entry removed.
+
+Per sample: ``decode`` (bytes to a sample), then ``transform`` (sample) and
+``target_transform`` (label), as torchvision's datasets apply them; a source
+with extra fields per sample (``fields_of``) adds a third element. Before each
+batch the reader seeds the global random generators from the batch's identity
+(load/seeding.py). With ``digests`` on (the loss-spike guard) the reader
+records the checksum of the bytes it decoded and of each array it wrote.
 """
 
 from __future__ import annotations
 
 import ctypes
 import signal
+import sys
 import time
 import traceback
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import xxhash
 
 from ..cache.entry import entry_size, unseal
 from ..errors import CorruptEntry
 from ..fileio import read_file
+from . import seeding
 from .collate import default_collate
 from .transport import Slot, pack
+
+# Fault injection for the guard's tests: keys whose bytes get one flipped bit after their entry's
+# checksum was verified (a memory error in the reader). Set in the training process before the
+# readers are forked.
+FLIP_AFTER_CHECK: set[str] = set()
+
+
+@dataclass(frozen=True)
+class ReaderSpec:
+    """What a reader does with each sample and batch, fixed for one epoch."""
+
+    decode: Callable[[bytes], Any]
+    transform: Callable | None
+    target_transform: Callable | None
+    collate_fn: Callable | None
+    source: Any
+    seed: int
+    epoch: int
+    rank: int
+    num_workers: int
+    position: int                 # the epoch's global position at batch 0 of this run
+    stride: int                   # positions per batch (batch size x world size)
+    worker_init_fn: Callable[[int], None] | None = None
+    digests: bool = False
+
+
+class Item(NamedTuple):
+    key: str
+    path: str | None       # a local entry
+    size: int
+    label: int
+    data: bytes | None     # the bytes themselves (RAM window)
+    from_source: bool      # not cached: read the source here
+
+
+class Job(NamedTuple):
+    batch: int
+    slot: int
+    items: list[Item]
+    skip: bool
+
+
+class Loaded(NamedTuple):
+    batch: int
+    slot: int
+    spec: Any
+    size: int
+    skipped: list[tuple[str, str]]
+    repaired: list[tuple[int, str]]           # (position in items, why the entry was not used)
+    times: tuple[float, float, float]         # read, decode, collate seconds
+    served: list[tuple[int, str, int]] | None  # (position, where from, xxh3 of the bytes decoded)
+    leaves: list[int] | None                  # xxh3 of each array written into the slot
+
+
+class Failed(NamedTuple):
+    batch: int
+    slot: int
+    kind: str      # read, decode, transform, empty, collate
+    key: str
+    message: str
+    traceback: str
 
 
 def _die_with_parent() -> None:
@@ -35,70 +108,96 @@ def _die_with_parent() -> None:
         pass
 
 
-def worker_main(wid: int, conn, slots: list[Slot], decode: Callable[[bytes], Any],
-                collate_fn: Callable | None, source) -> None:
+def worker_main(wid: int, conn, slots: list[Slot], spec: ReaderSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
     _die_with_parent()
-    collate = collate_fn or default_collate
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)   # as PyTorch's workers: readers are the parallelism
+    seeding.start_reader(seeding.ReaderInfo(wid, spec.num_workers,
+                                            seeding.reader_seed(spec.seed, spec.epoch, spec.rank, wid),
+                                            spec.epoch, spec.rank))
+    if spec.worker_init_fn is not None:
+        try:
+            spec.worker_init_fn(wid)
+        except Exception as e:
+            conn.send(Failed(-1, -1, "init", "", f"worker_init_fn({wid}) raised {type(e).__name__}: {e}",
+                             traceback.format_exc()))
+            return
+    collate = spec.collate_fn or default_collate
     while True:
         try:
-            msg = conn.recv()
+            job = conn.recv()
         except (EOFError, OSError):
             return
-        if msg is None:
+        if job is None:
             return
-        k, slot_id, items, skip = msg
-        conn.send(_load_batch(k, slot_id, items, skip, slots, decode, collate, source))
+        seeding.seed_generators(seeding.batch_seed(spec.seed, spec.epoch, spec.rank,
+                                                   spec.position + job.batch * spec.stride))
+        conn.send(_load_batch(job, slots, spec, collate))
 
 
-def _read(path: str | None, key: str, size: int, source, data: bytes | None,
-          from_source: bool) -> tuple[bytes, str | None]:
-    """The sample's bytes, and why the cached entry could not be used (None if it was)."""
-    if data is not None:
-        return data, None
-    if from_source or path is None:
-        return source.read(key), None
+def _read(item: Item, source) -> tuple[bytes, str | None, str]:
+    """The sample's bytes, why the cached entry could not be used (None if it was), where from."""
+    if item.data is not None:
+        return item.data, None, "ram"
+    if item.from_source or item.path is None:
+        return source.read(item.key), None, "source"
     try:
-        return unseal(read_file(path, entry_size(size)), size, path), None
+        data = unseal(read_file(item.path, entry_size(item.size)), item.size, item.path)
+        if item.key in FLIP_AFTER_CHECK:
+            data = bytes([data[0] ^ 0x10]) + data[1:]
+        return data, None, "local"
     except FileNotFoundError:
         why = "gone"
     except CorruptEntry as e:
         why = str(e)
-    return source.read(key), why
+    return source.read(item.key), why, "source"
 
 
-def _load_batch(k, slot_id, items, skip, slots, decode, collate, source) -> tuple:
+def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
     samples, skipped, repaired = [], [], []
+    served: list[tuple[int, str, int]] | None = [] if spec.digests else None
+    fields_of = getattr(spec.source, "fields_of", None)
     clock = time.perf_counter
     read_s = decode_s = 0.0
-    for j, (key, path, size, label, given, from_source) in enumerate(items):
+    k, slot_id = job.batch, job.slot
+    for j, item in enumerate(job.items):
         t0 = clock()
         try:
-            data, why = _read(path, key, size, source, given, from_source)
+            data, why, where = _read(item, spec.source)
         except Exception as e:
-            if skip:
-                skipped.append((key, f"{type(e).__name__}: {e}"))
+            if job.skip:
+                skipped.append((item.key, f"{type(e).__name__}: {e}"))
                 continue
-            return ("err", k, slot_id, "read", key, f"cannot read sample {key!r}: {e}", traceback.format_exc())
+            return Failed(k, slot_id, "read", item.key, f"cannot read sample {item.key!r}: {e}",
+                          traceback.format_exc())
         if why is not None:
             repaired.append((j, why))
+        if served is not None:
+            served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         t1 = clock()
         read_s += t1 - t0
+        stage = "decode"
         try:
-            sample = decode(data)
+            sample = spec.decode(data)
+            stage = "transform"
+            if spec.transform is not None:
+                sample = spec.transform(sample)
+            target = item.label if spec.target_transform is None else spec.target_transform(item.label)
         except Exception as e:
-            if skip:
-                skipped.append((key, f"{type(e).__name__}: {e}"))
+            if job.skip:
+                skipped.append((item.key, f"{type(e).__name__}: {e}"))
                 continue
-            return ("err", k, slot_id, "decode", key, f"{type(e).__name__}: {e}", traceback.format_exc())
-        samples.append((sample, label))
+            return Failed(k, slot_id, stage, item.key, f"{type(e).__name__}: {e}", traceback.format_exc())
+        samples.append((sample, target) if fields_of is None else (sample, target, fields_of(item.key)))
         decode_s += clock() - t1
     if not samples:
-        return ("err", k, slot_id, "empty", items[0][0] if items else "",
-                f"all {len(items)} samples of the batch were skipped", "")
+        return Failed(k, slot_id, "empty", job.items[0].key if job.items else "",
+                      f"all {len(job.items)} samples of the batch were skipped", "")
     t2 = clock()
     try:
-        spec, size = pack(collate(samples), slots[slot_id])
+        spec_, size, leaves = pack(collate(samples), slots[slot_id], digests=spec.digests)
     except Exception as e:
-        return ("err", k, slot_id, "collate", items[0][0], f"{type(e).__name__}: {e}", traceback.format_exc())
-    return ("ok", k, slot_id, spec, size, skipped, repaired, (read_s, decode_s, clock() - t2))
+        return Failed(k, slot_id, "collate", job.items[0].key, f"{type(e).__name__}: {e}", traceback.format_exc())
+    return Loaded(k, slot_id, spec_, size, skipped, repaired, (read_s, decode_s, clock() - t2), served, leaves)

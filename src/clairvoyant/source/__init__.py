@@ -7,17 +7,22 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import Source
+from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
 from .posix import PosixSource
 
-__all__ = ["Source", "PosixSource", "as_source"]
+__all__ = ["Source", "PosixSource", "ListedSource", "DatasetPort", "as_source", "is_dataset", "list_file_source"]
 
 
 def as_source(obj: Any) -> Source:
-    """A directory path becomes a :class:`PosixSource`; a source object is returned as is."""
+    """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
+    :class:`ListedSource`; a source object is returned as is."""
     if isinstance(obj, (str, os.PathLike)):
+        if os.fspath(obj).endswith(LIST_SUFFIXES) and not os.path.isdir(obj):
+            return list_file_source(obj)
         return PosixSource(obj)
     if isinstance(obj, Source):
         return obj
     raise ConfigError(
-        f"cannot use {obj!r} as a data source: pass a directory path or an object with "
-        "`uri`, `scan()` and `read(key)` (see clairvoyant.source.Source)")
+        f"cannot use {obj!r} as a data source: pass a directory path, a list file (.csv, .jsonl), a "
+        "torchvision-style dataset with a `samples` list, or an object with `uri`, `scan()` and `read(key)` "
+        "(see clairvoyant.source.Source)")
