@@ -13,7 +13,7 @@ training process has the entry removed.
 
 Per sample: ``decode`` (bytes to a sample), then ``transform`` (sample) and
 ``target_transform`` (label), as torchvision's datasets apply them; a source
-with extra fields per sample (``fields_of``) adds a third element. Before each
+with extra fields per sample (``has_fields``, ``fields_of``) adds a third element. Before each
 batch the reader seeds the global random generators from the batch's identity
 (load/seeding.py). With ``digests`` on (the loss-spike guard) the reader
 records the checksum of the bytes it decoded and of each array it wrote.
@@ -158,7 +158,7 @@ def _read(item: Item, source) -> tuple[bytes, str | None, str]:
 def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
     samples, skipped, repaired = [], [], []
     served: list[tuple[int, str, int]] | None = [] if spec.digests else None
-    fields_of = getattr(spec.source, "fields_of", None)
+    fields_of = spec.source.fields_of if getattr(spec.source, "has_fields", False) else None
     clock = time.perf_counter
     read_s = decode_s = 0.0
     k, slot_id = job.batch, job.slot
