@@ -76,3 +76,19 @@ def check_file(path: str) -> str | None:
     except CorruptEntry as e:
         return str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
     return None
+
+
+def recorded_checksum(path: str) -> int | None:
+    """The checksum in the trailer of the entry at ``path`` (what was staged), or None if absent or
+    malformed."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            total = f.tell()
+            if total < TRAILER.size:
+                return None
+            f.seek(total - TRAILER.size)
+            magic, checksum, _, n = TRAILER.unpack(f.read(TRAILER.size))
+    except FileNotFoundError:
+        return None
+    return checksum if magic == MAGIC and n == total - TRAILER.size else None

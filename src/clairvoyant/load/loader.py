@@ -27,16 +27,17 @@ from ..errors import ConfigError, EmptySourceError
 from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, plan_epoch, position_after
 from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
-from ..source import as_source
+from ..source import DatasetPort, as_source, is_dataset
 from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
+from ..tune.spike import SpikeRule
 from ..tune.stats import Stats
 from ..tune.verdict import judge
-from ..source import DatasetPort, is_dataset
 from .decode import resolve as resolve_decode
+from .guard import Guard
 from .pipeline import EpochRun
-from .worker import ReaderSpec
 from .transport import Output
+from .worker import ReaderSpec
 
 STATE_FORMAT = "clairvoyant-loader-state"
 log = logging.getLogger("clairvoyant")
@@ -196,7 +197,7 @@ class Loader:
         self._done = 0            # batches of the current iteration already yielded (for state_dict)
         self._loaded_epoch: int | None = None
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
-        self._guard = None   # the loss-spike guard, once guard() was called
+        self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
 
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
         total, largest = int(self._entry_sizes.sum()), int(self._entry_sizes.max())
@@ -321,6 +322,8 @@ class Loader:
                        progress=self._progress, first_batch=start // (self.batch_size * self.world_size),
                        tuner=self._tuner)
         self._carry = (self._epoch, residency, run)
+        if self._guard is not None:
+            run.served = self._guard.recent
         if self._metrics is not None:
             run.on_batch = self._metrics.write
         it = _EpochIterator(run, self)
@@ -335,6 +338,18 @@ class Loader:
             return self._resume if self._loaded_epoch is not None else self._start
         return position_after(len(self.manifest), self._start, self._done, self.batch_size, self.world_size,
                               self._span)
+
+    def guard(self, *, window: int = 50, threshold: float = 6.0, warmup: int = 20, rel_floor: float = 0.02,
+              keep: int = 2) -> Guard:
+        """Turn on the loss-spike guard against silent data corruption and return it (call before
+        iterating). Hand it each step's loss with ``guard.step(loss)``: on a spike (robust score over
+        the last ``window`` losses above ``threshold``, or a loss that is not finite; tune/spike.py)
+        it re-reads the last ``keep`` batches' samples from the source and compares them with what
+        was staged and served, and returns a verdict: the data was corrupt (which samples, where) or
+        intact (reload the last checkpoint). Costs two checksum passes per batch while on."""
+        if self._guard is None:
+            self._guard = Guard(self, SpikeRule(window, threshold, warmup, rel_floor), keep)
+        return self._guard
 
     def _reader_spec(self, position: int) -> ReaderSpec:
         return ReaderSpec(decode=self.decode, transform=self.transform, target_transform=self.target_transform,

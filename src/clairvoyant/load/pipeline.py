@@ -140,7 +140,7 @@ class EpochRun:
         # Fork the readers before any staging thread exists.
         self._pool = WorkerPool(num_workers, prefetch + LEND, reader, mp_context)
         self._digests = reader.digests
-        self.last_served: ServedBatch | None = None   # the batch the loop got last (digests on: the guard)
+        self.served: collections.deque | None = None   # the guard's record of the last batches served
         self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
         self._lend_limit = num_workers * LEND if output.can_share else 0
         self._lent = 0
@@ -346,7 +346,8 @@ class EpochRun:
         mtimes = self._mtimes.pop(k, [])
         samples = [ServedSample(keys[int(self._batches[k][positions[p]])], where, digest, mtimes[p])
                    for p, where, digest in res.served or ()]
-        self.last_served = ServedBatch(self._epoch, k, samples, res.spec, res.leaves or [], out)
+        if self.served is not None:
+            self.served.append(ServedBatch(self._epoch, k, samples, res.spec, res.leaves or [], out))
 
     def _poll(self, timeout: float) -> None:
         ready = self._pool.wait(timeout)
