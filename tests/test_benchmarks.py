@@ -45,3 +45,8 @@ def test_verdict_overhead_tiny():
 def test_autotune_tiny(tmp_path):
     out = run("autotune.py", "--tiny", "--out", str(tmp_path))
     assert "| latency-bound |" in out
+
+
+def test_user_path_tiny():
+    out = run("user_path.py", "--batch", "4", "--size", "32", "--images", "64", "--epochs", "1", "--repeats", "1")
+    assert "ratio on/off" in out and "one memcpy" in out
