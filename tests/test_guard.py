@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -59,8 +60,8 @@ def test_a_real_loss_spike_on_clean_data_says_intact(dataset, tmp_path, no_leaks
         verdicts = [guard.step(torch.tensor(loss)) for (x, y), loss in zip(ld, losses)]
     assert verdicts[:24] == [None] * 24
     v = verdicts[24]
-    assert v is not None and not v.corrupt and not v.findings and v.samples_checked == 4
-    assert "reload the last checkpoint" in v.advice and v.batches == [23, 24]
+    assert v is not None and not v.corrupt and not v.findings and v.samples_checked == 2
+    assert "reload the last checkpoint" in v.advice and v.batches == [24]
 
 
 def test_a_flip_after_the_entry_check_is_found_in_the_local_tier(dataset, tmp_path, monkeypatch, no_leaks):
@@ -125,7 +126,9 @@ def test_a_source_that_changed_after_staging_is_named(dataset, tmp_path, no_leak
         next(it)
         v = guard.check()
         del it
-    assert v.corrupt and [(f.key, f.place) for f in v.findings] == [(key, "source")]
+    assert v.corrupt and [(f.key, f.place, f.served) for f in v.findings] == [(key, "source", True),
+                                                                              (key, "local", False)]
+    assert not os.path.exists(ld.tiers.local.path_for(key))   # the copy staged before the change is gone
 
 
 def test_a_local_entry_that_went_bad_after_serving_is_removed_and_reported(dataset, tmp_path, no_leaks):
@@ -143,5 +146,32 @@ def test_a_local_entry_that_went_bad_after_serving_is_removed_and_reported(datas
         v = guard.check()
         del it
     assert not v.corrupt and [(f.key, f.place, f.served) for f in v.findings] == [(key, "local", False)]
-    import os
     assert not os.path.exists(path)
+
+
+def fail_on_first(b: bytes) -> np.ndarray:
+    if b == _FIRST[0]:
+        raise ValueError("undecodable")
+    return ident(b)
+
+
+_FIRST = [b""]
+
+
+def open_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_a_skipped_sample_is_not_checked_as_served(dataset, tmp_path, monkeypatch, no_leaks):
+    with make(dataset, tmp_path, decode=fail_on_first, on_error="skip") as ld:
+        key = first_key(ld)
+        blob = open_bytes(os.path.join(dataset, key))
+        _FIRST[0] = bytes([blob[0] ^ 0x10]) + blob[1:]               # what the flip below makes of it
+        monkeypatch.setattr(worker_mod, "FLIP_AFTER_CHECK", {key})   # bad bytes, which fail to decode
+        guard = ld.guard()
+        it = iter(ld)
+        x, _ = next(it)
+        v = guard.check()
+        del it, x
+    assert v.samples_checked == 3 and not v.corrupt and not v.findings

@@ -14,10 +14,13 @@ decoded from and of every array they wrote into the batch buffer
   source did not: **ram**), a direct read (the source gave two answers:
   **source**);
 - every array of the batch as the loop holds it is hashed again and compared
-  with the reader's record (changed after collation: **batch buffer**);
+  with the reader's record (changed after collation: **batch buffer**; a loop
+  that changes its batch in place on the CPU, ``x.sub_(mean)``, looks the same:
+  normalise into a new tensor, or on the device);
 - the sample's local entry, if there is one, is verified again; one that went
-  bad after it was served is removed (it would not have been served: readers
-  verify every read) and reported.
+  bad after it was served (readers verify every read, so it was not served so),
+  or that differs from the source now (staged from bad bytes), is removed and
+  reported.
 
 If nothing that was served differs, the data was intact and the spike came from
 the compute path (a memory error on the accelerator, say): the advice is to
@@ -71,8 +74,9 @@ class GuardVerdict:
     def advice(self) -> str:
         if self.corrupt:
             places = sorted({f.place for f in self.findings if f.served})
-            return (f"the data was corrupt ({', '.join(places)}): skip this step's update and go on; the "
-                    "damaged copies were removed. Check the node's memory and storage if it repeats")
+            return (f"the data was corrupt ({', '.join(places)}): skip this step's update and go on; local "
+                    "entries that differ from the source were removed. Check the node's memory and storage if "
+                    "it repeats")
         return ("the data was intact: the spike came from the compute path (or the data itself); reload the "
                 "last checkpoint and check the accelerator's memory if it repeats")
 
@@ -85,7 +89,7 @@ class GuardVerdict:
 class Guard:
     """``guard = loader.guard()`` before iterating; then ``guard.step(loss)`` after each step."""
 
-    def __init__(self, loader: Any, rule: SpikeRule, keep: int = 2) -> None:
+    def __init__(self, loader: Any, rule: SpikeRule, keep: int = 1) -> None:
         self._loader = loader
         self.detector = SpikeDetector(rule)
         self.recent: collections.deque = collections.deque(maxlen=keep)   # ServedBatch, newest last
@@ -151,6 +155,11 @@ def _check_sample(s, source, tiers) -> list[Finding]:
         tiers.local.delete(s.key)
         out.append(Finding(s.key, "local", False, "the local entry is corrupt now (it was not served so: "
                            "readers verify every read); removed"))
+    elif recorded is not None and recorded != now:
+        # staged from bad bytes (a misread source, a RAM window moved down after its use) or from a
+        # source that changed since: it passes its own checksum, so it must go now
+        tiers.local.delete(s.key)
+        out.append(Finding(s.key, "local", False, "the local entry differs from the source now; removed"))
     return out
 
 

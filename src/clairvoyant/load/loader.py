@@ -340,7 +340,7 @@ class Loader:
                               self._span)
 
     def guard(self, *, window: int = 50, threshold: float = 6.0, warmup: int = 20, rel_floor: float = 0.02,
-              keep: int = 2) -> Guard:
+              keep: int = 1) -> Guard:
         """Turn on the loss-spike guard against silent data corruption and return it (call before
         iterating). Hand it each step's loss with ``guard.step(loss)``: on a spike (robust score over
         the last ``window`` losses above ``threshold``, or a loss that is not finite; tune/spike.py)
@@ -361,8 +361,10 @@ class Loader:
     def state_dict(self) -> dict:
         """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this
         world size or another one (elastic resume); any rank's state serves every rank."""
+        # batches_done: this rank's batches of the epoch at this layout (informative; position rules)
+        done = self._start // (self.batch_size * self.world_size) + self._done
         return {"format": STATE_FORMAT, "version": 2, "epoch": self._epoch, "position": self.position,
-                "batches_done": self._done, "seed": self.seed, "batch_size": self.batch_size,
+                "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "num_samples": len(self.manifest),
                 "manifest": self.manifest.fingerprint}
@@ -374,8 +376,8 @@ class Loader:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError("not a clairvoyant loader state: pass what Loader.state_dict() returned")
         if state.get("version") not in (1, 2):
-            raise ConfigError(f"loader state version {state.get('version')!r} is newer than this clairvoyant: "
-                              "upgrade clairvoyant to resume from it")
+            raise ConfigError(f"loader state version {state.get('version')!r} is unknown to this clairvoyant "
+                              "(it reads 1 and 2): pass what Loader.state_dict() returned, or upgrade clairvoyant")
         mine = self.state_dict()
         for key in ("seed", "shuffle", "num_samples", "manifest"):
             if state.get(key) != mine[key]:
@@ -454,6 +456,8 @@ class Loader:
             self._progress.close()
         if self._metrics is not None:
             self._metrics.close()
+        if self._guard is not None:
+            self._guard.recent.clear()   # the batches it held for a check, and their mappings
         self._close_tiers()
 
     def __enter__(self) -> "Loader":

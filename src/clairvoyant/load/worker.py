@@ -174,8 +174,6 @@ def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable
                           traceback.format_exc())
         if why is not None:
             repaired.append((j, why))
-        if served is not None:
-            served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         t1 = clock()
         read_s += t1 - t0
         stage = "decode"
@@ -191,6 +189,8 @@ def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable
                 continue
             return Failed(k, slot_id, stage, item.key, f"{type(e).__name__}: {e}", traceback.format_exc())
         samples.append((sample, target) if fields_of is None else (sample, target, fields_of(item.key)))
+        if served is not None:   # only samples the batch holds (a skipped one was never served)
+            served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
     if not samples:
         return Failed(k, slot_id, "empty", job.items[0].key if job.items else "",
