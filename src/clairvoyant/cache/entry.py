@@ -43,8 +43,8 @@ def unseal(blob: bytes, size: int, where: str) -> bytes:
     return data
 
 
-def read_trailer(path: str) -> tuple[int, int] | None:
-    """``(size, mtime_ns)`` recorded in the entry at ``path``, or None if absent or malformed."""
+def _trailer(path: str) -> tuple[int, int, int] | None:
+    """``(checksum, mtime_ns, size)`` recorded in the entry at ``path``, or None if absent or malformed."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -53,12 +53,25 @@ def read_trailer(path: str) -> tuple[int, int] | None:
         total = os.fstat(fd).st_size
         if total < TRAILER.size:
             return None
-        magic, _, mtime_ns, n = TRAILER.unpack(os.pread(fd, TRAILER.size, total - TRAILER.size))
+        magic, checksum, mtime_ns, n = TRAILER.unpack(os.pread(fd, TRAILER.size, total - TRAILER.size))
     finally:
         os.close(fd)
     if magic != MAGIC or n != total - TRAILER.size:
         return None
-    return n, mtime_ns
+    return checksum, mtime_ns, n
+
+
+def read_trailer(path: str) -> tuple[int, int] | None:
+    """``(size, mtime_ns)`` recorded in the entry at ``path``, or None if absent or malformed."""
+    t = _trailer(path)
+    return None if t is None else (t[2], t[1])
+
+
+def recorded_checksum(path: str) -> int | None:
+    """The checksum recorded in the entry at ``path`` (what was staged), or None if absent or
+    malformed."""
+    t = _trailer(path)
+    return None if t is None else t[0]
 
 
 def check_file(path: str) -> str | None:
@@ -77,18 +90,3 @@ def check_file(path: str) -> str | None:
         return str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
     return None
 
-
-def recorded_checksum(path: str) -> int | None:
-    """The checksum in the trailer of the entry at ``path`` (what was staged), or None if absent or
-    malformed."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            total = f.tell()
-            if total < TRAILER.size:
-                return None
-            f.seek(total - TRAILER.size)
-            magic, checksum, _, n = TRAILER.unpack(f.read(TRAILER.size))
-    except FileNotFoundError:
-        return None
-    return checksum if magic == MAGIC and n == total - TRAILER.size else None

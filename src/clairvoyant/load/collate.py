@@ -15,14 +15,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .transport import Stack
+from .transport import Stack, is_pil_image
 
 
 def default_collate(samples: Sequence[Any]) -> Any:
     first = samples[0]
     if isinstance(first, np.ndarray) or (type(first).__module__.startswith("torch") and hasattr(first, "numpy")):
         return Stack([s if isinstance(s, np.ndarray) else s.detach().cpu().numpy() for s in samples])
-    if hasattr(first, "getbands") and hasattr(first, "__array_interface__"):   # PIL images
+    if is_pil_image(first):
         return Stack([np.asarray(s) for s in samples])
     if isinstance(first, (bool, np.bool_)):
         return np.array(samples, dtype=np.bool_)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +132,7 @@ def _check_sample(s, source, tiers) -> list[Finding]:
     except Exception as e:   # noqa: BLE001 - reported, not raised: the check must finish
         return [Finding(s.key, "source", False, f"cannot be read again for the check: {e}")]
     path = tiers.local.path_for(s.key)
-    recorded = recorded_checksum(path) if os.path.exists(path) else None
+    recorded = recorded_checksum(path)
     if s.digest != now:
         if s.where == "local" and recorded == now:
             out.append(Finding(s.key, "local", True, "the bytes decoded differ from the entry and the source: "

@@ -334,8 +334,10 @@ class Loader:
     def position(self) -> int:
         """Samples of the current epoch's order consumed by all ranks together (a prefix of the
         order, plan/partition.py): where a resume, at any world size, continues."""
-        if self._loaded_epoch is not None or self._span == 0:
-            return self._resume if self._loaded_epoch is not None else self._start
+        if self._loaded_epoch is not None:
+            return self._resume
+        if self._span == 0:   # nothing iterated yet at this position
+            return self._start
         return position_after(len(self.manifest), self._start, self._done, self.batch_size, self.world_size,
                               self._span)
 
@@ -387,11 +389,9 @@ class Loader:
         n = len(self.manifest)
         try:
             if state["version"] == 1:   # batches done by every rank of the saving job
-                saved = plan_epoch(n, seed=self.seed, epoch=int(state["epoch"]), world_size=int(state["world_size"]),
-                                   batch_size=int(state["batch_size"]), shuffle=self.shuffle,
-                                   drop_last=bool(state["drop_last"]))
-                position = position_after(n, 0, int(state["batches_done"]), int(state["batch_size"]),
-                                          int(state["world_size"]), len(saved))
+                w, b = int(state["world_size"]), int(state["batch_size"])
+                position = position_after(n, 0, int(state["batches_done"]), b, w,
+                                          num_batches(-(-n // w), b, bool(state["drop_last"])))
             else:
                 position = int(state["position"])
             epoch = int(state["epoch"])

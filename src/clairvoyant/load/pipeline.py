@@ -110,8 +110,7 @@ class EpochRun:
         self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
-        self._served_positions: dict[int, list[int]] = {}    # the same, kept for the guard until taken
-        self._mtimes: dict[int, list[int]] = {}              # batch -> source mtime per position (RAM)
+        self._served: dict[int, list[ServedSample]] = {}     # batch -> what the guard checks, until taken
         self.completed = False
         # each batch's timeline, for splitting the loop's waits into causes (tune/verdict.py)
         self._staged_at: dict[int, float] = {}
@@ -243,8 +242,6 @@ class EpochRun:
                 p = placed[j]
                 items.append(Item(m.keys[i], p.path, int(m.sizes[i]), int(m.labels[i]), p.data, p.tier == SOURCE))
             self._positions[k] = positions
-            if self._digests:
-                self._mtimes[k] = [placed[j].mtime_ns for j in positions]
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
             worker.conn.send(Job(k, slot, items, self._skip))
@@ -340,12 +337,9 @@ class EpochRun:
         return out, n
 
     def _remember(self, k: int, res: Loaded, out: Any) -> None:
-        """What the guard needs of the batch just handed out: which bytes each sample was decoded
-        from, where they came from, and the checksum of every array as the reader wrote it."""
-        keys, positions = self._manifest.keys, self._served_positions.pop(k, [])
-        mtimes = self._mtimes.pop(k, [])
-        samples = [ServedSample(keys[int(self._batches[k][positions[p]])], where, digest, mtimes[p])
-                   for p, where, digest in res.served or ()]
+        """The batch just handed out, as the guard checks it: its samples' records and the checksum
+        of every array as the reader wrote it."""
+        samples = self._served.pop(k, [])
         if self.served is not None:
             self.served.append(ServedBatch(self._epoch, k, samples, res.spec, res.leaves or [], out))
 
@@ -385,13 +379,15 @@ class EpochRun:
                 if why != "gone":
                     corrupt.add(j)
                 self._stats.count_epoch(self._epoch, repaired=1)
-            if self._digests:
-                self._served_positions[k] = positions
         with self._lock:
             if isinstance(msg, Failed):  # the worker wrote nothing into the slot: it is free again
                 self._inflight.pop(k, None)
                 w.free.append(msg.slot)
-                self._mtimes.pop(k, None)
+            elif msg.served is not None:   # the guard's record, before the placements are let go
+                placed, keys = self._placed.get(k, {}), self._manifest.keys
+                self._served[k] = [ServedSample(keys[int(self._batches[k][positions[p]])], where, digest,
+                                                placed[positions[p]].mtime_ns)
+                                   for p, where, digest in msg.served]
             self._release_locked(k, corrupt)
         self._results[k] = msg
 

@@ -72,9 +72,14 @@ def _leaf_array(x: Any) -> np.ndarray | None:
         return x
     if type(x).__module__.startswith("torch") and hasattr(x, "numpy"):
         return x.detach().cpu().numpy()
-    if hasattr(x, "__array_interface__") and hasattr(x, "getbands"):   # a PIL image
+    if is_pil_image(x):
         return np.asarray(x)
     return None
+
+
+def is_pil_image(x: Any) -> bool:
+    """A PIL image (told by its interface, so that PIL need not be imported)."""
+    return hasattr(x, "getbands") and hasattr(x, "__array_interface__")
 
 
 def _plan(tree: Any, cursor: list[int], jobs: list) -> Any:
