@@ -311,3 +311,45 @@ def test_two_ranks_share_bounded_tiers(dataset, tmp_path, no_leaks):
     assert all(o["peak"] <= o["cap"] for o in outs)
     [rep] = verify(local)
     assert rep.consistent
+
+
+def _stage_then_place(real):
+    """The behaviour before the fix, as a negative control: read first, then look for room, and let
+    the reader read the sample again where there is none."""
+    from clairvoyant.cache.tiers import SOURCE, Placement
+
+    def stage(self, key, size, keep, fetch):
+        got = fetch()
+        placed = real(self, key, size, keep, lambda: got)
+        return placed if placed.tier != SOURCE else Placement(SOURCE, None, True)
+    return stage
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["fixed", "read-then-place"])
+def test_tiny_tiers_read_each_sample_once(control, dataset, tmp_path, monkeypatch, no_leaks):
+    """With tiers far too small for the data set, no sample is read from the source twice in an
+    epoch: staging reserves room before it reads, and leaves to the reader what fits nowhere."""
+    from clairvoyant.cache.tiers import Tiers
+    if control:
+        monkeypatch.setattr(Tiers, "stage", _stage_then_place(Tiers.stage))
+    emu = str(tmp_path / "emu")
+    store = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=emu)
+    largest = max(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(dataset) for f in fs)
+    with Loader(store, batch_size=8, local_dir=tmp_path / "l", num_workers=2, decode=md5, output="numpy",
+                ram_capacity=3 * entry_size(largest), local_capacity="5%", stage_threads=4) as ld:
+        opens = []
+        for epoch in range(2):
+            store.reset()
+            ld.set_epoch(epoch)
+            assert sum(collections.Counter(served_digests(ld)).values()) == 96
+            opens.append(store.counters().opens)
+        s = ld.stats()
+    bypassed = s["tiers"]["bypassed"]
+    files = [s["epochs"][e]["source_files"] for e in range(2)]
+    if control:
+        assert opens[0] > 96, opens          # the defect this test exists for: reads beyond one each
+        return
+    assert opens[0] == 96, opens             # every sample once in the first epoch, none twice
+    assert opens[1] <= 96, opens
+    assert files == opens, (files, opens)    # and the loader's own count says the same
+    assert bypassed > 0                      # the tiny tiers did leave samples to the readers

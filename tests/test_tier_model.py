@@ -65,7 +65,7 @@ class TierMachine(RuleBasedStateMachine):
         if self.tiers.claim(key, size):
             return   # present: a hit (whatever its state; read checks it)
         try:
-            placed = self.tiers.place(key, SOURCE[key], 7, keep=True)
+            placed = self.tiers.stage(key, size, True, lambda: (SOURCE[key], 7))
         finally:
             self.tiers.release(key)
         if placed.tier == LOCAL:

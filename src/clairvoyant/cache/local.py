@@ -126,9 +126,14 @@ class LocalStore:
     def put(self, key: str, data: bytes, mtime_ns: int, capacity: int) -> str | None:
         """Publish ``data`` as the entry of ``key`` if the tier has room; its path, or None if the
         ledger has no room. Raises LocalStorageFull (nothing reserved, nothing left) if the device is full."""
-        n = entry_size(len(data))
-        if not self.ledger.reserve(n, capacity):
+        if not self.ledger.reserve(entry_size(len(data)), capacity):
             return None
+        return self.put_reserved(key, data, mtime_ns)
+
+    def put_reserved(self, key: str, data: bytes, mtime_ns: int) -> str:
+        """Publish ``data`` as the entry of ``key``, its bytes already reserved in the ledger (given
+        back if the publish fails: LocalStorageFull when the device is full)."""
+        n = entry_size(len(data))
         crashpoints.reached("reserved")
         final = self.path_for(key)
         trailer = seal(data, mtime_ns)

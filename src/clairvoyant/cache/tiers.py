@@ -157,28 +157,60 @@ class Tiers:
     def release(self, key: str) -> None:
         self.local.release(key)
 
-    def place(self, key: str, data: bytes, mtime_ns: int, keep: bool) -> Placement:
-        """Write a sample just read from the source where its reader will find it."""
-        # to keep: straight down first where the plan allows it; else the RAM window first, and
-        # down only if the window is full
+    def stage(self, key: str, size: int, keep: bool, fetch: Callable[[], tuple[bytes, int]]) -> Placement:
+        """Make room for a ``size``-byte sample, then read it from the source (``fetch``) into that room.
+
+        Room is reserved before the read, so a sample is read from the source once: where neither
+        tier has room, it is not read here at all and its reader reads it (a SOURCE placement that
+        was not fetched). To keep: straight down first where the plan allows it; else the RAM
+        window first, and down only if the window is full."""
+        n = entry_size(size)
         order = ((LOCAL, RAM) if self.direct else (RAM, LOCAL)) if keep else (RAM,)
         for tier in order:
             if tier == RAM:
-                if self.ram.ledger.reserve(entry_size(len(data)), self.ram_capacity):
+                if self.ram.ledger.reserve(n, self.ram_capacity):
+                    data, mtime_ns = self._fetch_into(self.ram.ledger, n, fetch)
                     self.counters.add("staged_ram")
                     return Placement(RAM, None, True, data, mtime_ns)
-            else:
-                path = self._put_local(key, data, mtime_ns)
+            elif self.local.ledger.reserve(n, self.local_capacity):
+                data, mtime_ns = self._fetch_into(self.local.ledger, n, fetch)
+                path = self._publish_local(key, data, mtime_ns)
                 if path is not None:
                     self.counters.add("staged_local")
                     return Placement(LOCAL, path, True)
+                return self._in_hand(data, mtime_ns, n)   # the device is full: the bytes are read already
         self.counters.add("bypassed")
-        return Placement(SOURCE, None, True)
+        return Placement(SOURCE, None, False)
+
+    @staticmethod
+    def _fetch_into(ledger, n: int, fetch: Callable[[], tuple[bytes, int]]) -> tuple[bytes, int]:
+        try:
+            return fetch()
+        except BaseException:
+            ledger.give_back(n)
+            raise
+
+    def _in_hand(self, data: bytes, mtime_ns: int, n: int) -> Placement:
+        """Bytes read for the local tier that the device would not take: the RAM window if it has
+        room, else they travel to the reader with the batch (one sample per staging thread at most),
+        rather than being read twice."""
+        if self.ram.ledger.reserve(n, self.ram_capacity):
+            self.counters.add("staged_ram")
+            return Placement(RAM, None, True, data, mtime_ns)
+        self.counters.add("bypassed")
+        return Placement(SOURCE, None, True, data, mtime_ns)
 
     def _put_local(self, key: str, data: bytes, mtime_ns: int) -> str | None:
+        if not self.local.ledger.reserve(entry_size(len(data)), self.local_capacity):
+            return None
+        return self._publish_local(key, data, mtime_ns)
+
+    def _publish_local(self, key: str, data: bytes, mtime_ns: int) -> str | None:
+        """Publish reserved bytes in the local tier; None (reservation given back) if the device
+        refuses them."""
         store = self.local
         try:
-            return store.put(key, data, mtime_ns, self.local_capacity)
+            return store.put_reserved(key, data, mtime_ns)
         except CacheError as e:   # the device is full (or failing): read the source instead
             self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples that do "
                             "not fit are read from the source until there is room again")

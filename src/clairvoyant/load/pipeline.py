@@ -174,7 +174,7 @@ class EpochRun:
             if isinstance(outcome, Placement):
                 self._placed.setdefault(k, {})[j] = outcome
                 where = {"from_" + outcome.tier: 1}
-                if outcome.fetched:
+                if outcome.fetched or outcome.tier == SOURCE:   # read once: here, or by its reader
                     size = int(self._manifest.sizes[int(self._batches[k][j])])
                     self._stats.count_epoch(self._epoch, source_files=1, source_bytes=size, **where)
                     self._stats.source_files += 1

@@ -10,7 +10,8 @@ by a token in the other; staging in need order in the other):
 2. evictions the plan makes when an epoch starts;
 3. staging, in the order the training loop will need the samples (the batch
    index is the deadline): a planned hit is checked in the local tier, a miss
-   is read from the source once and placed (cache/tiers.py).
+   is read from the source once, into room reserved for it first (cache/tiers.py);
+   where neither tier has room it is not read here, and its reader reads it.
 
 Reads from the source release the GIL, so threads, not processes, do this.
 """
@@ -167,9 +168,9 @@ class Stager:
                 tiers.counters.add("local_hits")
                 return Placement(LOCAL, path, False)
             tiers.counters.add("missed_hits")   # planned, but not there (yet): fetch it
+        fetch = lambda: self._fetch(key, size)   # noqa: E731
         if not (hit or keep):
-            data, mtime = self._fetch(key, size)
-            return tiers.place(key, data, mtime, False)
+            return tiers.stage(key, size, False, fetch)
         # the local tier is involved: hold the node-wide lock of the sample, so that of all the
         # processes of the node one reads it from the source and the others find it
         locked = False
@@ -182,8 +183,7 @@ class Stager:
                 tiers.counters.add("local_hits")
                 return Placement(LOCAL, path, False)
         try:
-            data, mtime = self._fetch(key, size)
-            return tiers.place(key, data, mtime, keep)
+            return tiers.stage(key, size, keep, fetch)
         finally:
             if locked:
                 tiers.release(key)
