@@ -10,7 +10,7 @@ import sys
 from setuptools import Extension, setup
 
 ext = [] if sys.platform != "linux" else [
-    Extension("clairvoyant.cache._fastcopy", ["src/clairvoyant/cache/_fastcopy.c"], optional=True,
+    Extension("clairvoyant._fastio", ["src/clairvoyant/_fastio.c"], optional=True,
               extra_compile_args=["-O2"]),
     Extension("clairvoyant.plan._belady", ["src/clairvoyant/plan/_belady.c"], optional=True,
               extra_compile_args=["-O2"]),

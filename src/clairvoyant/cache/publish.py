@@ -17,6 +17,8 @@ import time
 from typing import Callable
 
 from ..errors import CacheError, ClairvoyantError, LocalStorageFull
+from ..fileio import c_claim as _c_claim
+from ..fileio import c_write_publish as _c_write_publish
 from ..fileio import pid, write_atomically
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -44,14 +46,6 @@ def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
         raise _local_error(e, final, tmp_dir) from e
 
 
-try:
-    if os.environ.get("CLAIRVOYANT_NO_CEXT"):
-        raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
-    from ._fastcopy import claim as _c_claim
-    from ._fastcopy import read_meta as c_read_meta
-    from ._fastcopy import write_publish as _c_write_publish
-except ImportError:
-    _c_claim = c_read_meta = _c_write_publish = None
 
 
 def publish_entry(final: str, tmp_dir: str, data: bytes, trailer: bytes,

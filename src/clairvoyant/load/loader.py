@@ -25,8 +25,9 @@ from ..cache.tiers import Tiers
 from ..dist.topology import detect, validate
 from ..errors import ConfigError, EmptySourceError
 from ..paths import default_local_dir, default_ram_dir
-from ..plan import num_batches, plan_epoch, position_after
-from ..plan.residency import EpochResidency, node_ranks, node_sequence, simulate_epoch
+from ..plan import num_batches, position_after
+from ..plan.rank_plan import Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
+from ..plan.residency import node_ranks
 from ..source import DatasetPort, as_source, is_dataset
 from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
@@ -178,6 +179,7 @@ class Loader:
             self._progress = NodeProgress(self.tiers.local.root, ranks.index(t.rank), len(ranks))
         self.store = self.tiers.local
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
+        self._config = PlanConfig(len(self.manifest), self.batch_size, self.seed, bool(shuffle), bool(drop_last))
         self.collate_fn = collate_fn
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
@@ -188,7 +190,7 @@ class Loader:
         self._verdict_log = bool(verdict)
         self._last_verdict: dict | None = None
         self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
-        self._carry: tuple[int, EpochResidency, Any] | None = None   # last epoch's plan and its run
+        self._carry: tuple[RankEpochPlan, EpochRun] | None = None   # the last epoch's plan and its run
         self._inventory_used = False
         self._epoch = 0
         self._resume = 0          # global position of the epoch to start the next iteration at
@@ -237,42 +239,19 @@ class Loader:
                 out[i] = int(n)
         return out
 
-    def _plan_residency(self, position: int, steps: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str], EpochResidency]:
-        """This rank's (hit, keep) per batch and the keys it evicts at the start, from the node's plan
-        of the epoch from global ``position`` on."""
+    def _plan(self, position: int) -> RankEpochPlan:
+        """This rank's plan of the current epoch from global ``position`` on (plan/rank_plan.py),
+        starting from what the last epoch's plan left in the local tier if that epoch ran to its
+        end, else from what the tier holds now."""
         t = self.topology
-        ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
-        kw = dict(seed=self.seed, world_size=t.world_size, ranks=ranks, batch_size=self.batch_size,
-                  shuffle=self.shuffle, drop_last=self.drop_last)
-        seq = node_sequence(len(self.manifest), epoch=self._epoch, position=position, **kw)
-        following = node_sequence(len(self.manifest), epoch=self._epoch + 1, **kw)
-        carry = self._carry
-        if carry is not None and carry[0] == self._epoch - 1 and position == 0 and carry[2].completed:
-            residents = carry[1].residents_after
+        layout = Layout(t.rank, t.world_size, node_ranks(t.rank, t.world_size, t.local_world_size))
+        last = self._carry
+        if last is not None and last[0].epoch == self._epoch - 1 and position == 0 and last[1].completed:
+            residents = last[0].residents_after
         else:
             residents = self._residents()
-        res = simulate_epoch(seq, following, self._entry_sizes, self.tiers.local_capacity, residents)
-        R, ri, B = len(ranks), ranks.index(t.rank), self.batch_size
-
-        def length(b: int) -> int:   # of each rank's batch in step b (the last may be shorter)
-            return min(B, (len(seq) - b * R * B) // R)
-        actions = []
-        for b in range(steps):
-            sl = slice(b * R * B + ri * length(b), b * R * B + (ri + 1) * length(b))
-            actions.append((res.hit[sl], res.keep[sl]))
-        # a resident dropped at the start is deleted by the rank that first reads it this epoch
-        # (by the node's first rank if none does)
-        first = np.full(len(self.manifest), -1, dtype=np.int64)
-        first[seq[::-1]] = np.arange(len(seq) - 1, -1, -1)
-
-        def owner(s: int) -> int:
-            p = int(first[s])
-            if p < 0:
-                return 0
-            b = p // (R * B)
-            return (p - b * R * B) // length(b)
-        mine = [s for s in res.drop_at_start if owner(s) == ri]
-        return actions, [self.manifest.keys[s] for s in mine], res
+        return plan_rank_epoch(self._entry_sizes, self._config, layout, epoch=self._epoch,
+                               capacity=self.tiers.local_capacity, residents=residents, position=position)
 
     # -- PyTorch conventions --------------------------------------------------------------------
 
@@ -302,15 +281,11 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         self._close_active()
         start, self._resume, self._loaded_epoch = self._resume, 0, None
-        plan = plan_epoch(len(self.manifest), seed=self.seed, epoch=self._epoch, rank=self.rank,
-                          world_size=self.world_size, batch_size=self.batch_size, shuffle=self.shuffle,
-                          drop_last=self.drop_last, position=start)
+        plan = self._plan(start)
         self._start, self._span, self._done = start, len(plan), 0
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers
-        actions, drops, residency = self._plan_residency(start, len(plan))
-        run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers,
-                       batches=list(plan.batches), actions=actions, drops=drops, epoch=self._epoch,
+        run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers, plan=plan,
                        num_workers=self.num_workers, prefetch=self.prefetch,
                        stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
                        lookahead=self.lookahead, reader=self._reader_spec(start),
@@ -319,9 +294,8 @@ class Loader:
                        # ranks of a node keep samples for each other: a planned hit that another rank
                        # has not written yet is worth waiting for a moment rather than read twice
                        peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
-                       progress=self._progress, first_batch=start // (self.batch_size * self.world_size),
-                       tuner=self._tuner)
-        self._carry = (self._epoch, residency, run)
+                       progress=self._progress, tuner=self._tuner)
+        self._carry = (plan, run)
         if self._guard is not None:
             run.served = self._guard.recent
         if self._metrics is not None:
@@ -450,7 +424,7 @@ class Loader:
         """Stop any iteration in progress and release every process, thread and buffer."""
         self._close_active()
         if self._carry is not None:
-            self._carry[2].close()
+            self._carry[1].close()
         self._carry = None
         if self._progress is not None:
             self._progress.close()

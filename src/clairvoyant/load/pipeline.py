@@ -26,12 +26,12 @@ import time
 import weakref
 from typing import Any, Callable, NamedTuple
 
-import numpy as np
 
 from ..cache.progress import NodeProgress
 from ..cache.tiers import LOCAL, SOURCE, Placement, Tiers
 from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
+from ..plan.rank_plan import RankEpochPlan
 from ..source import Source
 from ..stage.engine import Stager
 from ..tune.stats import Stats
@@ -100,14 +100,15 @@ def _reader_error(msg: Failed, k: int) -> Exception:
 
 
 class EpochRun:
-    def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, batches: list[np.ndarray],
-                 actions: list[tuple[np.ndarray, np.ndarray]], drops: list[str], epoch: int, num_workers: int,
+    def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, plan: RankEpochPlan, num_workers: int,
                  prefetch: int, stage_threads: int, lookahead: int, reader: ReaderSpec,
                  skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
-                 progress: "NodeProgress | None" = None, first_batch: int = 0, tuner: "Tuner | None" = None) -> None:
+                 progress: "NodeProgress | None" = None, tuner: "Tuner | None" = None) -> None:
+        """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is."""
+        epoch, batches = plan.epoch, list(plan.batches)
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self.epoch = epoch
-        self._actions = actions             # per batch: (hit, keep) per sample, from the residency plan
+        self._actions = list(zip(plan.hit, plan.keep))   # per batch: (hit, keep) per sample
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self._served: dict[int, list[ServedSample]] = {}     # batch -> what the guard checks, until taken
@@ -121,7 +122,7 @@ class EpochRun:
         self._tuner = tuner          # moves the staging thread count (stage_threads="auto")
 
         # deadline scheduling across the node's ranks: this rank's staging frontier, shared
-        self._progress, self._base = progress, (epoch << 32) + first_batch
+        self._progress, self._base = progress, (epoch << 32) + plan.first_batch
         self._frontier = 0
         self._skip, self._output, self._stats = skip_errors, output, stats
         self._lookahead = max(1, lookahead)
@@ -151,7 +152,7 @@ class EpochRun:
         self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged,
                               peer_wait=peer_wait, gate=gate)
         _LIVE.add(self)
-        self._stager.drop(drops)
+        self._stager.drop([manifest.keys[s] for s in plan.drops])
         self._stager.start()
         self._fill_window()
 

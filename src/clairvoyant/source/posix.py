@@ -8,8 +8,7 @@ import stat
 from typing import Iterator
 
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
-from ..cache.publish import c_read_meta
-from ..fileio import read_file
+from ..fileio import read_file, read_with_mtime
 
 
 class PosixSource:
@@ -85,26 +84,12 @@ class PosixSource:
     def read_versioned(self, key: str) -> tuple[bytes, int]:
         """The sample's bytes and the file's modification time (ns), from one open."""
         path = self.path_of(key)
-        if c_read_meta is not None:   # one GIL-free call
-            try:
-                data, mtime_ns = c_read_meta(path)
-            except OSError as e:
-                raise self.read_error(key, path, e) from e
-            self._charge(len(data))
-            return data, mtime_ns
         try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                st = os.fstat(fd)
-                data = os.read(fd, st.st_size)
-                while len(data) < st.st_size and (chunk := os.read(fd, 1 << 20)):
-                    data += chunk
-            finally:
-                os.close(fd)
+            data, mtime_ns = read_with_mtime(path)
         except OSError as e:
             raise self.read_error(key, path, e) from e
         self._charge(len(data))
-        return data, st.st_mtime_ns
+        return data, mtime_ns
 
     def version(self, key: str) -> tuple[int, int]:
         """``(size, modification time in ns)`` of sample ``key`` now: one metadata operation."""

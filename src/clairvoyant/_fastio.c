@@ -175,6 +175,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastcopy", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastio", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fastcopy(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fastio(void) { return PyModule_Create(&module); }

@@ -1,0 +1,117 @@
+"""POLICY, pure: everything one rank does in one epoch, decided up front.
+
+``plan_rank_epoch`` is the one place where an epoch is planned for a rank: the
+batches it yields (plan/partition.py), and for each sample of each batch
+whether the node's local tier holds it (hit) and keeps it afterwards (keep),
+the residents this rank evicts when the epoch starts, and what the tier holds
+at the epoch's end (the next epoch starts from it). The loader hands the result
+to the epoch's run and carries it out; it decides nothing itself.
+
+All ranks of a node compute the node's residency plan (plan/residency.py) from
+the same inputs and take their own rank's slice of it, so they agree without
+talking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .order import epoch_order
+from .partition import cut_batches, rank_indices
+from .residency import node_sequence, simulate_epoch
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What every rank of the job must agree on to plan alike."""
+
+    num_samples: int
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this rank sits: its rank, the job's world size and the ranks of its node (which share
+    the node's tiers)."""
+
+    rank: int
+    world_size: int
+    node: range
+
+    def __post_init__(self) -> None:
+        if self.rank not in self.node or not 0 <= self.node.start <= self.node.stop - 1 < self.world_size:
+            raise ValueError(f"rank {self.rank} and node ranks {self.node} do not fit a world of {self.world_size}")
+
+
+@dataclass(frozen=True)
+class RankEpochPlan:
+    """One rank's epoch: batches of manifest indices from global ``position`` on, and per batch the
+    residency actions on each of its samples."""
+
+    epoch: int
+    rank: int
+    position: int                        # global position of the epoch at batch 0 (plan/partition.py)
+    first_batch: int                     # index of batch 0 within the whole epoch at this layout
+    batches: tuple[np.ndarray, ...]
+    hit: tuple[np.ndarray, ...]          # bool per sample: read it from the local tier
+    keep: tuple[np.ndarray, ...]         # bool per sample: the local tier keeps it after this access
+    drops: tuple[int, ...]               # residents this rank evicts when the epoch starts
+    residents_after: Mapping[int, int]   # sample -> entry bytes in the node's tier at the epoch's end
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: Layout, *, epoch: int, capacity: int,
+                    residents: Mapping[int, int], position: int = 0) -> RankEpochPlan:
+    """Plan ``epoch`` for ``layout.rank`` from global ``position`` on, for a node whose local tier
+    holds ``capacity`` bytes and ``residents`` (sample -> entry bytes) now; ``entry_sizes`` are the
+    bytes each sample takes in a tier."""
+    c, t = config, layout
+    order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
+    mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
+    kw = dict(seed=c.seed, world_size=t.world_size, ranks=t.node, batch_size=c.batch_size, shuffle=c.shuffle,
+              drop_last=c.drop_last)
+    seq = node_sequence(c.num_samples, epoch=epoch, position=position, **kw)
+    following = node_sequence(c.num_samples, epoch=epoch + 1, **kw)
+    res = simulate_epoch(seq, following, entry_sizes, capacity, dict(residents))
+    ri, R = t.node.index(t.rank), len(t.node)
+    spans = _rank_spans(len(seq), R, c.batch_size, ri, len(mine))
+    first = np.full(c.num_samples, -1, dtype=np.int64)
+    first[seq[::-1]] = np.arange(len(seq) - 1, -1, -1)
+    drops = tuple(s for s in res.drop_at_start if _reader_of(int(first[s]), len(seq), R, c.batch_size) == ri)
+    return RankEpochPlan(epoch=epoch, rank=t.rank, position=position,
+                         first_batch=position // (c.batch_size * t.world_size), batches=tuple(mine),
+                         hit=tuple(res.hit[a:b] for a, b in spans), keep=tuple(res.keep[a:b] for a, b in spans),
+                         drops=drops, residents_after=res.residents_after)
+
+
+def _step_length(n: int, R: int, B: int, step: int) -> int:
+    """Samples of each rank's batch in ``step`` of a node sequence of ``n`` accesses by ``R`` ranks
+    (all ranks' batches of a step are equally long; the last step's may be shorter)."""
+    return min(B, (n - step * R * B) // R)
+
+
+def _rank_spans(n: int, R: int, B: int, ri: int, steps: int) -> list[tuple[int, int]]:
+    """Where the ``ri``-th rank of the node finds its batch of each step in the node sequence."""
+    out = []
+    for b in range(steps):
+        length = _step_length(n, R, B, b)
+        out.append((b * R * B + ri * length, b * R * B + (ri + 1) * length))
+    return out
+
+
+def _reader_of(access: int, n: int, R: int, B: int) -> int:
+    """Which rank of the node (its index) makes access ``access`` of the node sequence; the node's
+    first rank for a sample it does not read at all (-1): that rank evicts it."""
+    if access < 0:
+        return 0
+    b = access // (R * B)
+    return (access - b * R * B) // _step_length(n, R, B, b)
+
