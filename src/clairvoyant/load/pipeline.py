@@ -36,8 +36,8 @@ from ..source import Source
 from ..stage.engine import Stager
 from ..tune.stats import Stats
 from ..tune.autotune import Tuner
-from ..tune.verdict import split_wait
 from .pool import WorkerPool
+from .timeline import BatchTimeline
 from .transport import Output, unpack_copy, unpack_shared
 from .worker import Failed, Item, Job, Loaded, ReaderSpec
 
@@ -113,10 +113,7 @@ class EpochRun:
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self._served: dict[int, list[ServedSample]] = {}     # batch -> what the guard checks, until taken
         self.completed = False
-        # each batch's timeline, for splitting the loop's waits into causes (tune/verdict.py)
-        self._staged_at: dict[int, float] = {}
-        self._dispatched_at: dict[int, float] = {}
-        self._worker_times: dict[int, tuple[float, float, float]] = {}
+        self._timeline = BatchTimeline()   # for splitting the loop's waits into causes
         self.window = EpochWindow()   # this epoch's waits, steps and causes, for its verdict
         self.on_batch: Callable[[dict], None] | None = None   # a record per batch (metrics log)
         self._tuner = tuner          # moves the staging thread count (stage_threads="auto")
@@ -174,21 +171,13 @@ class EpochRun:
                 return
             if isinstance(outcome, Placement):
                 self._placed.setdefault(k, {})[j] = outcome
-                where = {"from_" + outcome.tier: 1}
-                if outcome.fetched or outcome.tier == SOURCE:   # read once: here, or by its reader
-                    size = int(self._manifest.sizes[int(self._batches[k][j])])
-                    self._stats.count_epoch(self._epoch, source_files=1, source_bytes=size, **where)
-                    self._stats.source_files += 1
-                    self._stats.source_bytes += size
-                    self._stats.staged_files += outcome.tier != SOURCE
-                else:
-                    self._stats.count_epoch(self._epoch, **where)
-                    self._stats.local_hits += 1
+                self._stats.count_staged(self._epoch, outcome.tier, outcome.fetched or outcome.tier == SOURCE,
+                                         int(self._manifest.sizes[int(self._batches[k][j])]))
             else:
                 self._failed.setdefault(k, []).append((j, outcome))
             self._remaining[k] -= 1
             if self._remaining[k] == 0:
-                self._staged_at[k] = time.perf_counter()
+                self._timeline.staged(k)
                 heapq.heappush(self._ready, k)
                 if self._progress is not None and k == self._frontier:
                     while self._frontier < len(self._remaining) and self._remaining[self._frontier] == 0:
@@ -246,7 +235,7 @@ class EpochRun:
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
             worker.conn.send(Job(k, slot, items, self._skip))
-            self._dispatched_at[k] = time.perf_counter()
+            self._timeline.dispatched(k)
 
     # -- consumer side (the training loop's thread) ------------------------------------------
 
@@ -272,8 +261,7 @@ class EpochRun:
                 t1 = time.perf_counter()
                 self._stats.add(wait_seconds=t1 - t0)
                 with self._lock:
-                    causes = split_wait(t0, t1, self._staged_at.get(k), self._dispatched_at.get(k),
-                                        self._worker_times.get(k))
+                    causes = self._timeline.causes(k, t0, t1)
             out, n = self._take(k)
         except BaseException:
             self.close()
@@ -286,8 +274,7 @@ class EpochRun:
         if self.on_batch is not None:
             self.on_batch({"type": "batch", "epoch": self._epoch, "batch": k, "wait": now - t0, "loop": step,
                            "samples": n, "causes": causes})
-        for d in (self._staged_at, self._dispatched_at, self._worker_times):
-            d.pop(k, None)
+        self._timeline.forget(k)
         if self._tuner is not None:
             self._tune(now)
         self._last_return = now
@@ -373,7 +360,7 @@ class EpochRun:
         positions = self._positions.pop(k, [])
         corrupt = set()
         if isinstance(msg, Loaded):
-            self._worker_times[k] = msg.times
+            self._timeline.read(k, msg.times)
             self._stats.add_worker(msg.times, len(positions))
             for p, why in msg.repaired:
                 j = positions[p]

@@ -54,6 +54,22 @@ class Stats:
             for name, n in deltas.items():
                 d[name] = d.get(name, 0) + n
 
+    def count_staged(self, epoch: int, tier: str, from_source: bool, size: int) -> None:
+        """One sample of ``epoch`` is placed in ``tier`` (local, ram, source): read from the source
+        for this access (by the staging thread or, where no tier had room, by its reader), or found
+        in the local tier. The caller holds no lock of ours."""
+        with self._lock:
+            d = self.epochs.setdefault(epoch, {})
+            d["from_" + tier] = d.get("from_" + tier, 0) + 1
+            if from_source:
+                d["source_files"] = d.get("source_files", 0) + 1
+                d["source_bytes"] = d.get("source_bytes", 0) + size
+                self.source_files += 1
+                self.source_bytes += size
+                self.staged_files += tier != "source"
+            else:
+                self.local_hits += 1
+
     def snapshot(self) -> dict:
         with self._lock:
             d = {f.name: getattr(self, f.name) for f in fields(self)
