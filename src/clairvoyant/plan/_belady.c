@@ -1,10 +1,11 @@
 /* Farthest-next-use over one epoch's accesses: the loop of plan/residency.py in C.
  *
- * simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep)
+ * simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep[, admit])
  *   seq, nxt:   int64 per access (the sample, the position of its next access or INT64_MAX)
  *   sizes:      int64 per sample
  *   res_*:      int64 per resident from before, already in the order to admit them
  *   hit, keep:  writable bytes per access, filled with 0/1
+ *   admit:      optional bytes per access (None: all 1); a miss where it is 0 is not admitted
  * returns (drop, after_samples, after_sizes) as lists.
  *
  * Same decisions, in the same order, as the Python loop (plan/residency.py with
@@ -113,16 +114,27 @@ static int admit(Cache *c, int64_t s, int64_t size, int64_t nu, Py_ssize_t *nv) 
 }
 
 static PyObject *simulate(PyObject *self, PyObject *args) {
-    Py_buffer seq, nxt, sizes, rs, rf, rz, hit, keep;
+    Py_buffer seq, nxt, sizes, rs, rf, rz, hit, keep, adm = {0};
     long long capacity;
-    if (!PyArg_ParseTuple(args, "y*y*y*Ly*y*y*w*w*", &seq, &nxt, &sizes, &capacity, &rs, &rf, &rz, &hit, &keep))
+    PyObject *admit_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*y*y*Ly*y*y*w*w*|O", &seq, &nxt, &sizes, &capacity, &rs, &rf, &rz, &hit, &keep,
+                          &admit_obj))
         return NULL;
     PyObject *result = NULL, *drop = NULL, *after_s = NULL, *after_z = NULL;
     Py_ssize_t n = seq.len / 8, nsamples = sizes.len / 8, nres = rs.len / 8;
     const int64_t *S = seq.buf, *NX = nxt.buf, *Z = sizes.buf, *RS = rs.buf, *RF = rf.buf, *RZ = rz.buf;
     char *H = hit.buf, *K = keep.buf;
+    const char *A = NULL;   /* admit per access; NULL: every miss may be admitted */
     Cache c = {0};
     int64_t *last = NULL;
+    if (admit_obj != Py_None) {
+        if (PyObject_GetBuffer(admit_obj, &adm, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (adm.len != n) {
+            PyErr_SetString(PyExc_ValueError, "admit must hold one byte per access");
+            goto done;
+        }
+        A = adm.buf;
+    }
     c.capacity = capacity;
     c.next = calloc((size_t)nsamples + 1, sizeof(int64_t));
     c.size = calloc((size_t)nsamples + 1, sizeof(int64_t));
@@ -159,6 +171,7 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
             c.next[s] = nu;
             if (push(&c.heap, (Entry){nu, s}) < 0) { PyErr_NoMemory(); goto done; }
         } else {
+            if (A && !A[i]) continue;   /* a miss this tier may not keep: read elsewhere, not admitted */
             int r = admit(&c, s, Z[s], nu, &nv);
             if (r < 0) { PyErr_NoMemory(); goto done; }
             if (r == 0) continue;
@@ -202,12 +215,13 @@ done:
     PyBuffer_Release(&seq); PyBuffer_Release(&nxt); PyBuffer_Release(&sizes);
     PyBuffer_Release(&rs); PyBuffer_Release(&rf); PyBuffer_Release(&rz);
     PyBuffer_Release(&hit); PyBuffer_Release(&keep);
+    if (adm.obj) PyBuffer_Release(&adm);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS,
-     "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep) -> "
+     "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep[, admit]) -> "
      "(drop, after_samples, after_sizes)"},
     {NULL, NULL, 0, NULL},
 };

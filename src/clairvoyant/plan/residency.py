@@ -77,13 +77,23 @@ class EpochResidency:
 
 
 def simulate_epoch(sequence: np.ndarray, following: np.ndarray, sizes: np.ndarray, capacity: int,
-                   residents: dict[int, int], *, use_c: bool = True) -> EpochResidency:
+                   residents: dict[int, int], *, use_c: bool = True,
+                   admit: np.ndarray | None = None) -> EpochResidency:
     """Farthest-next-use over ``sequence`` (this epoch), looking ahead into ``following`` (the
     next epoch) for next uses, starting with ``residents`` (sample -> bytes) in the tier.
+
+    ``admit`` (bool per access, default all True) says where a miss may enter the tier: a miss
+    at an access where it is False is not admitted (read elsewhere, kept nowhere); a hit there is
+    kept or cut like any other. The cluster plan (plan/cluster.py) uses it for a home node that
+    can keep only what it reads itself.
 
     The loop runs in C where the helper is built (ImageNet's 1.28 M accesses in well under a
     second, against about 10 s in Python), else in Python; both take the same decisions."""
     seq = np.ascontiguousarray(sequence, dtype=np.int64)
+    if admit is not None:
+        admit = np.ascontiguousarray(admit, dtype=bool)
+        if admit.shape != seq.shape:
+            raise ValueError(f"admit holds {admit.shape} flags for {seq.shape} accesses: give one per access")
     full = np.concatenate([seq, np.asarray(following, dtype=np.int64)])
     nxt = np.ascontiguousarray(next_uses(full)[:len(seq)])
     sizes = np.ascontiguousarray(sizes, dtype=np.int64)
@@ -95,14 +105,15 @@ def simulate_epoch(sequence: np.ndarray, following: np.ndarray, sizes: np.ndarra
         keep = np.zeros(len(seq), dtype=np.uint8)
         rs = np.asarray(order, dtype=np.int64)
         rz = np.asarray([residents[x] for x in order], dtype=np.int64)
+        extra = () if admit is None else (admit.view(np.uint8),)
         drop, after_s, after_z = _c_simulate(seq, nxt, sizes, int(capacity), rs, first[rs] if len(rs) else rs,
-                                             rz, hit, keep)
+                                             rz, hit, keep, *extra)
         return EpochResidency(hit=hit.view(bool), keep=keep.view(bool), drop_at_start=drop,
                               residents_after=dict(zip(after_s, after_z)))
-    return _simulate_py(seq, nxt, sizes, capacity, residents, order, first)
+    return _simulate_py(seq, nxt, sizes, capacity, residents, order, first, admit)
 
 
-def _simulate_py(seq, nxt, sizes, capacity, residents, order, first) -> EpochResidency:
+def _simulate_py(seq, nxt, sizes, capacity, residents, order, first, admit=None) -> EpochResidency:
     cache = FarthestNextUse(capacity)
     drop: list[int] = []
     for s in order:
@@ -111,6 +122,7 @@ def _simulate_py(seq, nxt, sizes, capacity, residents, order, first) -> EpochRes
     hit = np.zeros(len(seq), dtype=bool)
     keep = np.zeros(len(seq), dtype=bool)
     last: dict[int, int] = {}   # sample -> position of its latest access this epoch
+    admit = None if admit is None else admit.tolist()
     for i, s in enumerate(seq.tolist()):
         nu = int(nxt[i])
         if s in cache:
@@ -118,6 +130,8 @@ def _simulate_py(seq, nxt, sizes, capacity, residents, order, first) -> EpochRes
             cache.touch(s, nu)
             keep[i] = True
         else:
+            if admit is not None and not admit[i]:
+                continue   # a miss this tier may not keep
             victims = cache.admit(s, int(sizes[s]), nu)
             if victims is None:
                 continue

@@ -1,0 +1,320 @@
+"""POLICY, pure: one residency plan for the whole cluster, so that its tiers together hold the data set once.
+
+Planned node by node (plan/residency.py), each node keeps what *its* ranks will
+read soonest, and with N nodes each holding a fraction f of the data set every
+later epoch still reads 1 - f of it from the shared store. Here every sample
+has one **home** node, the only node that keeps it; any other node that needs
+it fetches it from the home's tier (a peer read) while the home holds it.
+
+- **The cluster sequence** of an epoch: step by step, rank 0 .. W-1, each
+  rank's batch in order (``cluster_sequence``). Restricted to the ranks of one
+  node it is that node's ``node_sequence``.
+- **The home** of a sample is the node that reads it first in the job's first
+  epoch (``home_nodes``): stable over epochs, balanced because the order is
+  random, and the home reads every sample of its own in that epoch, so it can
+  fill its tier with them.
+- **Each home runs farthest-next-use** (``simulate_epoch``) over the accesses
+  to its samples, whoever makes them, with its own capacity, next uses looked
+  up in the next epoch too, starting from its residents. A miss can be admitted
+  only where the home itself reads the sample (``admit``): a node that misses
+  a sample of another home reads it from the store and keeps it nowhere.
+
+The result is stated per access: ``served_by`` (the node whose tier serves it,
+-1 the store) and ``keep`` (the home keeps the sample after it), plus per node
+the residents to drop at the start, the residents at the end, and the **late
+drops**: samples the home held for a peer's read at step s and must delete
+once that read is done (the caller waits for the peer's progress, or adds a lag,
+before it deletes). Every node computes the same plan from the same arguments.
+
+The plan counts a sample cut after a peer's read as gone right after that read;
+until the home carries out the late drop it holds those bytes on top, so a home
+that stages ahead of its peers' progress needs headroom for the late drops of
+that many steps (as a node staging ahead of its own reads does for its cuts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from .order import epoch_order
+from .partition import num_batches, rank_indices
+from .residency import EpochResidency, simulate_epoch
+
+__all__ = ["NodeLayout", "cluster_sequence", "home_nodes", "plan_cluster_epoch", "ClusterEpoch", "NodeView",
+           "ClusterSummary"]
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """The global ranks on each node: ``nodes[n]`` are node n's ranks (kept in ascending order);
+    together they are ``range(world_size)``, each rank on one node."""
+
+    nodes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        nodes = tuple(tuple(sorted(int(r) for r in ranks)) for ranks in self.nodes)
+        flat = sorted(r for ranks in nodes for r in ranks)
+        if not nodes or any(not ranks for ranks in nodes):
+            raise ConfigError(f"every node needs at least one rank; got the layout {nodes}")
+        if flat != list(range(len(flat))):
+            raise ConfigError(f"the nodes' ranks must be 0 .. world_size - 1, each on one node; got {nodes}")
+        object.__setattr__(self, "nodes", nodes)
+
+    @classmethod
+    def blocks(cls, world_size: int, local_world_size: int) -> NodeLayout:
+        """Ranks in node blocks of ``local_world_size``, as launchers place them (the last may be short)."""
+        if world_size < 1 or local_world_size < 1:
+            raise ConfigError(f"world_size and local_world_size must be >= 1, got {world_size}, {local_world_size}")
+        return cls(tuple(tuple(range(a, min(a + local_world_size, world_size)))
+                         for a in range(0, world_size, local_world_size)))
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(ranks) for ranks in self.nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def node_of_rank(self) -> np.ndarray:
+        """int32 per global rank: the node holding it."""
+        out = np.empty(self.world_size, np.int32)
+        for n, ranks in enumerate(self.nodes):
+            out[list(ranks)] = n
+        return out
+
+
+def cluster_sequence(num_samples: int, *, seed: int, epoch: int, batch_size: int, world_size: int,
+                     shuffle: bool = True, drop_last: bool = False,
+                     position: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every access of the epoch from global ``position`` on, in cluster order (step, then rank,
+    then place in the batch): ``(samples int64, rank int32, step int32)``. Steps count from
+    ``position`` (step 0 is each rank's first batch from there), as in ``node_sequence``."""
+    if batch_size < 1 or world_size < 1:
+        raise ConfigError(f"batch_size and world_size must be >= 1, got {batch_size}, {world_size}")
+    order = epoch_order(num_samples, seed, epoch, shuffle)
+    per_rank = np.stack([rank_indices(order, r, world_size, position) for r in range(world_size)])
+    length = per_rank.shape[1]
+    length = min(length, num_batches(length, batch_size, drop_last) * batch_size)
+    full, rem = divmod(length, batch_size)
+    head = per_rank[:, :full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
+    samples = np.concatenate([head.reshape(-1), per_rank[:, full * batch_size:length].reshape(-1)])
+    ranks = np.arange(world_size, dtype=np.int32)
+    rank = np.concatenate([np.broadcast_to(ranks[None, :, None], head.shape).reshape(-1), np.repeat(ranks, rem)])
+    step = np.concatenate([np.repeat(np.arange(full, dtype=np.int32), world_size * batch_size),
+                           np.full(world_size * rem, full, np.int32)])
+    return samples.astype(np.int64, copy=False), rank, step
+
+
+def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout, shuffle: bool = True,
+               drop_last: bool = False, first_epoch: int = 0) -> np.ndarray:
+    """int32 per sample: the node that reads it first in the job's first epoch (from its start).
+    A sample that epoch leaves out (``drop_last``) goes to the node of the rank its place in the
+    order would have given it."""
+    samples, rank, _ = cluster_sequence(num_samples, seed=seed, epoch=first_epoch, batch_size=batch_size,
+                                        world_size=layout.world_size, shuffle=shuffle, drop_last=drop_last)
+    node_of = layout.node_of_rank()
+    home = np.full(num_samples, -1, np.int32)
+    seen, first = np.unique(samples, return_index=True)   # the first access of each sample read
+    home[seen] = node_of[rank[first]]
+    missing = np.flatnonzero(home < 0)
+    if len(missing):
+        place = np.empty(num_samples, np.int64)
+        place[epoch_order(num_samples, seed, first_epoch, shuffle)] = np.arange(num_samples)
+        home[missing] = node_of[place[missing] % layout.world_size]
+    return home
+
+
+@dataclass(frozen=True, eq=False)
+class NodeView:
+    """What node ``node`` does in the epoch, per access of its own ranks in node order (as
+    ``node_sequence`` over its ranks): read it from its own tier (``hit``), from peer ``peer[i]``
+    (-1: no peer), else from the store; ``keep[i]``: its own tier keeps the sample after access
+    i (only ever for its home samples). ``late_drops``: rows (step, sample), by step, of its
+    home samples to delete once the peer that reads them at that step is past it."""
+
+    node: int
+    samples: np.ndarray
+    rank: np.ndarray
+    step: np.ndarray
+    hit: np.ndarray
+    peer: np.ndarray
+    keep: np.ndarray
+    drop_at_start: np.ndarray
+    late_drops: np.ndarray
+    residents_after: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def store(self) -> np.ndarray:
+        """bool per access: read from the shared store."""
+        return ~self.hit & (self.peer < 0)
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    """Samples and bytes each node reads from its own tier, from peers' tiers and from the store,
+    and sends to peers from its tier; one entry per node."""
+
+    own_samples: tuple[int, ...]
+    own_bytes: tuple[int, ...]
+    peer_samples: tuple[int, ...]
+    peer_bytes: tuple[int, ...]
+    store_samples: tuple[int, ...]
+    store_bytes: tuple[int, ...]
+    sent_samples: tuple[int, ...]
+    sent_bytes: tuple[int, ...]
+
+    def totals(self) -> dict[str, int]:
+        return {k: sum(v) for k, v in self.as_dict().items()}
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {k: list(getattr(self, k)) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterEpoch:
+    """The cluster's plan for one epoch; arrays are per access in cluster order unless named per
+    sample or per node."""
+
+    epoch: int
+    position: int
+    layout: NodeLayout
+    samples: np.ndarray          # int64 per access
+    rank: np.ndarray             # int32 per access: the rank that reads it
+    step: np.ndarray             # int32 per access, from ``position``
+    node: np.ndarray             # int32 per access: the node of that rank
+    served_by: np.ndarray        # int32 per access: whose tier serves it, -1 the store
+    keep: np.ndarray             # bool per access: the sample's home keeps it after the access
+    home: np.ndarray             # int32 per sample
+    sizes: np.ndarray            # int64 per sample
+    drop_at_start: tuple[np.ndarray, ...]      # per node: int64 residents to delete at the start
+    late_drops: tuple[np.ndarray, ...]         # per node: int64 rows (step, sample), by step
+    residents_after: tuple[dict[int, int], ...]  # per node: sample -> bytes at the epoch's end
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def for_node(self, n: int) -> NodeView:
+        if not 0 <= n < self.layout.num_nodes:
+            raise ConfigError(f"node {n} is outside the layout's {self.layout.num_nodes} nodes")
+        idx = np.flatnonzero(self.node == n)
+        samples, by = self.samples[idx], self.served_by[idx]
+        return NodeView(node=n, samples=samples, rank=self.rank[idx], step=self.step[idx], hit=by == n,
+                        peer=np.where(by == n, -1, by).astype(np.int32),
+                        keep=self.keep[idx] & (self.home[samples] == n), drop_at_start=self.drop_at_start[n],
+                        late_drops=self.late_drops[n], residents_after=self.residents_after[n])
+
+    def summary(self) -> ClusterSummary:
+        nodes = self.layout.num_nodes
+        nbytes = self.sizes[self.samples].astype(np.float64)   # exact: whole numbers below 2**53
+
+        def count(where: np.ndarray, by: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+            k = np.bincount(by[where], minlength=nodes)
+            b = np.bincount(by[where], weights=nbytes[where], minlength=nodes)
+            return tuple(int(x) for x in k), tuple(int(x) for x in b)
+
+        own = self.served_by == self.node
+        store = self.served_by < 0
+        peer = ~own & ~store
+        (os_, ob), (ps, pb), (ss, sb) = (count(w, self.node) for w in (own, peer, store))
+        sent_s, sent_b = count(peer, self.served_by)
+        return ClusterSummary(os_, ob, ps, pb, ss, sb, sent_s, sent_b)
+
+
+def _as_dict_arrays(residents: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    ks = np.fromiter(residents.keys(), np.int64, len(residents))
+    zs = np.fromiter(residents.values(), np.int64, len(residents))
+    order = np.argsort(ks, kind="stable")
+    return ks[order], zs[order]
+
+
+def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: int, layout: NodeLayout,
+                       capacities: int | Sequence[int], sizes: np.ndarray, shuffle: bool = True,
+                       drop_last: bool = False, position: int = 0,
+                       residents: Sequence[dict[int, int]] | None = None, home: np.ndarray | None = None,
+                       first_epoch: int = 0, final: bool = False, use_c: bool = True) -> ClusterEpoch:
+    """The cluster plan of ``epoch`` from global ``position`` on.
+
+    ``capacities``: bytes of each node's tier (one number: the same for all); ``sizes``: bytes per
+    sample; ``residents``: per node, sample -> bytes held when the epoch starts (the previous
+    epoch's ``residents_after``; residents homed elsewhere are dropped at the start); ``home``:
+    ``home_nodes(...)`` if already computed (else computed from ``first_epoch``); ``final``: no
+    epoch follows, so nothing is kept for one."""
+    nodes = layout.num_nodes
+    caps = [int(capacities)] * nodes if np.ndim(capacities) == 0 else [int(c) for c in capacities]
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    if len(caps) != nodes or min(caps) < 0:
+        raise ConfigError(f"give one capacity >= 0 per node ({nodes} nodes), got {capacities!r}")
+    if sizes.shape != (num_samples,):
+        raise ConfigError(f"sizes holds {sizes.shape} entries for {num_samples} samples: give one per sample")
+    residents = [{} for _ in range(nodes)] if residents is None else list(residents)
+    if len(residents) != nodes:
+        raise ConfigError(f"residents holds {len(residents)} tiers for {nodes} nodes: give one dict per node")
+    kw = dict(seed=seed, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
+    if home is None:
+        home = home_nodes(num_samples, layout=layout, first_epoch=first_epoch, **kw)
+    home = np.asarray(home, dtype=np.int32)
+    if home.shape != (num_samples,) or (num_samples and (home.min() < 0 or home.max() >= nodes)):
+        raise ConfigError(f"home must give each of the {num_samples} samples a node in [0, {nodes})")
+    world = layout.world_size
+    samples, rank, step = cluster_sequence(num_samples, epoch=epoch, world_size=world, position=position, **kw)
+    following = (np.zeros(0, np.int64) if final else
+                 cluster_sequence(num_samples, epoch=epoch + 1, world_size=world, **kw)[0])
+    node = layout.node_of_rank()[rank]
+
+    # group accesses, next-epoch accesses and samples by home, each group in its original order
+    def groups(keys: np.ndarray) -> list[np.ndarray]:
+        order = np.argsort(keys, kind="stable")
+        cuts = np.searchsorted(keys[order], np.arange(nodes + 1))
+        return [order[cuts[n]:cuts[n + 1]] for n in range(nodes)]
+
+    acc_of, fol_of, members = groups(home[samples]), groups(home[following]), groups(home)
+    local = np.empty(num_samples, np.int64)   # a sample's index among its home's samples (order kept)
+    for m in members:
+        local[m] = np.arange(len(m))
+
+    served_by = np.full(len(samples), -1, np.int32)
+    keep = np.zeros(len(samples), bool)
+    drops, lates, afters = [], [], []
+    for n in range(nodes):
+        idx, mine = acc_of[n], members[n]
+        r, drop = _simulate_home(n, local[samples[idx]], local[following[fol_of[n]]], node[idx] == n, mine, local,
+                                 home, sizes, caps[n], residents[n], use_c)
+        served_by[idx[r.hit]] = n
+        keep[idx] = r.keep
+        drops.append(drop)
+        late = idx[r.hit & ~r.keep & (node[idx] != n)]          # held for a peer's read, then cut
+        lates.append(np.stack([step[late].astype(np.int64), samples[late]], axis=1))
+        after_k, after_z = _as_dict_arrays(r.residents_after)
+        afters.append(dict(zip(mine[after_k].tolist(), after_z.tolist())))
+    for a in (samples, rank, step, node, served_by, keep):
+        a.setflags(write=False)
+    return ClusterEpoch(epoch=epoch, position=position, layout=layout, samples=samples, rank=rank, step=step,
+                        node=node, served_by=served_by, keep=keep, home=home, sizes=sizes,
+                        drop_at_start=tuple(drops), late_drops=tuple(lates), residents_after=tuple(afters))
+
+
+def _simulate_home(n: int, seq: np.ndarray, fol: np.ndarray, own: np.ndarray, mine: np.ndarray, local: np.ndarray,
+                   home: np.ndarray, sizes: np.ndarray, capacity: int, residents: dict[int, int],
+                   use_c: bool) -> tuple[EpochResidency, np.ndarray]:
+    """Farthest-next-use for home ``n`` over the accesses to its samples, in local indices (a
+    sample's place among ``mine``, its home's samples, ascending: ties fall the same way as in
+    global indices); a miss admitted only at the home's ``own`` accesses. Returns the result and
+    the residents to drop at the start (global indices), those homed elsewhere first."""
+    ks, zs = _as_dict_arrays(residents)
+    ok = (ks >= 0) & (ks < len(home))
+    ok[ok] = home[ks[ok]] == n
+    held, held_z = local[ks[ok]], zs[ok]
+    # hand them over soonest needed first (ties by sample), which simulate_epoch's stable sort
+    # keeps: the order it would choose anyway, and its sort of a sorted list is quick
+    both = np.concatenate([seq, fol])
+    first = np.full(len(mine), len(both), np.int64)
+    first[both[::-1]] = np.arange(len(both) - 1, -1, -1)   # the earliest position wins, as there
+    by_use = np.argsort(first[held], kind="stable")
+    r = simulate_epoch(seq, fol, sizes[mine], capacity, dict(zip(held[by_use].tolist(), held_z[by_use].tolist())),
+                       admit=own, use_c=use_c)
+    return r, np.concatenate([ks[~ok], mine[np.asarray(r.drop_at_start, np.int64)]])
