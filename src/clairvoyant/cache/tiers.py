@@ -45,13 +45,15 @@ class Placement(NamedTuple):
     fetched: bool        # read from the source for this access
     data: bytes | None = None   # the sample's bytes (RAM): handed to the reader with its batch
     mtime_ns: int = 0           # the source file's modification time (RAM), for a later move down
+    peer: int = -1              # the node whose tier the bytes came from (cluster cache), -1 if none
 
 
 class TierCounters:
     """What the tiers did, for stats(); updated by the staging threads under one lock."""
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
-             "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds")
+             "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
+             "late_drops")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

@@ -18,15 +18,18 @@ import numpy as np
 
 from .. import manifest as manifest_mod
 from ..cache import capacity as capacity_mod
-from ..cache.entry import entry_size
+from ..cache.entry import entry_size, unseal
 from ..cache.local import LocalStore, digest, prepare_root
 from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
+from ..dist import cluster as cluster_mod
+from ..dist.cluster import Cluster
 from ..dist.topology import detect, validate
-from ..errors import ConfigError, EmptySourceError
+from ..errors import ConfigError, CorruptEntry, EmptySourceError
+from ..fileio import read_file
 from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, position_after
-from ..plan.rank_plan import Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
+from ..plan.rank_plan import ClusterSpec, Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..plan.residency import node_ranks
 from ..source import DatasetPort, as_source, is_dataset
 from ..tune.autotune import ReaderTuner, Tuner
@@ -117,7 +120,7 @@ class Loader:
                  ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None,
                  balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None,
                  transform: Callable | None = None, target_transform: Callable | None = None,
-                 worker_init_fn: Callable[[int], None] | None = None) -> None:
+                 worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto") -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
             self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
@@ -167,9 +170,21 @@ class Loader:
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
+        self._cluster: Cluster | None = None
+        if cluster_mod.wanted(cluster):   # the job's nodes as one cache, over MPI (dist/cluster.py)
+            self._cluster = Cluster(plan_fingerprint=cluster_mod.fingerprint(
+                manifest=self.manifest.fingerprint, seed=int(seed), batch_size=int(batch_size),
+                shuffle=bool(shuffle), drop_last=bool(drop_last)))
+            t, c = self.topology, self._cluster
+            if (c.rank, c.world_size) != (t.rank, t.world_size):
+                raise ConfigError(f"MPI says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
+                                  f"of {t.world_size}: pass the MPI rank and size, or cluster=False")
+            self.topology = validate(t.rank, t.world_size, t.rank - c.nodes[c.node].start, len(c.nodes[c.node]))
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
         self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)   # what tiers count
         self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
+        if self._cluster is not None:
+            self._cluster.start(self.tiers.local_capacity, self._serve)
         # leaves the node's tiers (the last one out empties the RAM tier) on close, GC or exit
         self._close_tiers = weakref.finalize(self, _close_tiers, self.tiers)
         t = self.topology
@@ -243,15 +258,30 @@ class Loader:
         """This rank's plan of the current epoch from global ``position`` on (plan/rank_plan.py),
         starting from what the last epoch's plan left in the local tier if that epoch ran to its
         end, else from what the tier holds now."""
-        t = self.topology
+        t, c = self.topology, self._cluster
         layout = Layout(t.rank, t.world_size, node_ranks(t.rank, t.world_size, t.local_world_size))
         last = self._carry
-        if last is not None and last[0].epoch == self._epoch - 1 and position == 0 and last[1].completed:
-            residents = last[0].residents_after
-        else:
-            residents = self._residents()
+        carried = last is not None and last[0].epoch == self._epoch - 1 and position == 0 and last[1].completed
+        spec = None
+        if c is not None:   # every node's residents: carried over where every rank can, else exchanged
+            carried = c.all_true(carried)   # (collective calls, taken alike by every rank)
+            held = last[0].cluster_residents if carried else c.residents(self._residents())
+            spec = ClusterSpec(c.nodes, c.node, c.capacities, tuple(held))
+        residents = last[0].residents_after if carried else ({} if c is not None else self._residents())
         return plan_rank_epoch(self._entry_sizes, self._config, layout, epoch=self._epoch,
-                               capacity=self.tiers.local_capacity, residents=residents, position=position)
+                               capacity=self.tiers.local_capacity, residents=residents, position=position,
+                               cluster=spec)
+
+    def _serve(self, index: int) -> bytes | None:
+        """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry."""
+        key, size = self.manifest.keys[index], int(self.manifest.sizes[index])
+        path = self.tiers.find_local(key, size)
+        if path is None:
+            return None
+        try:
+            return unseal(read_file(path, entry_size(size)), size, path)
+        except (FileNotFoundError, CorruptEntry):
+            return None
 
     # -- PyTorch conventions --------------------------------------------------------------------
 
@@ -294,7 +324,8 @@ class Loader:
                        # ranks of a node keep samples for each other: a planned hit that another rank
                        # has not written yet is worth waiting for a moment rather than read twice
                        peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
-                       progress=self._progress, tuner=self._tuner)
+                       progress=self._progress, tuner=self._tuner,
+                       peer_fetch=self._cluster.fetch if self._cluster is not None else None)
         self._carry = (plan, run)
         if self._guard is not None:
             run.served = self._guard.recent
@@ -393,6 +424,8 @@ class Loader:
         d["verdict"] = self._last_verdict
         d["stage_threads"] = self._tuner.threads if self._tuner is not None else self.stage_threads
         d["readers"] = self._reader_tuner.readers if self._reader_tuner is not None else self.num_workers
+        if self._cluster is not None:
+            d["cluster"] = dict(self._cluster.counters(), node=self._cluster.node, nodes=len(self._cluster.nodes))
         return d
 
     def _epoch_done(self, run: EpochRun) -> None:
@@ -432,6 +465,8 @@ class Loader:
             self._metrics.close()
         if self._guard is not None:
             self._guard.recent.clear()   # the batches it held for a check, and their mappings
+        if self._cluster is not None:
+            self._cluster.close()
         self._close_tiers()
 
     def __enter__(self) -> "Loader":

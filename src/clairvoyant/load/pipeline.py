@@ -33,7 +33,7 @@ from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
 from ..plan.rank_plan import RankEpochPlan
 from ..source import Source
-from ..stage.engine import Stager
+from ..stage.engine import PeerFetch, Stager
 from ..tune.stats import Stats
 from ..tune.autotune import Tuner
 from .pool import WorkerPool
@@ -45,6 +45,9 @@ _LIVE: "weakref.WeakSet[EpochRun]" = weakref.WeakSet()
 # Batches a worker's slots may hold while the training loop still uses them (lent without a copy);
 # past this many per worker, batches are copied out so a loop that keeps batches cannot starve readers.
 LEND = 2
+# A home sample that a peer reads at batch k is deleted once this rank is past batch k + LATE_LAG
+# (ranks run in step; the peer fetched it well before, as its staging runs ahead).
+LATE_LAG = 4
 
 
 @atexit.register
@@ -103,12 +106,15 @@ class EpochRun:
     def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, plan: RankEpochPlan, num_workers: int,
                  prefetch: int, stage_threads: int, lookahead: int, reader: ReaderSpec,
                  skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
-                 progress: "NodeProgress | None" = None, tuner: "Tuner | None" = None) -> None:
+                 progress: "NodeProgress | None" = None, tuner: "Tuner | None" = None,
+                 peer_fetch: "PeerFetch | None" = None) -> None:
         """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is."""
         epoch, batches = plan.epoch, list(plan.batches)
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self.epoch = epoch
         self._actions = list(zip(plan.hit, plan.keep))   # per batch: (hit, keep) per sample
+        self._peer = plan.peer                           # per batch: the node serving each sample (cluster)
+        self._late = collections.deque(plan.late_drops)  # (batch, sample): home samples a peer has read
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self._served: dict[int, list[ServedSample]] = {}     # batch -> what the guard checks, until taken
@@ -147,7 +153,7 @@ class EpochRun:
             progress.set(self._base)
             gate = lambda k, stopped: progress.wait_for(self._base + k, stopped)  # noqa: E731
         self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged,
-                              peer_wait=peer_wait, gate=gate)
+                              peer_wait=peer_wait, gate=gate, peer_fetch=peer_fetch)
         _LIVE.add(self)
         self._stager.drop([manifest.keys[s] for s in plan.drops])
         self._stager.start()
@@ -172,7 +178,7 @@ class EpochRun:
             if isinstance(outcome, Placement):
                 self._placed.setdefault(k, {})[j] = outcome
                 self._stats.count_staged(self._epoch, outcome.tier, outcome.fetched or outcome.tier == SOURCE,
-                                         int(self._manifest.sizes[int(self._batches[k][j])]))
+                                         int(self._manifest.sizes[int(self._batches[k][j])]), outcome.peer)
             else:
                 self._failed.setdefault(k, []).append((j, outcome))
             self._remaining[k] -= 1
@@ -200,7 +206,7 @@ class EpochRun:
         while self._submitted < end:
             k = self._submitted
             hit, keep = self._actions[k]
-            self._stager.submit(k, self._batches[k], hit, keep)
+            self._stager.submit(k, self._batches[k], hit, keep, None if self._peer is None else self._peer[k])
             self._submitted += 1
 
     def _dispatch_locked(self) -> None:
@@ -279,10 +285,22 @@ class EpochRun:
             self._tune(now)
         self._last_return = now
         self._next = k + 1
+        if self._late:
+            self._drop_late(k - LATE_LAG)
         self._fill_window()
         with self._lock:
             self._dispatch_locked()
         return out
+
+    def _drop_late(self, upto: int) -> None:
+        """Delete home samples whose last reader this epoch was a peer, at batch ``upto`` or before."""
+        keys, late = self._manifest.keys, self._late
+        gone = []
+        while late and late[0][0] <= upto:
+            gone.append(keys[late.popleft()[1]])
+        if gone:
+            self._tiers.counters.add("late_drops", len(gone))
+            self._stager.drop(gone)
 
     def _tune(self, now: float) -> None:
         """Hand the tuner the loader's cumulative counters; apply its thread count when it decides."""
@@ -387,6 +405,8 @@ class EpochRun:
         if os.getpid() != self._owner_pid:
             return  # a forked child must not tear down its parent's workers
         self.completed = self._next >= len(self._batches)
+        if self.completed and self._late:   # the peers have read them (they stage well ahead)
+            self._drop_late(len(self._batches))
         self._pool.close()   # no reader uses a staged file after this
         with self._lock:     # what was staged but not used: RAM entries go, local ones stay as planned
             for k in list(self._placed):

@@ -14,11 +14,12 @@ talking.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
+from .cluster import NodeLayout, plan_cluster_epoch
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
 from .residency import node_sequence, simulate_epoch
@@ -50,6 +51,17 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class ClusterSpec:
+    """The job's nodes as one cache: the ranks of each node, which one is this rank's, each node's
+    local-tier capacity, and what each node's tier holds now."""
+
+    nodes: tuple[range, ...]
+    node: int
+    capacities: tuple[int, ...]
+    residents: tuple[Mapping[int, int], ...] = field(default=())
+
+
+@dataclass(frozen=True)
 class RankEpochPlan:
     """One rank's epoch: batches of manifest indices from global ``position`` on, and per batch the
     residency actions on each of its samples."""
@@ -63,17 +75,25 @@ class RankEpochPlan:
     keep: tuple[np.ndarray, ...]         # bool per sample: the local tier keeps it after this access
     drops: tuple[int, ...]               # residents this rank evicts when the epoch starts
     residents_after: Mapping[int, int]   # sample -> entry bytes in the node's tier at the epoch's end
+    # the cluster cache (plan/cluster.py), else None / empty:
+    peer: tuple[np.ndarray, ...] | None = None     # int per sample: the node whose tier serves it, -1 none
+    late_drops: tuple[tuple[int, int], ...] = ()   # (batch, sample): delete once this rank is past batch
+    cluster_residents: tuple[Mapping[int, int], ...] | None = None   # every node's, at the epoch's end
 
     def __len__(self) -> int:
         return len(self.batches)
 
 
 def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: Layout, *, epoch: int, capacity: int,
-                    residents: Mapping[int, int], position: int = 0) -> RankEpochPlan:
+                    residents: Mapping[int, int], position: int = 0,
+                    cluster: ClusterSpec | None = None) -> RankEpochPlan:
     """Plan ``epoch`` for ``layout.rank`` from global ``position`` on, for a node whose local tier
     holds ``capacity`` bytes and ``residents`` (sample -> entry bytes) now; ``entry_sizes`` are the
-    bytes each sample takes in a tier."""
+    bytes each sample takes in a tier. With ``cluster``, the nodes of the job are planned as one
+    cache (plan/cluster.py) and ``capacity`` and ``residents`` come from it."""
     c, t = config, layout
+    if cluster is not None:
+        return _plan_in_cluster(entry_sizes, c, t, epoch, position, cluster)
     order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
     mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
     kw = dict(seed=c.seed, world_size=t.world_size, ranks=t.node, batch_size=c.batch_size, shuffle=c.shuffle,
@@ -115,3 +135,30 @@ def _reader_of(access: int, n: int, R: int, B: int) -> int:
     b = access // (R * B)
     return (access - b * R * B) // _step_length(n, R, B, b)
 
+
+
+def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: Layout, epoch: int, position: int,
+                     cluster: ClusterSpec) -> RankEpochPlan:
+    nodes = NodeLayout(tuple(tuple(g) for g in cluster.nodes))
+    if t.node != cluster.nodes[cluster.node]:
+        raise ValueError(f"rank {t.rank}'s node {t.node} is not node {cluster.node} of the cluster, "
+                         f"{cluster.nodes[cluster.node]}")
+    plan = plan_cluster_epoch(c.num_samples, seed=c.seed, epoch=epoch, batch_size=c.batch_size, layout=nodes,
+                              capacities=cluster.capacities, sizes=entry_sizes, shuffle=c.shuffle,
+                              drop_last=c.drop_last, position=position,
+                              residents=[dict(r) for r in cluster.residents] or None)
+    view = plan.for_node(cluster.node)
+    order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
+    mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
+    n, R, ri = len(view.samples), len(t.node), t.node.index(t.rank)
+    spans = _rank_spans(n, R, c.batch_size, ri, len(mine))
+    first = np.full(c.num_samples, -1, dtype=np.int64)
+    first[view.samples[::-1]] = np.arange(n - 1, -1, -1)
+    drops = tuple(int(s) for s in view.drop_at_start if _reader_of(int(first[s]), n, R, c.batch_size) == ri)
+    late = tuple((int(k), int(s)) for k, s in view.late_drops.reshape(-1, 2) if int(s) % R == ri)
+    return RankEpochPlan(epoch=epoch, rank=t.rank, position=position,
+                         first_batch=position // (c.batch_size * t.world_size), batches=tuple(mine),
+                         hit=tuple(view.hit[a:b] for a, b in spans), keep=tuple(view.keep[a:b] for a, b in spans),
+                         drops=drops, residents_after=view.residents_after,
+                         peer=tuple(view.peer[a:b] for a, b in spans), late_drops=late,
+                         cluster_residents=tuple(plan.residents_after))

@@ -30,6 +30,8 @@ from ..source import Source
 
 # on_done(batch, position in batch, Placement or the exception that stopped the staging)
 OnDone = Callable[[int, int, "Placement | BaseException"], None]
+# peer_fetch(node, sample index, size): the sample's verified bytes from that node's tier, or None
+PeerFetch = Callable[[int, int, int], "bytes | None"]
 _AFTER, _DROP = "after", "drop"
 _WAKE = ("wake",)
 
@@ -39,11 +41,13 @@ class Stager:
 
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
                  on_done: OnDone, peer_wait: float = 0.0,
-                 gate: Callable[[int, Callable[[], bool]], None] | None = None) -> None:
+                 gate: Callable[[int, Callable[[], bool]], None] | None = None,
+                 peer_fetch: PeerFetch | None = None) -> None:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
         self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
         self._gate = gate             # gate(batch, stopped): waits while other ranks of the node are behind
+        self._peer_fetch = peer_fetch  # the cluster cache: samples another node's tier serves
         self._queue: queue.SimpleQueue = queue.SimpleQueue()     # staging, in need order
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
         self._stop = False
@@ -81,9 +85,12 @@ class Stager:
                 self._excess += self._target - n
             self._target = n
 
-    def submit(self, batch_id: int, indices, hit, keep) -> None:
+    def submit(self, batch_id: int, indices, hit, keep, peer=None) -> None:
+        """Stage a batch: per sample, hit (in the local tier), keep (there after its access) and
+        the node whose tier serves it (-1: none; ``peer`` None: no cluster cache)."""
         for j, idx in enumerate(indices):
-            self._queue.put((batch_id, j, int(idx), bool(hit[j]), bool(keep[j])))
+            self._queue.put((batch_id, j, int(idx), bool(hit[j]), bool(keep[j]),
+                             -1 if peer is None else int(peer[j])))
 
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
@@ -142,11 +149,12 @@ class Stager:
                 if self._retire():
                     return
                 continue   # staging work is dropped on close; after-use work above is finished
-            batch_id, j, idx, hit, keep = item
+            batch_id, j, idx, hit, keep, peer = item
             if self._gate is not None:
                 self._gate(batch_id, lambda: self._stop)
             try:
-                outcome: Placement | BaseException = self._stage(idx, hit, keep)
+                outcome: Placement | BaseException = (self._stage(idx, hit, keep) if peer < 0
+                                                       else self._from_peer(idx, peer))
             except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
                 outcome = e
             except Exception as e:  # a source's own error: name the sample
@@ -187,6 +195,24 @@ class Stager:
         finally:
             if locked:
                 tiers.release(key)
+
+    def _from_peer(self, idx: int, node: int) -> Placement:
+        """A sample another node's tier holds: its bytes into the RAM window, from that node; from
+        the source if the peer misses, is late or is gone (never kept: its home node keeps it)."""
+        key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
+        tiers = self._tiers
+        served: list[int] = []
+
+        def fetch() -> tuple[bytes, int]:
+            data = self._peer_fetch(node, idx, size) if self._peer_fetch is not None else None
+            if data is not None:
+                served.append(node)
+                tiers.counters.add("peer_hits")
+                return data, 0
+            tiers.counters.add("peer_misses")
+            return self._fetch(key, size)
+        placed = tiers.stage(key, size, False, fetch)
+        return placed._replace(peer=node) if served else placed
 
     def _fetch(self, key: str, size: int) -> tuple[bytes, int]:
         t0 = time.perf_counter()

@@ -54,14 +54,19 @@ class Stats:
             for name, n in deltas.items():
                 d[name] = d.get(name, 0) + n
 
-    def count_staged(self, epoch: int, tier: str, from_source: bool, size: int) -> None:
+    def count_staged(self, epoch: int, tier: str, from_source: bool, size: int, peer: int = -1) -> None:
         """One sample of ``epoch`` is placed in ``tier`` (local, ram, source): read from the source
-        for this access (by the staging thread or, where no tier had room, by its reader), or found
-        in the local tier. The caller holds no lock of ours."""
+        for this access (by the staging thread or, where no tier had room, by its reader), from
+        node ``peer``'s tier, or found in the local tier. The caller holds no lock of ours."""
         with self._lock:
             d = self.epochs.setdefault(epoch, {})
             d["from_" + tier] = d.get("from_" + tier, 0) + 1
-            if from_source:
+            if peer >= 0:
+                d["peer_files"] = d.get("peer_files", 0) + 1
+                d["peer_bytes"] = d.get("peer_bytes", 0) + size
+                by = d.setdefault("from_node", {})
+                by[peer] = by.get(peer, 0) + size
+            elif from_source:
                 d["source_files"] = d.get("source_files", 0) + 1
                 d["source_bytes"] = d.get("source_bytes", 0) + size
                 self.source_files += 1
@@ -75,7 +80,8 @@ class Stats:
             d = {f.name: getattr(self, f.name) for f in fields(self)
                  if not f.name.startswith("_") and f.name != "timings"}
             d["skipped"] = list(self.skipped)
-            d["epochs"] = {e: dict(c) for e, c in self.epochs.items()}
+            d["epochs"] = {e: {k: dict(v) if isinstance(v, dict) else v for k, v in c.items()}
+                           for e, c in self.epochs.items()}
             d["wait_by_cause"] = dict(self.wait_by_cause)
             d["reader"] = dict(self.reader)
         d.update(self.timings.summary())

@@ -1,0 +1,151 @@
+"""MECHANISM: the job's nodes as one cache: who is on which node, what each node can hold, and
+the peer service through which a node's tier serves the others (dist/peers.py, over MPI).
+
+Every rank of the job plans the whole cluster alike (plan/cluster.py) from what
+is exchanged here once, at start-up: the ranks of each node, each node's
+local-tier capacity and, at the start of a run, the samples each node's tier
+holds. A fingerprint of everything else the plan depends on (manifest, seed,
+batch size, ...) is compared first, so that ranks that would plan differently
+stop with a clear error instead of serving each other wrong samples.
+
+Whether to run as a cluster: ``cluster="auto"`` turns it on where the launcher
+says the job spans more than one node (or ``CLAIRVOYANT_NODE`` names nodes)
+and mpi4py can be imported; without mpi4py the loader logs once that it runs
+node by node, and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import peers
+
+log = logging.getLogger("clairvoyant")
+PEER_TIMEOUT = 2.0   # seconds a staging thread waits for a peer before it reads the shared store
+_warned: list[str] = []
+
+
+def multi_node(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the launcher says the job spans more than one node (or nodes are named by hand)."""
+    env = os.environ if env is None else env
+    if env.get("CLAIRVOYANT_NODE"):
+        return True
+    for size, local in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"),
+                        ("WORLD_SIZE", "LOCAL_WORLD_SIZE")):
+        if size in env and local in env:
+            try:
+                return int(env[size]) > int(env[local])
+            except ValueError:
+                return False
+    try:
+        return int(env.get("SLURM_NNODES", "1")) > 1
+    except ValueError:
+        return False
+
+
+def wanted(cluster: bool | str) -> bool:
+    """Resolve the Loader's ``cluster=`` argument: True, False or "auto"."""
+    if cluster not in (True, False, "auto"):
+        raise ConfigError(f"cluster={cluster!r}: choose True, False or 'auto'")
+    if cluster is False:
+        return False
+    why = peers.available()
+    if cluster is True:
+        if why is not None:
+            raise ConfigError(f"cluster=True needs MPI: {why}; `pip install clairvoyant[mpi]`, or pass cluster=False")
+        return True
+    if not multi_node():
+        return False
+    if why is not None:
+        if not _warned:
+            _warned.append(why)
+            log.warning("clairvoyant: the job spans several nodes but runs node by node (each node reads "
+                        "what it does not hold from the shared store): %s; `pip install clairvoyant[mpi]` "
+                        "for the cluster cache, or pass cluster=False to silence this", why)
+        return False
+    return True
+
+
+def fingerprint(**fields: object) -> bytes:
+    """32 bytes that differ when anything the cluster plan depends on differs."""
+    text = "\n".join(f"{k}={fields[k]!r}" for k in sorted(fields))
+    return hashlib.sha256(text.encode()).digest()
+
+
+class Cluster:
+    """This rank in the job's cluster: node layout, capacities, and the peer service."""
+
+    def __init__(self, *, plan_fingerprint: bytes, timeout: float = PEER_TIMEOUT) -> None:
+        """Join the job's cluster (collective: every rank of the job makes its Loader alike)."""
+        from mpi4py import MPI   # imported here: clairvoyant runs without it
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        peers.agree(self.comm, plan_fingerprint, "the data, seed, batch size, shuffle or drop_last")
+        groups = peers.node_groups(self.comm, peers.node_name())
+        for g in groups:
+            if list(g) != list(range(g[0], g[0] + len(g))):
+                raise ConfigError(
+                    f"ranks {g} share a node but are not numbered in one block: launch with the ranks of "
+                    "each node numbered consecutively (Open MPI's default --map-by slot, not --map-by node), "
+                    "or pass cluster=False")
+        self.nodes: tuple[range, ...] = tuple(range(g[0], g[0] + len(g)) for g in groups)
+        self.node = next(i for i, g in enumerate(self.nodes) if self.rank in g)
+        self.timeout = timeout
+        self.capacities: tuple[int, ...] = ()
+        self._service: peers.PeerService | None = None
+
+    def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
+        """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
+        caps = self._allgather_int(int(capacity))
+        self.capacities = tuple(int(caps[g.start]) for g in self.nodes)
+        self._service = peers.PeerService(self.comm, serve)
+        self._service.start()
+
+    def _allgather_int(self, value: int) -> np.ndarray:
+        out = np.zeros(self.world_size, dtype=np.int64)
+        self.comm.Allgather(np.array([value], dtype=np.int64), out)
+        return out
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (collective)."""
+        return bool(self._allgather_int(int(bool(flag))).all())
+
+    def residents(self, mine: Mapping[int, int]) -> list[dict[int, int]]:
+        """Every node's residents (sample -> entry bytes), from each node's first rank's ``mine``."""
+        first = self.rank == self.nodes[self.node].start
+        idx = np.fromiter(mine.keys(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
+        val = np.fromiter(mine.values(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
+        counts = self._allgather_int(len(idx))
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        all_idx = np.zeros(int(counts.sum()), dtype=np.int64)
+        all_val = np.zeros(int(counts.sum()), dtype=np.int64)
+        from mpi4py import MPI
+        self.comm.Allgatherv(idx, [all_idx, counts, displs, MPI.INT64_T])
+        self.comm.Allgatherv(val, [all_val, counts, displs, MPI.INT64_T])
+        out = []
+        for g in self.nodes:
+            a, n = int(displs[g.start]), int(counts[g.start])
+            out.append(dict(zip(all_idx[a:a + n].tolist(), all_val[a:a + n].tolist())))
+        return out
+
+    def fetch(self, node: int, index: int, size: int) -> bytes | None:
+        """Sample ``index`` from node ``node``'s tier (verified), or None: ask the rank of that node
+        with this rank's position within its own node, so the node's ranks share the serving."""
+        g = self.nodes[node]
+        mine = self.rank - self.nodes[self.node].start
+        if self._service is None:
+            return None
+        return self._service.fetch(g.start + mine % len(g), index, size, self.timeout)
+
+    def counters(self) -> dict:
+        return self._service.counters() if self._service is not None else {}
+
+    def close(self) -> None:
+        if self._service is not None:
+            self._service.close()

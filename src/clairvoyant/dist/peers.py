@@ -1,0 +1,554 @@
+"""MECHANISM: the data plane by which the ranks of a job serve each other's staged samples.
+
+A :class:`PeerService` per process answers the other ranks' requests with its
+``serve`` function and sends this process's own requests (:meth:`~PeerService.fetch`,
+from any number of threads). It decides nothing about *whom* to ask for *what*:
+that is planning's. What it does decide:
+
+- **The wire.** Fixed little-endian ``struct`` headers and raw bytes over
+  mpi4py's buffer API, on a private duplicate of the communicator. Nothing is
+  pickled or unpickled, ever: a message whose tag, size or magic is not ours is
+  drained into a small buffer (the rest truncated away, unread) and counted as
+  ``refused``. A request is :data:`REQUEST`; a reply is :data:`REPLY` followed by
+  the payload in the same message, with the payload's xxh3-64 in the header.
+- **One MPI thread.** Every MPI call of the service happens in its thread
+  (``clairvoyant-peers``). Callers queue a request and wait on an Event with
+  their own time-out; the thread sends it, polls for messages, calls ``serve``,
+  replies, and hands each verified reply to its waiting caller.
+- **Bounds.** At most ``max_inflight`` requests and ``max_bytes`` of expected
+  replies are outstanding (a larger single sample goes alone); further callers
+  wait within their time-out. A server has at most ``max_bytes`` of replies
+  leaving for any one requester; that requester's further requests wait their
+  turn, so a requester that does not receive slows down only itself.
+- **Failure costs a time-out, nothing more.** A reply that is late (its caller
+  gave up) is received and dropped; one whose length or checksum is off is
+  dropped and counted. A dead peer: Open MPI ends the whole job when a rank dies
+  unless it runs with ULFM (``mpirun --with-ft ulfm``); then MPI reports
+  MPI_ERR_PROC_FAILED, the service acknowledges the failure and fetches from
+  that rank return None at once (here, tens of ms after the kill); until MPI
+  notices, they time out.
+- **Closing never waits on a peer.** :meth:`~PeerService.close` stops the
+  thread, lets replies in flight leave for up to :data:`LINGER` seconds, then
+  abandons what is left: requests MPI may still write into are kept alive (with
+  their buffers) for the life of the process, and the private communicator is
+  freed only when nothing is outstanding and no peer has failed, since
+  MPI_Comm_free is collective in the standard's terms. No collective is called.
+
+Also here, for the loader's start-up: :func:`available`, :func:`node_name`,
+:func:`node_groups` and :func:`agree`. mpi4py is imported only inside the
+functions that need it, so clairvoyant imports without it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+import weakref
+from collections import Counter, OrderedDict, deque
+from typing import Any, Callable
+
+import numpy as np
+import xxhash
+
+from ..errors import ConfigError
+
+log = logging.getLogger("clairvoyant")
+
+REQUEST = struct.Struct("<8sQqQ")   # magic, request id, sample index, size in bytes
+REPLY = struct.Struct("<8sQqQQ")    # magic, request id, status, payload length, xxh3-64 of the payload
+REQUEST_MAGIC, REPLY_MAGIC = b"CVPEERQ1", b"CVPEERR1"
+HIT, MISS = 0, 1
+LINGER = 0.5        # seconds close() lets replies in flight leave
+CLOSE_WAIT = 5.0    # seconds close() waits for the thread (it may be inside ``serve``)
+CORRUPT_ON_SEND: set[int] = set()   # test hook: these indices' payloads get a bit flipped after the checksum
+
+_DRAIN = 64           # bytes a refused message is received into; the rest is truncated away unread
+_LATE_KEPT = 4096     # ids of requests whose callers gave up, so a late reply is told from garbage
+_ABANDONED: list[Any] = []   # (request, buffer, ...) still active when a service closed: kept alive
+_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
+_OUTCOMES = ("hits", "misses", "timeouts", "bad_checksum", "failed")
+_LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
+
+
+def available() -> str | None:
+    """None if the peer service can run here, else one line saying why not (for the loader's log).
+
+    Initialises MPI (with MPI_THREAD_MULTIPLE) only when the process was started
+    by an MPI launcher or MPI is already up; a process started otherwise would
+    be a world of one, with no peers.
+    """
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'clairvoyant[mpi]')"
+    if "mpi4py.MPI" not in sys.modules and not any(v in os.environ for v in _LAUNCHER_VARS):
+        return "the process was not started by an MPI launcher (mpirun, mpiexec, srun --mpi=pmix)"
+    try:
+        from mpi4py import MPI
+    except Exception as e:  # mpi4py raises RuntimeError when it finds no MPI library
+        return f"mpi4py cannot load an MPI library: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    try:
+        if MPI.Is_finalized():
+            return "MPI is already finalized"
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        level = MPI.Query_thread()
+    except MPI.Exception as e:
+        return f"MPI cannot be initialised: {e}"
+    if level < MPI.THREAD_MULTIPLE:
+        return (f"MPI runs at thread level {level} (< MPI_THREAD_MULTIPLE): the peer service's thread "
+                "calls MPI beside the training loop")
+    return None
+
+
+def node_name() -> str:
+    """This node's name: ``CLAIRVOYANT_NODE`` if set (to split one machine into nodes), else the hostname."""
+    return os.environ.get("CLAIRVOYANT_NODE") or socket.gethostname()
+
+
+def node_groups(comm: Any, name: str) -> list[list[int]]:
+    """The ranks of each node (collective: every rank passes its node's name), nodes in the order
+    of their lowest rank. Names travel as fixed-width UTF-8 bytes."""
+    size = comm.Get_size()
+    raw = name.encode()
+    lengths = np.zeros(size, np.int64)
+    comm.Allgather(np.array([len(raw)], np.int64), lengths)
+    width = max(int(lengths.max()), 1)
+    mine = np.zeros(width, np.uint8)
+    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
+    names = np.zeros((size, width), np.uint8)
+    comm.Allgather(mine, names)
+    groups: dict[bytes, list[int]] = {}
+    for r in range(size):
+        groups.setdefault(names[r, :lengths[r]].tobytes(), []).append(r)
+    return list(groups.values())
+
+
+def agree(comm: Any, fingerprint: bytes, what: str) -> None:
+    """Collective: ConfigError on every rank, naming the ranks that differ from the majority
+    (a tie goes to the lowest rank's side), if the ranks' 32-byte fingerprints of ``what`` differ."""
+    if len(fingerprint) != 32:
+        raise ConfigError(f"a fingerprint is 32 bytes, got {len(fingerprint)}")
+    size = comm.Get_size()
+    everyone = np.zeros((size, 32), np.uint8)
+    comm.Allgather(np.frombuffer(bytes(fingerprint), np.uint8), everyone)
+    prints = [everyone[r].tobytes() for r in range(size)]
+    counts = Counter(prints)
+    if len(counts) == 1:
+        return
+    common = max(counts, key=counts.__getitem__)   # the first of the most frequent: the same on every rank
+    odd = [r for r, p in enumerate(prints) if p != common]
+    ranks = ", ".join(map(str, odd))
+    raise ConfigError(f"{what} differs across ranks: rank{'s' if len(odd) > 1 else ''} {ranks} "
+                      f"disagree{'' if len(odd) > 1 else 's'} with the other {size - len(odd)}; "
+                      "start every rank with the same settings and data")
+
+
+class _Fetch:
+    """One caller's request, from queueing to its outcome."""
+
+    __slots__ = ("id", "peer", "index", "size", "sent", "result", "done")
+
+    def __init__(self, rid: int, peer: int, index: int, size: int) -> None:
+        self.id, self.peer, self.index, self.size = rid, peer, index, size
+        self.sent = False
+        self.result: bytes | None = None
+        self.done = threading.Event()
+
+
+class PeerService:
+    """This rank's end of the data plane: serves ``serve(index)`` to the other ranks and fetches from them.
+
+    Constructing it is collective over ``comm`` (it duplicates the communicator);
+    :meth:`start` starts the thread. ``serve(index)`` returns the staged sample's
+    verified bytes, or None for a miss; it runs in the service thread.
+    """
+
+    def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *, max_inflight: int = 32,
+                 max_bytes: int = 64 << 20, tag_base: int = 7000) -> None:
+        from mpi4py import MPI
+        if max_inflight < 1 or max_bytes < 1:
+            raise ConfigError(f"max_inflight={max_inflight} and max_bytes={max_bytes} must be >= 1")
+        if not 0 <= tag_base < MPI.COMM_WORLD.Get_attr(MPI.TAG_UB):
+            raise ConfigError(f"tag_base={tag_base} is not a valid MPI tag")
+        self._MPI = MPI
+        self.comm = comm.Dup()   # private: never mixes with the caller's messages
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.max_inflight, self.max_bytes = max_inflight, max_bytes
+        self._serve = serve
+        self._req_tag, self._rep_tag = tag_base, tag_base + 1
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._outbox: deque[_Fetch] = deque()
+        self._waiting: dict[int, _Fetch] = {}          # callers still waiting, by request id
+        self._late: OrderedDict[int, int] = OrderedDict()  # request id -> peer, for callers that gave up
+        self._ids = itertools.count(1)
+        self._inflight = self._inflight_bytes = 0
+        self._largest = max_bytes      # the largest reply expected
+        self._dead: set[int] = set()
+        self._stopping = self._closed = False
+        self._thread: threading.Thread | None = None
+        # the service thread's own: receives (request, buffer, source, kind), sends (request, buffer, dest, fetch id)
+        self._recvs: list[tuple[Any, bytearray, int, str]] = []
+        self._sends: list[tuple[Any, bytearray, int, int]] = []
+        self._backlog: Counter[int] = Counter()   # bytes being sent, by destination
+        self._queued: deque[tuple[int, int, int, int]] = deque()   # requests to answer: id, index, size, source
+        self._c: Counter[str] = Counter()
+        self._peer_hits: Counter[int] = Counter()
+        self._peer_bytes: Counter[int] = Counter()
+
+    def __enter__(self) -> PeerService:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the service thread (once; nothing after close)."""
+        with self._lock:
+            if self._thread is not None or self._stopping:
+                return
+            self._thread = threading.Thread(target=self._run, name="clairvoyant-peers", daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+
+    def fetch(self, peer: int, index: int, size: int, timeout: float) -> bytes | None:
+        """Sample ``index`` (``size`` bytes) from rank ``peer``, verified, or None: a miss, no
+        answer within ``timeout`` seconds, a bad length or checksum, a failed peer, a closed service."""
+        if not 0 <= peer < self.size or peer == self.rank or size < 0:
+            raise ConfigError(f"fetch from rank {peer} of {self.size} (this is rank {self.rank}), size {size}")
+        deadline = time.monotonic() + max(timeout, 0.0)
+        with self._lock:
+            self._c["fetches"] += 1
+            while not self._closed and peer not in self._dead and not self._has_room(size):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._c["timeouts"] += 1
+                    return None
+                self._room.wait(left)
+            if self._closed or self._thread is None or peer in self._dead:
+                self._c["failed"] += 1
+                return None
+            f = _Fetch(next(self._ids), peer, index, size)
+            self._inflight += 1
+            self._inflight_bytes += size
+            self._largest = max(self._largest, size)
+            self._waiting[f.id] = f
+            self._outbox.append(f)
+        self._wake.set()
+        f.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            if self._waiting.pop(f.id, None) is not None:   # no answer in time
+                self._release(f)
+                self._c["timeouts"] += 1
+                if f.sent:
+                    self._late[f.id] = f.peer
+                    if len(self._late) > _LATE_KEPT:
+                        self._late.popitem(last=False)
+                return None
+        return f.result
+
+    def counters(self) -> dict:
+        """What happened so far. Each finished fetch counts once in hits, misses, timeouts,
+        bad_checksum or failed (their sum is ``fetches`` once none is in progress); ``sent`` counts
+        requests that went out, ``late`` replies that came after their caller gave up, ``refused``
+        messages dropped unread; ``served``/``unserved`` the requests this rank answered with a hit
+        or a miss; ``errors`` MPI errors met; ``per_peer`` hits and bytes by rank; ``dead_peers``
+        the ranks MPI reported failed."""
+        with self._lock:
+            out = {k: self._c[k] for k in ("fetches", "sent", *_OUTCOMES, "late", "refused", "served",
+                                           "unserved", "errors", "bytes_in", "bytes_out")}
+            out["per_peer"] = {p: {"hits": self._peer_hits[p], "bytes": self._peer_bytes[p]}
+                               for p in sorted(self._peer_hits)}
+            out["dead_peers"] = sorted(self._dead)
+            return out
+
+    def close(self) -> None:
+        """Stop: waiting fetches return None, the thread ends (see the module's notes). Idempotent."""
+        with self._lock:
+            self._stopping = self._closed = True
+            self._fail_waiting(lambda f: True)
+            thread = self._thread
+        self._wake.set()
+        if thread is None:
+            self._free_comm()
+        elif thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT)
+            if thread.is_alive():
+                log.warning("clairvoyant: the peer service's thread is still inside serve() after %.0f s; "
+                            "leaving it behind", CLOSE_WAIT)
+
+    # --- caller side, under the lock -------------------------------------------------------------
+
+    def _has_room(self, size: int) -> bool:
+        if self._inflight >= self.max_inflight:
+            return False
+        return self._inflight == 0 or self._inflight_bytes + size <= self.max_bytes
+
+    def _release(self, f: _Fetch) -> None:
+        self._inflight -= 1
+        self._inflight_bytes -= f.size
+        self._room.notify_all()
+
+    def _finish(self, f: _Fetch, result: bytes | None, outcome: str) -> bool:
+        """Hand ``f`` its outcome if its caller still waits; False if it gave up."""
+        if self._waiting.pop(f.id, None) is None:
+            return False
+        self._release(f)
+        self._c[outcome] += 1
+        if result is not None:
+            self._c["bytes_in"] += len(result)
+            self._peer_hits[f.peer] += 1
+            self._peer_bytes[f.peer] += len(result)
+        f.result = result
+        f.done.set()
+        return True
+
+    def _fail_waiting(self, which: Callable[[_Fetch], bool]) -> None:
+        for f in [f for f in self._waiting.values() if which(f)]:
+            self._finish(f, None, "failed")
+
+    # --- the service thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        idle = 0
+        try:
+            while not self._stopping:
+                busy = self._send_requests()
+                busy = self._probe() or busy
+                busy = self._progress() or busy
+                busy = self._answer_queued() or busy
+                if busy:
+                    idle = 0
+                    continue
+                idle = min(idle + 1, 6)
+                self._wake.wait(25e-6 * 2 ** idle)   # 50 us .. 1.6 ms between polls when idle
+                self._wake.clear()
+        except Exception:
+            log.exception("clairvoyant: the peer service stopped; fetches return None from now on")
+        finally:
+            self._shut_down()
+
+    def _send_requests(self) -> bool:
+        with self._lock:
+            batch = [f for f in self._outbox if f.id in self._waiting]
+            self._outbox.clear()
+            for f in batch:
+                f.sent = True
+        for f in batch:
+            buf = bytearray(REQUEST.pack(REQUEST_MAGIC, f.id, f.index, f.size))
+            if self._isend(buf, f.peer, self._req_tag, f.id):
+                with self._lock:
+                    self._c["sent"] += 1
+        return bool(batch)
+
+    def _isend(self, buf: bytearray, dest: int, tag: int, fetch_id: int) -> bool:
+        try:
+            self._sends.append((self.comm.Isend(buf, dest, tag), buf, dest, fetch_id))
+        except self._MPI.Exception as e:
+            self._mpi_error(e, dest, fetch_id)
+            return False
+        self._backlog[dest] += len(buf)
+        return True
+
+    def _probe(self) -> bool:
+        """Post a receive for each message waiting (up to 64 a round); False if there was none."""
+        MPI, status = self._MPI, self._MPI.Status()
+        for n_seen in range(64):
+            try:
+                msg = self.comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            except MPI.Exception as e:
+                self._mpi_error(e, None, 0)
+                return True
+            if msg is None:
+                return n_seen > 0
+            src, tag, n = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+            if tag == self._req_tag and n == REQUEST.size:
+                kind = "request"
+            elif tag == self._rep_tag and REPLY.size <= n <= REPLY.size + self._largest:
+                kind = "reply"
+            else:
+                kind, n = "refused", min(max(n, 0), _DRAIN)   # a count past 2**31 may read as negative
+            buf = bytearray(n)
+            self._recvs.append((msg.Irecv(buf), buf, src, kind))
+        return True
+
+    def _progress(self) -> bool:
+        """Test every receive and send in flight; act on those that completed."""
+        MPI, done_any = self._MPI, False
+        recvs, self._recvs = self._recvs, []
+        for item in recvs:
+            req, buf, src, kind = item
+            try:
+                if not req.Test():
+                    self._recvs.append(item)
+                    continue
+            except MPI.Exception as e:
+                if e.Get_error_class() == MPI.ERR_TRUNCATE and kind == "refused":
+                    self._count("refused")
+                else:
+                    self._mpi_error(e, src, 0)
+                done_any = True
+                continue
+            done_any = True
+            if kind == "request":
+                self._queue_request(buf, src)
+            elif kind == "reply":
+                self._take_reply(buf, src)
+            else:
+                self._count("refused")
+        sends, self._sends = self._sends, []
+        for item in sends:
+            req, buf, dest, fetch_id = item
+            try:
+                if not req.Test():
+                    self._sends.append(item)
+                    continue
+            except MPI.Exception as e:
+                self._mpi_error(e, dest, fetch_id)
+            self._backlog[dest] -= len(buf)
+            done_any = True
+        return done_any
+
+    def _queue_request(self, buf: bytearray, src: int) -> None:
+        magic, rid, index, size = REQUEST.unpack(buf)
+        if magic != REQUEST_MAGIC or index < 0:
+            self._count("refused")
+        else:
+            self._queued.append((rid, index, size, src))
+
+    def _answer_queued(self) -> bool:
+        """Answer the requests queued, in order, but none of a requester with ``max_bytes`` of
+        replies still leaving for it."""
+        waiting: deque[tuple[int, int, int, int]] = deque()
+        before = len(self._queued)
+        while self._queued:
+            q = rid, index, size, src = self._queued.popleft()
+            if src in self._dead:
+                continue
+            if self._backlog[src] and self._backlog[src] + size > self.max_bytes:
+                waiting.append(q)
+            else:
+                self._answer(rid, index, size, src)
+        self._queued = waiting
+        return len(waiting) < before
+
+    def _answer(self, rid: int, index: int, size: int, src: int) -> None:
+        try:
+            data = self._serve(index)
+        except Exception as e:   # the caller's tier failed: a miss for the peer, not our end
+            log.debug("clairvoyant: serve(%d) for rank %d raised %r", index, src, e)
+            data = None
+        if data is not None and len(data) != size:
+            data = None   # not what was asked for
+        if data is None:
+            out = bytearray(REPLY.pack(REPLY_MAGIC, rid, MISS, 0, 0))
+        else:
+            out = bytearray(REPLY.size + size)
+            REPLY.pack_into(out, 0, REPLY_MAGIC, rid, HIT, size, xxhash.xxh3_64_intdigest(data))
+            out[REPLY.size:] = data
+            if index in CORRUPT_ON_SEND and size:
+                out[REPLY.size + size // 2] ^= 1
+        if self._isend(out, src, self._rep_tag, 0):
+            with self._lock:
+                self._c["served" if data is not None else "unserved"] += 1
+                self._c["bytes_out"] += size if data is not None else 0
+
+    def _take_reply(self, buf: bytearray, src: int) -> None:
+        magic, rid, status, length, checksum = REPLY.unpack_from(buf)
+        with self._lock:
+            if magic != REPLY_MAGIC or status not in (HIT, MISS) or \
+                    len(buf) != REPLY.size + (length if status == HIT else 0):
+                self._c["refused"] += 1
+                return
+            f = self._waiting.get(rid)
+            if f is None or f.peer != src:
+                self._c["late" if self._late.pop(rid, None) == src else "refused"] += 1
+                return
+        payload = memoryview(buf)[REPLY.size:]
+        if status == MISS:
+            result, outcome = None, "misses"
+        elif length != f.size or xxhash.xxh3_64_intdigest(payload) != checksum:
+            result, outcome = None, "bad_checksum"
+        else:
+            result, outcome = bytes(payload), "hits"
+        with self._lock:
+            if not self._finish(f, result, outcome):
+                self._c["late"] += 1   # its caller gave up while the reply was being checked
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._c[key] += 1
+
+    def _mpi_error(self, e: Exception, peer: int | None, fetch_id: int) -> None:
+        """A failed peer (ULFM): acknowledge, and fail its fetches from now on. Anything else fails
+        the one fetch involved; an error with no peer to blame stops the service."""
+        MPI = self._MPI
+        failure = e.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)
+        dead = self._acknowledge_failures() if failure else set()
+        with self._lock:
+            self._c["errors"] += 1
+            if fetch_id and fetch_id in self._waiting:
+                self._finish(self._waiting[fetch_id], None, "failed")
+            new = dead - self._dead
+            self._dead |= new
+            self._fail_waiting(lambda f: f.peer in new)
+        if new:
+            log.warning("clairvoyant: rank(s) %s failed; this rank no longer asks them for samples", sorted(new))
+        elif peer is None and not failure:
+            raise e   # stops the service: no way to tell which peer is at fault
+
+    def _acknowledge_failures(self) -> set[int]:
+        MPI = self._MPI
+        try:
+            self.comm.Ack_failed()
+            failed, mine = self.comm.Get_failed(), self.comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
+            failed.Free()
+            mine.Free()
+            return {r for r in ranks if r != MPI.UNDEFINED}
+        except (MPI.Exception, NotImplementedError, AttributeError):
+            return set()
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            self._stopping = self._closed = True
+            self._fail_waiting(lambda f: True)
+        if self._MPI.Is_finalized():
+            return
+        deadline = time.monotonic() + LINGER
+        while (self._sends or self._recvs) and time.monotonic() < deadline:
+            if not self._progress():
+                time.sleep(0.001)
+        for req, *_ in self._recvs:
+            try:
+                req.Cancel()   # works for a receive not yet matched; a matched one completes or stays
+            except self._MPI.Exception:
+                pass
+        if self._sends or self._recvs:
+            _ABANDONED.extend(self._sends + self._recvs)   # MPI may still touch their buffers
+        else:
+            self._free_comm()
+
+    def _free_comm(self) -> None:
+        if not self._dead and self.comm != self._MPI.COMM_NULL and not self._MPI.Is_finalized():
+            try:
+                self.comm.Free()
+            except self._MPI.Exception:
+                pass
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close services left open before mpi4py finalizes MPI (its hook runs after this one)."""
+    for service in list(_LIVE):
+        service.close()

