@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
 	$(PY) benchmarks/caching.py --throughput
 	$(PY) benchmarks/balance.py
+	$(PY) benchmarks/cluster.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -62,7 +62,7 @@ def test_an_imagefolder_is_a_source_with_its_transforms(dataset, tmp_path, no_le
     with Loader(ds, batch_size=16, local_dir=tmp_path, seed=1, num_workers=2) as ld:
         assert ld.manifest.classes == tuple(ds.classes)
         got = list(ld)
-        order = [int(i) for b in ld._carry[2]._batches for i in b]
+        order = [int(i) for b in ld._carry[0].batches for i in b]
     x, y = got[0]
     assert x.dtype == torch.float32 and tuple(x.shape) == (16, 3, 32, 32) and y.dtype == torch.int64
     index = {os.path.relpath(p, dataset): i for i, (p, _) in enumerate(ds.samples)}

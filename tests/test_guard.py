@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clairvoyant import Loader
-from clairvoyant.cache.tiers import RAM, Placement, Tiers
+from clairvoyant.cache.tiers import RAM, Tiers
 from clairvoyant.load import worker as worker_mod
 from clairvoyant.plan import plan_epoch
 from clairvoyant.tune.spike import SpikeDetector, SpikeRule
@@ -90,16 +90,16 @@ def test_a_flip_in_the_batch_buffer_after_collation_is_found(dataset, tmp_path, 
 
 
 def test_a_flip_in_the_ram_window_is_found(dataset, tmp_path, monkeypatch, no_leaks):
-    place = Tiers.place
+    stage = Tiers.stage
     bad = {}
 
-    def flipping(self, key, data, mtime_ns, keep):
-        p = place(self, key, data, mtime_ns, keep)
+    def flipping(self, key, size, keep, fetch):
+        p = stage(self, key, size, keep, fetch)
         if p.tier == RAM and not bad:
             bad[key] = True
-            return Placement(RAM, None, True, bytes([p.data[0] ^ 4]) + p.data[1:], p.mtime_ns)
+            return p._replace(data=bytes([p.data[0] ^ 4]) + p.data[1:])
         return p
-    monkeypatch.setattr(Tiers, "place", flipping)
+    monkeypatch.setattr(Tiers, "stage", flipping)
     with make(dataset, tmp_path, local_capacity=2000, batch_size=96) as ld:   # nothing kept: all in RAM
         guard = ld.guard()
         it = iter(ld)
