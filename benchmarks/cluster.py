@@ -40,7 +40,9 @@ def rank_main(args: argparse.Namespace) -> None:
     lat = (0.010, 0.002) if args.store == "slow" else (0.0, 0.0)
     store = EmulatedStore(args.data, open_latency=lat[0], read_latency=lat[1], state_dir=os.path.join(args.work, "emu"))
     ld = Loader(store, batch_size=32, local_dir=os.path.join(args.work, f"l{rank}"), local_capacity=args.capacity,
-                cluster=args.cluster == "on", output="numpy", num_workers=1, decode=len)
+                cluster=args.cluster == "on", output="numpy", num_workers=1, decode=len,
+                # off: each rank alone on its "node" (the launcher would say 4 ranks share one)
+                local_world_size=None if args.cluster == "on" else 1)
     total = int(sum(ld.manifest.sizes))
     rows = []
     for e in range(args.epochs):

@@ -33,7 +33,9 @@ def main() -> None:
     rank = comm.Get_rank()
     store = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=os.path.join(work, "emu"))
     ld = Loader(store, batch_size=4, local_dir=os.path.join(work, f"l{rank}"), local_capacity=cap,
-                cluster=mode == "on", decode=md5, output="numpy", num_workers=1, stage_threads=4)
+                cluster=mode == "on", decode=md5, output="numpy", num_workers=1, stage_threads=4,
+                # off: each rank alone on its "node" (the launcher would say 4 ranks share one)
+                local_world_size=None if mode == "on" else 1)
     if scenario == "corrupt-wire":
         peers.CORRUPT_ON_SEND.update(range(len(ld.manifest)))   # every sample this rank serves
     opens, served = [], []
