@@ -51,6 +51,15 @@ def timed_fetch(svc: peers.PeerService, peer: int, i: int, timeout: float, size:
     return got, time.monotonic() - t
 
 
+def finish(svc: peers.PeerService, out: dict) -> dict:
+    """Record the service's counters, then close it and record how long closing took."""
+    out["counters"] = svc.counters()
+    t = time.monotonic()
+    svc.close()
+    out["close_s"] = time.monotonic() - t
+    return out
+
+
 def exchange(comm) -> dict:
     """Every rank fetches from every other rank at once, from 8 threads."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -81,11 +90,7 @@ def exchange(comm) -> dict:
     wait_all(comm)   # everyone is done asking: stop serving
     seen["expected_hits"] = sum(there for *_, there in jobs)
     seen["jobs"] = len(jobs) + 1
-    seen["counters"] = svc.counters()
-    t = time.monotonic()
-    svc.close()
-    seen["close_s"] = time.monotonic() - t
-    return seen
+    return finish(svc, seen)
 
 
 def corrupt(comm) -> dict:
@@ -178,11 +183,7 @@ def dead(comm) -> dict:
     out["detected"] = 3 in svc.counters()["dead_peers"]
     out["after_detect_s"] = timed_fetch(svc, 3, 3, 1.0)[1]
     wait_all(survivors)
-    out["counters"] = svc.counters()
-    t = time.monotonic()
-    svc.close()
-    out["close_s"] = time.monotonic() - t
-    return out
+    return finish(svc, out)
 
 
 def stuck(comm) -> dict:

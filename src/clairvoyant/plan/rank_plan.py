@@ -94,22 +94,31 @@ def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: Layout,
     c, t = config, layout
     if cluster is not None:
         return _plan_in_cluster(entry_sizes, c, t, epoch, position, cluster)
-    order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
-    mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
     kw = dict(seed=c.seed, world_size=t.world_size, ranks=t.node, batch_size=c.batch_size, shuffle=c.shuffle,
               drop_last=c.drop_last)
     seq = node_sequence(c.num_samples, epoch=epoch, position=position, **kw)
     following = node_sequence(c.num_samples, epoch=epoch + 1, **kw)
     res = simulate_epoch(seq, following, entry_sizes, capacity, dict(residents))
+    return _for_rank(c, t, epoch, position, seq, res.hit, res.keep, res.drop_at_start, res.residents_after)
+
+
+def _for_rank(c: PlanConfig, t: Layout, epoch: int, position: int, seq: np.ndarray, hit: np.ndarray,
+              keep: np.ndarray, drop_at_start, residents_after: Mapping[int, int], peer: np.ndarray | None = None,
+              **cluster) -> RankEpochPlan:
+    """This rank's share of its node's plan (per access of the node sequence ``seq``): its batches,
+    their slices of the per-access arrays, and the residents it evicts at the start."""
+    order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
+    mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
     ri, R = t.node.index(t.rank), len(t.node)
     spans = _rank_spans(len(seq), R, c.batch_size, ri, len(mine))
     first = np.full(c.num_samples, -1, dtype=np.int64)
     first[seq[::-1]] = np.arange(len(seq) - 1, -1, -1)
-    drops = tuple(s for s in res.drop_at_start if _reader_of(int(first[s]), len(seq), R, c.batch_size) == ri)
+    drops = tuple(int(s) for s in drop_at_start if _reader_of(int(first[s]), len(seq), R, c.batch_size) == ri)
     return RankEpochPlan(epoch=epoch, rank=t.rank, position=position,
                          first_batch=position // (c.batch_size * t.world_size), batches=tuple(mine),
-                         hit=tuple(res.hit[a:b] for a, b in spans), keep=tuple(res.keep[a:b] for a, b in spans),
-                         drops=drops, residents_after=res.residents_after)
+                         hit=tuple(hit[a:b] for a, b in spans), keep=tuple(keep[a:b] for a, b in spans),
+                         drops=drops, residents_after=residents_after,
+                         peer=None if peer is None else tuple(peer[a:b] for a, b in spans), **cluster)
 
 
 def _step_length(n: int, R: int, B: int, step: int) -> int:
@@ -136,7 +145,6 @@ def _reader_of(access: int, n: int, R: int, B: int) -> int:
     return (access - b * R * B) // _step_length(n, R, B, b)
 
 
-
 def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: Layout, epoch: int, position: int,
                      cluster: ClusterSpec) -> RankEpochPlan:
     nodes = NodeLayout(tuple(tuple(g) for g in cluster.nodes))
@@ -148,17 +156,8 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: Layout, epoch: i
                               drop_last=c.drop_last, position=position,
                               residents=[dict(r) for r in cluster.residents] or None)
     view = plan.for_node(cluster.node)
-    order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
-    mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
-    n, R, ri = len(view.samples), len(t.node), t.node.index(t.rank)
-    spans = _rank_spans(n, R, c.batch_size, ri, len(mine))
-    first = np.full(c.num_samples, -1, dtype=np.int64)
-    first[view.samples[::-1]] = np.arange(n - 1, -1, -1)
-    drops = tuple(int(s) for s in view.drop_at_start if _reader_of(int(first[s]), n, R, c.batch_size) == ri)
-    late = tuple((int(k), int(s)) for k, s in view.late_drops.reshape(-1, 2) if int(s) % R == ri)
-    return RankEpochPlan(epoch=epoch, rank=t.rank, position=position,
-                         first_batch=position // (c.batch_size * t.world_size), batches=tuple(mine),
-                         hit=tuple(view.hit[a:b] for a, b in spans), keep=tuple(view.keep[a:b] for a, b in spans),
-                         drops=drops, residents_after=view.residents_after,
-                         peer=tuple(view.peer[a:b] for a, b in spans), late_drops=late,
-                         cluster_residents=tuple(plan.residents_after))
+    R = len(t.node)
+    late = tuple((int(k), int(s)) for k, s in view.late_drops.reshape(-1, 2) if int(s) % R == t.node.index(t.rank))
+    return _for_rank(c, t, epoch, position, view.samples, view.hit, view.keep, view.drop_at_start,
+                     view.residents_after, view.peer, late_drops=late,
+                     cluster_residents=tuple(plan.residents_after))

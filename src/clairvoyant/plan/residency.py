@@ -56,14 +56,6 @@ def node_sequence(num_samples: int, *, seed: int, epoch: int, world_size: int, r
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
-def positions(batch_len: int, step_start: int, rank_index: int, num_ranks: int) -> slice:
-    """Where rank ``rank_index``'s batch of ``batch_len`` samples sits in the node sequence,
-    given the position ``step_start`` at which its step begins (all ranks' batches of a step are
-    equally long)."""
-    a = step_start + rank_index * batch_len
-    return slice(a, a + batch_len)
-
-
 @dataclass
 class EpochResidency:
     hit: np.ndarray                     # bool per access of the epoch
