@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .order import epoch_order
-from .partition import num_batches, rank_indices
+from .partition import num_batches, padded_rest
 from .residency import EpochResidency, simulate_epoch
 
 __all__ = ["NodeLayout", "cluster_sequence", "home_nodes", "plan_cluster_epoch", "ClusterEpoch", "NodeView",
@@ -97,7 +97,7 @@ def cluster_sequence(num_samples: int, *, seed: int, epoch: int, batch_size: int
     if batch_size < 1 or world_size < 1:
         raise ConfigError(f"batch_size and world_size must be >= 1, got {batch_size}, {world_size}")
     order = epoch_order(num_samples, seed, epoch, shuffle)
-    per_rank = np.stack([rank_indices(order, r, world_size, position) for r in range(world_size)])
+    per_rank = padded_rest(order, world_size, position).reshape(-1, world_size).T   # a view, one row per rank
     length = per_rank.shape[1]
     length = min(length, num_batches(length, batch_size, drop_last) * batch_size)
     full, rem = divmod(length, batch_size)

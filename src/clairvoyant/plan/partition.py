@@ -29,8 +29,9 @@ def padding(num_samples: int, world_size: int) -> int:
     return math.ceil(num_samples / world_size) * world_size - num_samples
 
 
-def rank_indices(order: np.ndarray, rank: int, world_size: int, position: int = 0) -> np.ndarray:
-    """Rank ``rank``'s samples of the epoch ``order`` from global ``position`` on."""
+def padded_rest(order: np.ndarray, world_size: int, position: int = 0) -> np.ndarray:
+    """``order[position:]`` padded to a multiple of ``world_size``: rank r's samples are every
+    ``world_size``-th from r (``padded_rest(...).reshape(-1, world_size)[:, r]``)."""
     if not 0 <= position <= len(order):
         raise ValueError(f"position {position} is outside the epoch's {len(order)} samples")
     rest = order[position:]
@@ -38,7 +39,12 @@ def rank_indices(order: np.ndarray, rank: int, world_size: int, position: int = 
     if pad:   # repeat samples already consumed where there are any, else the epoch's head
         head = order[:position] if position else order
         rest = np.concatenate([rest, np.tile(head, math.ceil(pad / len(head)))[:pad]])
-    return rest[rank::world_size]
+    return rest
+
+
+def rank_indices(order: np.ndarray, rank: int, world_size: int, position: int = 0) -> np.ndarray:
+    """Rank ``rank``'s samples of the epoch ``order`` from global ``position`` on."""
+    return padded_rest(order, world_size, position)[rank::world_size]
 
 
 def num_batches(samples_per_rank: int, batch_size: int, drop_last: bool) -> int:
