@@ -186,6 +186,42 @@ def dead(comm) -> dict:
     return finish(svc, out)
 
 
+def link(comm) -> dict:
+    """Two services per rank on 2 ranks: one plain, one on an emulated link of 100 ms and 1 MB/s
+    (from the environment); rank 0 fetches from rank 1 through each."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = staged(rank, size)
+    plain = peers.PeerService(comm, mine.get, latency=0.0, bandwidth=0.0, tag_base=7100)
+    os.environ[peers.LATENCY_VAR], os.environ[peers.BANDWIDTH_VAR] = "0.1", "1e6"
+    svc = peers.PeerService(comm, mine.get)
+    plain.start()
+    svc.start()
+    wait_all(comm)
+    out: dict = {"link": [svc.latency, svc.bandwidth], "plain_link": [plain.latency, plain.bandwidth]}
+    if rank == 0:
+        theirs = [i for i in range(N) if i % size == 1]
+        wire = lambda i: peers.REPLY.size + len(content(i))   # noqa: E731  (the reply's bytes on the link)
+        got, out["plain_s"] = timed_fetch(plain, 1, theirs[0], 5.0)
+        out["plain_ok"] = got == content(theirs[0])
+        got, out["one_s"] = timed_fetch(svc, 1, theirs[0], 5.0)
+        out["one_ok"], out["one_bytes"] = got == content(theirs[0]), wire(theirs[0])
+        many = theirs[1:9]
+        results: dict[int, bytes | None] = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, svc.fetch(1, i, len(content(i)), 5.0)))
+                   for i in many]
+        t = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        out["many_s"] = time.monotonic() - t
+        out["many_ok"] = all(results[i] == content(i) for i in many)
+        out["many_bytes"] = sum(wire(i) for i in many)
+    wait_all(comm)
+    finish(plain, {})
+    return finish(svc, out)
+
+
 def stuck(comm) -> dict:
     """Rank 3 never starts its service (alive, but deaf); the others ask it, then close."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -298,7 +334,7 @@ def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
     run = {"exchange": exchange, "corrupt": corrupt, "slow": slow, "dead": dead, "stuck": stuck, "agree": agreement,
-           "fork": forked, "pickle": lambda c: pickled(c, outdir)}[scenario]
+           "fork": forked, "link": link, "pickle": lambda c: pickled(c, outdir)}[scenario]
     try:
         result = run(comm)
     except Exception:

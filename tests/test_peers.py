@@ -9,51 +9,26 @@ PyPI, in the ``test`` and ``mpi`` extras); without it these tests are skipped.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import pytest
-
-from mpi_util import MPIRUN, needs_mpirun, ours
+from mpi_util import launch, needs_mpirun, needs_ulfm
 
 SCRIPT = Path(__file__).with_name("mpi_peers_script.py")
 
 
-def mpirun(scenario: str, tmp_path: Path, *flags: str, timeout: float = 40.0) -> tuple[dict[int, dict], int, str]:
-    """Run a scenario on 4 ranks; each rank's results, mpirun's exit status and its stderr."""
+def mpirun(scenario: str, tmp_path: Path, *flags: str, n: int = 4,
+           timeout: float = 40.0) -> tuple[dict[int, dict], int, str]:
+    """Run a scenario on ``n`` ranks; each rank's results, mpirun's exit status and its stderr."""
     token = f"cvpeers-{uuid.uuid4().hex}"
-    cmd = [MPIRUN, "-n", "4", "--oversubscribe", "--bind-to", "none", *flags,
-           sys.executable, str(SCRIPT), scenario, str(tmp_path), token]
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()   # mpirun takes its ranks down with it
-        try:
-            _, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        for pid in ours(token):
-            os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"{scenario} did not finish in {timeout:.0f} s:\n{err[-3000:]}")
-    deadline = time.monotonic() + 5
-    while ours(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = ours(token)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"{scenario} left processes behind: {left}"
+    rc, _, err = launch([sys.executable, str(SCRIPT), scenario, str(tmp_path), token], token, *flags, n=n,
+                        timeout=timeout)
     results = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("rank-*.json")}
     for rank, res in results.items():
         assert "error" not in res, f"rank {rank} failed:\n{res['error']}\nstderr:\n{err[-3000:]}"
-    return results, proc.returncode, err
+    return results, rc, err
 
 
 def outcomes(c: dict) -> int:
@@ -108,6 +83,7 @@ def test_slow_peer_costs_only_the_timeout(tmp_path):
 
 
 @needs_mpirun
+@needs_ulfm
 def test_dead_peer(tmp_path):
     """Rank 3 is SIGKILLed while requests to it are in flight.
 
@@ -127,6 +103,38 @@ def test_dead_peer(tmp_path):
         assert r["after_detect_s"] < 0.5 and r["close_s"] < 2.0, (rank, r)
         c = r["counters"]
         assert outcomes(c) == c["fetches"] and c["failed"] >= 6, c
+
+
+@needs_mpirun
+def test_emulated_link(tmp_path):
+    """CLAIRVOYANT_PEER_LATENCY=0.1 and CLAIRVOYANT_PEER_BANDWIDTH=1e6 (2 ranks): one fetch takes at
+    least its round trip, two latencies plus the reply's bytes over the bandwidth; 8 fetches at once
+    overlap their latencies (well under 8 round trips) but not their bytes. Negative control: the
+    same fetch on a service without the knobs takes less than one latency."""
+    res, rc, err = mpirun("link", tmp_path, n=2)
+    assert rc == 0, err
+    r = res[0]
+    assert r["link"] == [0.1, 1e6] and r["plain_link"] == [0.0, 0.0], r
+    assert r["one_ok"] and r["many_ok"] and r["plain_ok"], r
+    assert r["one_s"] >= 2 * 0.1 + r["one_bytes"] / 1e6, r
+    assert r["plain_s"] < 0.1, r   # negative control: the knobs are what costs the time
+    assert r["many_s"] >= 2 * 0.1 + r["many_bytes"] / 1e6, r
+    assert r["many_s"] < 0.5 * 8 * (2 * 0.1), r   # latencies overlap, as on a wire
+    assert res[1]["counters"]["served"] == 9, res[1]   # the plain service served the 10th
+
+
+def test_emulated_link_from_the_environment():
+    from clairvoyant.dist import peers
+    from clairvoyant.errors import ConfigError
+    assert peers.emulated_link({}) == (0.0, 0.0)
+    assert peers.emulated_link({peers.LATENCY_VAR: "20e-6", peers.BANDWIDTH_VAR: " 1e10 "}) == (20e-6, 1e10)
+    for bad in ("-1", "fast", "nan", "inf"):
+        try:
+            peers.emulated_link({peers.LATENCY_VAR: bad})
+        except ConfigError as e:
+            assert peers.LATENCY_VAR in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was taken as a latency")
 
 
 @needs_mpirun

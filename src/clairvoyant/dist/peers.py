@@ -27,6 +27,16 @@ that is planning's. What it does decide:
   MPI_ERR_PROC_FAILED, the service acknowledges the failure and fetches from
   that rank return None at once (here, tens of ms after the kill); until MPI
   notices, they time out.
+- **An emulated interconnect, for benchmarks.** ``CLAIRVOYANT_PEER_LATENCY``
+  (seconds, e.g. ``20e-6``) and ``CLAIRVOYANT_PEER_BANDWIDTH`` (bytes per
+  second, e.g. ``10e9``), read once when a service is made (or given to it):
+  every message this rank sends, request or reply, leaves after the latency
+  plus its size over the bandwidth, as on a wire where latencies overlap and
+  bytes go one message after another (a round trip costs two latencies and the
+  reply's transfer). The service thread holds such messages in a queue by due
+  time and goes on receiving and answering meanwhile: nothing sleeps. Unset or
+  0: no delay. The test hook :data:`DELAY_REPLIES` holds this rank's replies
+  back the same way (a slow peer).
 - **Closing never waits on a peer.** :meth:`~PeerService.close` stops the
   thread, lets replies in flight leave for up to :data:`LINGER` seconds, then
   abandons what is left: requests MPI may still write into are kept alive (with
@@ -42,8 +52,10 @@ functions that need it, so clairvoyant imports without it.
 from __future__ import annotations
 
 import atexit
+import heapq
 import itertools
 import logging
+import math
 import os
 import socket
 import struct
@@ -52,7 +64,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict, deque
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import xxhash
@@ -68,6 +80,8 @@ HIT, MISS = 0, 1
 LINGER = 0.5        # seconds close() lets replies in flight leave
 CLOSE_WAIT = 5.0    # seconds close() waits for the thread (it may be inside ``serve``)
 CORRUPT_ON_SEND: set[int] = set()   # test hook: these indices' payloads get a bit flipped after the checksum
+DELAY_REPLIES = 0.0   # test hook: seconds this rank's replies are held back (a slow peer; the thread goes on)
+LATENCY_VAR, BANDWIDTH_VAR = "CLAIRVOYANT_PEER_LATENCY", "CLAIRVOYANT_PEER_BANDWIDTH"   # the emulated link
 
 _DRAIN = 64           # bytes a refused message is received into; the rest is truncated away unread
 _LATE_KEPT = 4096     # ids of requests whose callers gave up, so a late reply is told from garbage
@@ -106,6 +120,23 @@ def available() -> str | None:
         return (f"MPI runs at thread level {level} (< MPI_THREAD_MULTIPLE): the peer service's thread "
                 "calls MPI beside the training loop")
     return None
+
+
+def emulated_link(env: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """The emulated interconnect: (latency in seconds, bandwidth in bytes/s, 0 for unlimited), from
+    ``CLAIRVOYANT_PEER_LATENCY`` and ``CLAIRVOYANT_PEER_BANDWIDTH``; (0, 0) when they are unset."""
+    env = os.environ if env is None else env
+    out = []
+    for var, unit in ((LATENCY_VAR, "seconds, e.g. 20e-6"), (BANDWIDTH_VAR, "bytes per second, e.g. 10e9")):
+        raw = env.get(var, "").strip()
+        try:
+            value = float(raw) if raw else 0.0
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{var}={raw!r}: give a non-negative number ({unit}), or unset it")
+        out.append(value)
+    return out[0], out[1]
 
 
 def node_name() -> str:
@@ -168,14 +199,22 @@ class PeerService:
 
     Constructing it is collective over ``comm`` (it duplicates the communicator);
     :meth:`start` starts the thread. ``serve(index)`` returns the staged sample's
-    verified bytes, or None for a miss; it runs in the service thread.
+    verified bytes, or None for a miss; it runs in the service thread. ``latency`` (seconds) and
+    ``bandwidth`` (bytes/s, 0: unlimited) emulate an interconnect (see the module's notes); None
+    takes them from the environment (:func:`emulated_link`).
     """
 
     def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *, max_inflight: int = 32,
-                 max_bytes: int = 64 << 20, tag_base: int = 7000) -> None:
+                 max_bytes: int = 64 << 20, tag_base: int = 7000, latency: float | None = None,
+                 bandwidth: float | None = None) -> None:
         from mpi4py import MPI
         if max_inflight < 1 or max_bytes < 1:
             raise ConfigError(f"max_inflight={max_inflight} and max_bytes={max_bytes} must be >= 1")
+        env_latency, env_bandwidth = emulated_link()
+        self.latency = env_latency if latency is None else float(latency)
+        self.bandwidth = env_bandwidth if bandwidth is None else float(bandwidth)
+        if not (self.latency >= 0 and self.bandwidth >= 0):
+            raise ConfigError(f"latency={latency} and bandwidth={bandwidth} must be >= 0")
         if not 0 <= tag_base < MPI.COMM_WORLD.Get_attr(MPI.TAG_UB):
             raise ConfigError(f"tag_base={tag_base} is not a valid MPI tag")
         self._MPI = MPI
@@ -199,7 +238,11 @@ class PeerService:
         # the service thread's own: receives (request, buffer, source, kind), sends (request, buffer, dest, fetch id)
         self._recvs: list[tuple[Any, bytearray, int, str]] = []
         self._sends: list[tuple[Any, bytearray, int, int]] = []
-        self._backlog: Counter[int] = Counter()   # bytes being sent, by destination
+        self._backlog: Counter[int] = Counter()   # bytes being sent (or held back), by destination
+        # messages held back by the emulated link or DELAY_REPLIES: (due, seq, buffer, dest, tag, fetch id)
+        self._held: list[tuple[float, int, bytearray, int, int, int]] = []
+        self._held_seq = itertools.count()
+        self._link_free = 0.0   # when the emulated link has sent the bytes given to it so far
         self._queued: deque[tuple[int, int, int, int]] = deque()   # requests to answer: id, index, size, source
         self._c: Counter[str] = Counter()
         self._peer_hits: Counter[int] = Counter()
@@ -323,7 +366,8 @@ class PeerService:
         idle = 0
         try:
             while not self._stopping:
-                busy = self._send_requests()
+                busy = self._send_held()
+                busy = self._send_requests() or busy
                 busy = self._probe() or busy
                 busy = self._progress() or busy
                 busy = self._answer_queued() or busy
@@ -331,7 +375,10 @@ class PeerService:
                     idle = 0
                     continue
                 idle = min(idle + 1, 6)
-                self._wake.wait(25e-6 * 2 ** idle)   # 50 us .. 1.6 ms between polls when idle
+                pause = 25e-6 * 2 ** idle   # 50 us .. 1.6 ms between polls when idle
+                if self._held:   # not past the next held message's due time
+                    pause = min(pause, max(0.0, self._held[0][0] - time.monotonic()))
+                self._wake.wait(pause)
                 self._wake.clear()
         except Exception:
             log.exception("clairvoyant: the peer service stopped; fetches return None from now on")
@@ -351,13 +398,39 @@ class PeerService:
                     self._c["sent"] += 1
         return bool(batch)
 
-    def _isend(self, buf: bytearray, dest: int, tag: int, fetch_id: int) -> bool:
+    def _isend(self, buf: bytearray, dest: int, tag: int, fetch_id: int, hold: float = 0.0) -> bool:
+        """Send ``buf`` now, or hold it back ``hold`` seconds plus what the emulated link takes."""
+        if self.latency or self.bandwidth or hold > 0:
+            due = time.monotonic()
+            if self.bandwidth:   # one message's bytes after another's on this rank's link
+                due = self._link_free = max(due, self._link_free) + len(buf) / self.bandwidth
+            heapq.heappush(self._held, (due + self.latency + hold, next(self._held_seq), buf, dest, tag, fetch_id))
+            self._backlog[dest] += len(buf)
+            return True
+        if not self._post(buf, dest, tag, fetch_id):
+            return False
+        self._backlog[dest] += len(buf)
+        return True
+
+    def _post(self, buf: bytearray, dest: int, tag: int, fetch_id: int) -> bool:
         try:
             self._sends.append((self.comm.Isend(buf, dest, tag), buf, dest, fetch_id))
         except self._MPI.Exception as e:
             self._mpi_error(e, dest, fetch_id)
             return False
-        self._backlog[dest] += len(buf)
+        return True
+
+    def _send_held(self) -> bool:
+        """Send the held-back messages that are due (a request only if its caller still waits)."""
+        if not self._held or self._held[0][0] > time.monotonic():
+            return False
+        now = time.monotonic()
+        while self._held and self._held[0][0] <= now:
+            _, _, buf, dest, tag, fetch_id = heapq.heappop(self._held)
+            with self._lock:
+                gone = dest in self._dead or (fetch_id and fetch_id not in self._waiting)
+            if gone or not self._post(buf, dest, tag, fetch_id):
+                self._backlog[dest] -= len(buf)
         return True
 
     def _probe(self) -> bool:
@@ -458,7 +531,7 @@ class PeerService:
             out[REPLY.size:] = data
             if index in CORRUPT_ON_SEND and size:
                 out[REPLY.size + size // 2] ^= 1
-        if self._isend(out, src, self._rep_tag, 0):
+        if self._isend(out, src, self._rep_tag, 0, DELAY_REPLIES):
             with self._lock:
                 self._c["served" if data is not None else "unserved"] += 1
                 self._c["bytes_out"] += size if data is not None else 0
@@ -523,6 +596,7 @@ class PeerService:
         with self._lock:
             self._stopping = self._closed = True
             self._fail_waiting(lambda f: True)
+        self._held.clear()   # held back, so never handed to MPI: nothing to wait for
         if self._MPI.Is_finalized():
             return
         deadline = time.monotonic() + LINGER
