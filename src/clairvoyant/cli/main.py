@@ -16,8 +16,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
     source = as_source(args.source)
     path = args.output or manifest_mod.default_manifest_path(source.uri)
-    if os.path.exists(path) and not args.force:
-        man = manifest_mod.load(path)
+    found = None if args.force else manifest_mod.existing(source.uri, args.output)
+    if found is not None:
+        man = manifest_mod.load(found, verify=True)
+        if found != path:   # an earlier version's JSON at the default place: saved again, binary
+            manifest_mod.save(man, path)
         built = False
     else:
         from tqdm import tqdm

@@ -19,7 +19,7 @@ import numpy as np
 from .. import manifest as manifest_mod
 from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size, unseal
-from ..cache.local import LocalStore, digest, prepare_root
+from ..cache.local import LocalStore, prepare_root
 from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist import cluster as cluster_mod
@@ -246,12 +246,11 @@ class Loader:
         self._inventory_used = True
         if not entries:
             return {}
-        index = {digest(k): i for i, k in enumerate(self.manifest.keys)}
+        names = list(entries)   # entry names are sha1(key): only these are looked up (manifest.py)
         out = {}
-        for name, n in entries.items():
-            i = index.get(name)
-            if i is not None and n == self._entry_sizes[i]:
-                out[i] = int(n)
+        for name, i in zip(names, self.manifest.find_entries(names).tolist()):
+            if i >= 0 and entries[name] == self._entry_sizes[i]:
+                out[i] = int(entries[name])
         return out
 
     def _plan(self, position: int) -> RankEpochPlan:
