@@ -1,16 +1,28 @@
 """Run by tests/test_cluster.py under ``mpirun -n N``: each rank is its own "node" (CLAIRVOYANT_NODE),
 with its own local directory, all reading one emulated store whose counters the processes share.
 
-argv: dataset, workdir, local_capacity, epochs, cluster (on/off), scenario (plain, corrupt-wire,
-corrupt-entry). Rank 0 prints one JSON line: store opens per epoch, whether every epoch served every
-sample exactly once with the source's bytes, and each rank's per-epoch counters."""
+argv: dataset, workdir, local_capacity, epochs, cluster (on/off), scenario, token (only marks the
+processes). Scenarios plain, corrupt-wire, corrupt-entry: rank 0 prints one JSON line: store opens per
+epoch, whether every epoch served every sample exactly once with the source's bytes, and each rank's
+per-epoch counters.
+
+Scenarios steady, kill and slow (:func:`faults`; two epochs, cluster on, staging only 2 batches ahead
+and a short training step, so that epoch 1 still needs its peers when one fails): rank 2 SIGKILLs
+itself after 3 batches of epoch 1 (kill: run it with ``mpirun --with-ft ulfm``), or rank 1's replies
+are held back past the peer deadline from epoch 1 on (slow), or nothing happens (steady, the control).
+Every rank that lives writes OUTDIR/out/rank-N.json itself (a dead rank cannot take the others' results
+with it): its samples of each epoch as md5s, those its share of the epoch's order should hold (read
+from the files), its epoch times and its counters. No collective call over the job's communicator
+follows the start of epoch 1."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import signal
 import sys
+import time
 
 import numpy as np
 
@@ -20,15 +32,85 @@ from mpi4py import MPI  # noqa: E402
 
 from clairvoyant import Loader  # noqa: E402
 from clairvoyant.dist import peers  # noqa: E402
+from clairvoyant.dist.cluster import PEER_TIMEOUT  # noqa: E402
+from clairvoyant.plan.order import epoch_order  # noqa: E402
+from clairvoyant.plan.partition import rank_indices  # noqa: E402
 from clairvoyant.testing import EmulatedStore  # noqa: E402
+
+VICTIM, KILL_AFTER = 2, 3   # kill: this rank dies after yielding this many batches of epoch 1
+SLOW, SLOW_BY = 1, PEER_TIMEOUT + 1.0   # slow: this rank's replies leave this many seconds late
+STEP = 0.03   # seconds of "training" per batch in the fault scenarios
 
 
 def md5(b: bytes) -> np.ndarray:
     return np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()
 
 
+def wait_all(comm) -> None:
+    """A barrier that sleeps instead of spinning (4 ranks share 2 cores)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def share(ld: Loader, dataset: str, epoch: int, rank: int, world_size: int) -> list[str]:
+    """md5s of the files of this rank's share of the epoch's order, read from the data set itself."""
+    order = epoch_order(len(ld.manifest), ld.seed, epoch, ld.shuffle)
+    out = []
+    for i in rank_indices(order, rank, world_size):
+        with open(os.path.join(dataset, ld.manifest.keys[int(i)]), "rb") as f:
+            out.append(hashlib.md5(f.read()).hexdigest())
+    return out
+
+
+def faults(dataset: str, work: str, cap: str, scenario: str) -> None:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dies = scenario == "kill" and rank == VICTIM
+    survivors = comm.Split(int(dies))   # made while everyone lives: the survivors' own barrier at the end
+    store = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=os.path.join(work, "emu"))
+    ld = Loader(store, batch_size=4, local_dir=os.path.join(work, f"l{rank}"), local_capacity=cap, cluster=True,
+                ram_dir=os.path.join(work, f"ram{rank}"),   # a killed rank leaves its RAM tier behind: not in /dev/shm
+                decode=md5, output="numpy", num_workers=1, stage_threads=4, lookahead=2)
+    out: dict = {"rank": rank, "epoch_s": [], "waits": [], "yielded": [], "expected": []}
+    os.makedirs(os.path.join(work, "out"), exist_ok=True)
+    for e in range(2):
+        wait_all(comm)   # the last call over the whole job: every epoch starts together
+        if scenario == "slow" and e == 1 and rank == SLOW:
+            peers.DELAY_REPLIES = SLOW_BY
+        ld.set_epoch(e)
+        got, waits = [], []
+        t0 = t = time.monotonic()
+        for k, (x, _) in enumerate(ld):
+            waits.append(time.monotonic() - t)
+            got += [bytes(row).hex() for row in np.asarray(x)]
+            if dies and e == 1 and k + 1 == KILL_AFTER:
+                with open(os.path.join(work, "out", "victim.json"), "w") as f:
+                    json.dump({"killed_at": time.time()}, f)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(STEP)   # a training step
+            t = time.monotonic()
+        out["epoch_s"].append(time.monotonic() - t0)
+        out["waits"].append(waits)
+        out["yielded"].append(got)
+        out["expected"].append(share(ld, dataset, e, rank, size))
+    out["finished_at"] = time.time()
+    stats = ld.stats()
+    out.update(epochs={str(k): v for k, v in stats["epochs"].items()}, tiers=stats["tiers"],
+               cluster=stats.get("cluster"))
+    wait_all(survivors)   # no one stops serving while another survivor still reads
+    ld.close()
+    path = os.path.join(work, "out", f"rank-{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f, default=str)
+    os.replace(path + ".tmp", path)
+
+
 def main() -> None:
     dataset, work, cap, epochs, mode, scenario = sys.argv[1:7]   # argv[7]: the test's token
+    if scenario in ("steady", "kill", "slow"):
+        faults(dataset, work, cap, scenario)
+        return
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     store = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=os.path.join(work, "emu"))

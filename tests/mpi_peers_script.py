@@ -118,7 +118,8 @@ def corrupt(comm) -> dict:
 
 
 def slow(comm) -> dict:
-    """Rank 1 takes 1.5 s to serve sample 1; rank 0 waits 0.5 s for it."""
+    """Rank 1 takes 1.5 s to serve sample 1; rank 0 waits 0.5 s for it, then asks again at once (rank 1
+    is passed over), and again once the pass-over has ended."""
     rank, size = comm.Get_rank(), comm.Get_size()
     mine = staged(rank, size)
 
@@ -134,7 +135,9 @@ def slow(comm) -> dict:
     if rank == 0:
         got, out["slow_s"] = timed_fetch(svc, 1, 1, 0.5)
         out["slow_none"] = got is None
-        time.sleep(1.5)   # the late reply arrives meanwhile
+        got, out["passed_s"] = timed_fetch(svc, 1, 5, 5.0)
+        out["passed_none"], out["slow_peers"] = got is None, svc.counters()["slow_peers"]
+        time.sleep(peers.PASS_OVER * 0.5 + 0.2)   # the late reply arrives meanwhile; the pass-over ends
         got, out["after_s"] = timed_fetch(svc, 1, 5, 5.0)
         out["after_ok"] = got == content(5)
         out["again_ok"] = svc.fetch(1, 1, len(content(1)), 5.0) == content(1)   # slow, but within 5 s
@@ -223,7 +226,7 @@ def link(comm) -> dict:
 
 
 def stuck(comm) -> dict:
-    """Rank 3 never starts its service (alive, but deaf); the others ask it, then close."""
+    """Rank 3 never starts its service (alive, but deaf); the others ask it twice, then close."""
     rank, size = comm.Get_rank(), comm.Get_size()
     svc = peers.PeerService(comm, staged(rank, size).get)
     if rank != 3:
@@ -232,7 +235,7 @@ def stuck(comm) -> dict:
     out: dict = {}
     if rank != 3:
         results = [timed_fetch(svc, 3, i, 0.5) for i in (3, 7)]
-        out = {"all_none": all(got is None for got, _ in results), "max_s": max(dt for _, dt in results)}
+        out = {"all_none": all(got is None for got, _ in results), "times": [dt for _, dt in results]}
         t = time.monotonic()
         svc.close()
         out["close_s"] = time.monotonic() - t

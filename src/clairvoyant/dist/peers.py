@@ -27,6 +27,13 @@ that is planning's. What it does decide:
   MPI_ERR_PROC_FAILED, the service acknowledges the failure and fetches from
   that rank return None at once (here, tens of ms after the kill); until MPI
   notices, they time out.
+- **A slow peer costs one time-out, not one per sample.** A peer that let a
+  fetch time out (its request went out, no answer came in time) is passed over
+  for :data:`PASS_OVER` times that time-out: fetches from it return None at
+  once, counted as ``passed_over``. Then the next fetch asks it again, alone
+  (the others are still passed over while it waits): an answer in time, hit or
+  miss, ends the pass-over; another time-out starts a new one. Any answer in
+  time from a peer ends its pass-over too.
 - **An emulated interconnect, for benchmarks.** ``CLAIRVOYANT_PEER_LATENCY``
   (seconds, e.g. ``20e-6``) and ``CLAIRVOYANT_PEER_BANDWIDTH`` (bytes per
   second, e.g. ``10e9``), read once when a service is made (or given to it):
@@ -79,6 +86,7 @@ REQUEST_MAGIC, REPLY_MAGIC = b"CVPEERQ1", b"CVPEERR1"
 HIT, MISS = 0, 1
 LINGER = 0.5        # seconds close() lets replies in flight leave
 CLOSE_WAIT = 5.0    # seconds close() waits for the thread (it may be inside ``serve``)
+PASS_OVER = 5.0     # a peer that let a fetch time out is not asked for this many times that time-out
 CORRUPT_ON_SEND: set[int] = set()   # test hook: these indices' payloads get a bit flipped after the checksum
 DELAY_REPLIES = 0.0   # test hook: seconds this rank's replies are held back (a slow peer; the thread goes on)
 LATENCY_VAR, BANDWIDTH_VAR = "CLAIRVOYANT_PEER_LATENCY", "CLAIRVOYANT_PEER_BANDWIDTH"   # the emulated link
@@ -87,7 +95,7 @@ _DRAIN = 64           # bytes a refused message is received into; the rest is tr
 _LATE_KEPT = 4096     # ids of requests whose callers gave up, so a late reply is told from garbage
 _ABANDONED: list[Any] = []   # (request, buffer, ...) still active when a service closed: kept alive
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
-_OUTCOMES = ("hits", "misses", "timeouts", "bad_checksum", "failed")
+_OUTCOMES = ("hits", "misses", "timeouts", "bad_checksum", "failed", "passed_over")
 _LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
 
 
@@ -233,6 +241,8 @@ class PeerService:
         self._inflight = self._inflight_bytes = 0
         self._largest = max_bytes      # the largest reply expected
         self._dead: set[int] = set()
+        self._passed: dict[int, float] = {}   # peer -> until when it is passed over (after a time-out)
+        self._probing: set[int] = set()       # passed-over peers a fetch is asking again now
         self._stopping = self._closed = False
         self._thread: threading.Thread | None = None
         # the service thread's own: receives (request, buffer, source, kind), sends (request, buffer, dest, fetch id)
@@ -272,6 +282,22 @@ class PeerService:
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
             self._c["fetches"] += 1
+            until = self._passed.get(peer)
+            if until is not None and (peer in self._probing or time.monotonic() < until):
+                self._c["passed_over"] += 1
+                return None
+            probe = until is not None   # its pass-over ended: this fetch alone asks it again
+            if probe:
+                self._probing.add(peer)
+        try:
+            return self._fetch(peer, index, size, timeout, deadline)
+        finally:
+            if probe:
+                with self._lock:
+                    self._probing.discard(peer)
+
+    def _fetch(self, peer: int, index: int, size: int, timeout: float, deadline: float) -> bytes | None:
+        with self._lock:
             while not self._closed and peer not in self._dead and not self._has_room(size):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -297,22 +323,25 @@ class PeerService:
                     self._late[f.id] = f.peer
                     if len(self._late) > _LATE_KEPT:
                         self._late.popitem(last=False)
+                    self._pass_over(peer, timeout)
                 return None
         return f.result
 
     def counters(self) -> dict:
         """What happened so far. Each finished fetch counts once in hits, misses, timeouts,
-        bad_checksum or failed (their sum is ``fetches`` once none is in progress); ``sent`` counts
+        bad_checksum, failed or passed_over (their sum is ``fetches`` once none is in progress);
+        ``passed_over`` counts fetches not sent to a peer passed over after a time-out; ``sent`` counts
         requests that went out, ``late`` replies that came after their caller gave up, ``refused``
         messages dropped unread; ``served``/``unserved`` the requests this rank answered with a hit
         or a miss; ``errors`` MPI errors met; ``per_peer`` hits and bytes by rank; ``dead_peers``
-        the ranks MPI reported failed."""
+        the ranks MPI reported failed; ``slow_peers`` the ranks passed over now."""
         with self._lock:
             out = {k: self._c[k] for k in ("fetches", "sent", *_OUTCOMES, "late", "refused", "served",
                                            "unserved", "errors", "bytes_in", "bytes_out")}
             out["per_peer"] = {p: {"hits": self._peer_hits[p], "bytes": self._peer_bytes[p]}
                                for p in sorted(self._peer_hits)}
             out["dead_peers"] = sorted(self._dead)
+            out["slow_peers"] = sorted(p for p, until in self._passed.items() if until > time.monotonic())
             return out
 
     def close(self) -> None:
@@ -337,6 +366,12 @@ class PeerService:
             return False
         return self._inflight == 0 or self._inflight_bytes + size <= self.max_bytes
 
+    def _pass_over(self, peer: int, timeout: float) -> None:
+        if peer not in self._passed:
+            log.warning("clairvoyant: rank %d did not answer within %.3g s; passing it over for %.3g s "
+                        "(its samples come from the shared store meanwhile)", peer, timeout, PASS_OVER * timeout)
+        self._passed[peer] = time.monotonic() + PASS_OVER * timeout
+
     def _release(self, f: _Fetch) -> None:
         self._inflight -= 1
         self._inflight_bytes -= f.size
@@ -348,6 +383,8 @@ class PeerService:
             return False
         self._release(f)
         self._c[outcome] += 1
+        if outcome != "failed":   # an answer in time: the peer is not (or no longer) slow
+            self._passed.pop(f.peer, None)
         if result is not None:
             self._c["bytes_in"] += len(result)
             self._peer_hits[f.peer] += 1
