@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/caching.py --throughput
 	$(PY) benchmarks/balance.py
 	$(PY) benchmarks/cluster.py
+	$(PY) benchmarks/plan_scale.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
