@@ -129,3 +129,58 @@ def test_the_c_loop_takes_the_python_loops_decisions(n, frac, seed, warm, dup):
     py = simulate_epoch(seq, following, sizes, capacity, dict(residents), use_c=False)
     assert c.hit.tolist() == py.hit.tolist() and c.keep.tolist() == py.keep.tolist()
     assert c.drop_at_start == py.drop_at_start and c.residents_after == py.residents_after
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 30), length=st.integers(0, 80), groups=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_the_c_grouping_and_next_uses_match_numpys(n, length, groups, seed):
+    """The O(n) helpers the cluster plan runs on (group_positions, next_use_positions) against
+    plain numpy; a wrong answer (a shifted next use) must fail the same comparison."""
+    import pytest
+
+    from clairvoyant.plan import residency
+    from clairvoyant.plan.evict import next_uses
+    if residency._c_group_by is None:
+        pytest.skip("the C helper is not built (or CLAIRVOYANT_NO_CEXT is set)")
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(0, n, length)
+    keys = rng.integers(0, groups, length)
+    order, cuts, place = residency.group_positions(keys, groups)
+    want = np.argsort(keys, kind="stable")
+    assert order.tolist() == want.tolist()
+    for g in range(groups):
+        members = np.flatnonzero(keys == g)
+        assert order[cuts[g]:cuts[g + 1]].tolist() == members.tolist()
+        assert place[members].tolist() == list(range(len(members)))
+    got = residency.next_use_positions(seq, n)
+    assert got.tolist() == next_uses(seq).tolist()
+    if length and (got != residency.NEVER).any():
+        wrong = got.copy()
+        wrong[np.flatnonzero(got != residency.NEVER)[0]] += 1
+        assert wrong.tolist() != next_uses(seq).tolist()
+
+
+def test_residents_are_a_mapping_over_sorted_arrays():
+    from clairvoyant.plan.residents import Residents
+    d = {7: 3, 2: 5, 11: 1}
+    r = Residents.of(d)
+    assert r == d and d == r and dict(r) == d and list(r) == [2, 7, 11] and r[7] == 3 and 11 in r
+    assert 4 not in r and "x" not in r and len(r) == 3 and r.nbytes == 9
+    assert r != {7: 3, 2: 5, 11: 2} and r != {7: 3, 2: 5}   # negative controls: a size, a sample
+    assert Residents.of(r) is r and Residents.of({}) == {}
+    import pytest
+    with pytest.raises(KeyError):
+        r[4]
+    with pytest.raises(ValueError, match="twice"):
+        Residents(np.array([3, 1, 3]), np.array([1, 1, 1]))
+
+
+def test_residents_enter_soonest_needed_first():
+    from clairvoyant.plan.evict import NEVER
+    from clairvoyant.plan.residency import soonest_first
+    first = np.array([9, NEVER, 2, NEVER, 5])
+    assert soonest_first(first).tolist() == [2, 4, 0, 1, 3]
+    assert soonest_first(first).tolist() == np.argsort(first, kind="stable").tolist()
+    import pytest
+    with pytest.raises(ValueError, match="share"):
+        soonest_first(np.array([4, 4]))

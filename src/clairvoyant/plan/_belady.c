@@ -6,7 +6,14 @@
  *   res_*:      int64 per resident from before, already in the order to admit them
  *   hit, keep:  writable bytes per access, filled with 0/1
  *   admit:      optional bytes per access (None: all 1); a miss where it is 0 is not admitted
- * returns (drop, after_samples, after_sizes) as lists.
+ * returns (drop, after_samples, after_sizes): drop a list, the residents at the end as bytes of
+ * int64 (ascending samples, their sizes).
+ *
+ * next_uses(seq, nsamples, out): out[i] = the next position j > i with seq[j] == seq[i], else
+ *   INT64_MAX; one pass backwards (the argsort of plan/evict.py's next_uses, in O(n)).
+ * group_by(keys, ngroups, order[, place]): a stable counting sort of int32 keys in [0, ngroups):
+ *   order (int32 or int64) lists the positions group by group, ascending within each; place[i]
+ *   (int64, optional) is position i's index within its group.
  *
  * Same decisions, in the same order, as the Python loop (plan/residency.py with
  * plan/evict.py's FarthestNextUse): a max-heap on (next use, then smallest
@@ -189,16 +196,19 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
         }
         last[s] = i;
     }
-    after_s = PyList_New(0);
-    after_z = PyList_New(0);
+    Py_ssize_t nafter = 0;
+    for (Py_ssize_t s = 0; s < nsamples; s++) nafter += c.resident[s] == 1;
+    after_s = PyBytes_FromStringAndSize(NULL, nafter * 8);
+    after_z = PyBytes_FromStringAndSize(NULL, nafter * 8);
     if (!after_s || !after_z) goto done;
-    for (Py_ssize_t s = 0; s < nsamples; s++) {
-        if (c.resident[s] == 1) {
-            PyObject *a = PyLong_FromLongLong(s), *b = PyLong_FromLongLong(c.size[s]);
-            int bad = !a || !b || PyList_Append(after_s, a) < 0 || PyList_Append(after_z, b) < 0;
-            Py_XDECREF(a);
-            Py_XDECREF(b);
-            if (bad) goto done;
+    {
+        int64_t *AS = (int64_t *)PyBytes_AS_STRING(after_s), *AZ = (int64_t *)PyBytes_AS_STRING(after_z);
+        Py_ssize_t k = 0;
+        for (Py_ssize_t s = 0; s < nsamples; s++) {
+            if (c.resident[s] == 1) {
+                AS[k] = s;
+                AZ[k++] = c.size[s];
+            }
         }
     }
     result = Py_BuildValue("(OOO)", drop, after_s, after_z);
@@ -219,10 +229,98 @@ done:
     return result;
 }
 
+static PyObject *next_uses(PyObject *self, PyObject *args) {
+    Py_buffer seq, out;
+    Py_ssize_t nsamples;
+    if (!PyArg_ParseTuple(args, "y*nw*", &seq, &nsamples, &out)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = seq.len / 8;
+    const int64_t *S = seq.buf;
+    int64_t *O = out.buf, *last = NULL;
+    if (out.len != seq.len) {
+        PyErr_SetString(PyExc_ValueError, "out must hold one int64 per access");
+        goto done;
+    }
+    last = malloc(((size_t)nsamples + 1) * sizeof(int64_t));
+    if (!last) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t s = 0; s < nsamples; s++) last[s] = INT64_MAX;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        int64_t s = S[i];
+        if (s < 0 || s >= nsamples) {
+            PyErr_SetString(PyExc_IndexError, "sample index outside [0, nsamples)");
+            goto done;
+        }
+        O[i] = last[s];
+        last[s] = i;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    free(last);
+    PyBuffer_Release(&seq); PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *group_by(PyObject *self, PyObject *args) {
+    Py_buffer keys, order, place = {0};
+    Py_ssize_t ngroups;
+    PyObject *place_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nw*|O", &keys, &ngroups, &order, &place_obj)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = keys.len / 4;
+    const int32_t *K = keys.buf;
+    int wide = order.len == n * 8;   /* order as int64, else int32 */
+    int64_t *P = NULL, *start = NULL;
+    if (!wide && order.len != n * 4) {
+        PyErr_SetString(PyExc_ValueError, "order must hold one int32 or int64 per key");
+        goto done;
+    }
+    if (place_obj != Py_None) {
+        if (PyObject_GetBuffer(place_obj, &place, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (place.len != n * 8) {
+            PyErr_SetString(PyExc_ValueError, "place must hold one int64 per key");
+            goto done;
+        }
+        P = place.buf;
+    }
+    start = calloc((size_t)ngroups + 1, sizeof(int64_t));
+    if (!start) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (K[i] < 0 || K[i] >= ngroups) {
+            PyErr_SetString(PyExc_IndexError, "key outside [0, ngroups)");
+            goto done;
+        }
+        start[K[i] + 1]++;
+    }
+    for (Py_ssize_t g = 0; g < ngroups; g++) start[g + 1] += start[g];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t g = K[i], at = start[g]++;
+        if (wide) ((int64_t *)order.buf)[at] = i;
+        else ((int32_t *)order.buf)[at] = (int32_t)i;
+        if (P) P[i] = at;
+    }
+    /* start[g] is now the end of group g: the beginning of g is start[g - 1] (0 for g = 0) */
+    if (P) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t g = K[i];
+            P[i] -= g ? start[g - 1] : 0;
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    free(start);
+    PyBuffer_Release(&keys); PyBuffer_Release(&order);
+    if (place.obj) PyBuffer_Release(&place);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS,
      "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep[, admit]) -> "
      "(drop, after_samples, after_sizes)"},
+    {"next_uses", next_uses, METH_VARARGS, "next_uses(seq, nsamples, out) -> None"},
+    {"group_by", group_by, METH_VARARGS, "group_by(keys, ngroups, order[, place]) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

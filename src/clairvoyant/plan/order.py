@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from threading import Lock
+
 import numpy as np
+
+_RECENT: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
+_RECENT_MAX = 2   # an epoch's plan looks at this epoch and the next: the next plan reuses both
+_LOCK = Lock()
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """Every index in ``range(num_samples)`` exactly once, in the order of this epoch.
+    """Every index in ``range(num_samples)`` exactly once, in the order of this epoch (read-only).
 
-    The same (seed, epoch) gives the same order in every process and on every node.
+    The same (seed, epoch) gives the same order in every process and on every node. The last two
+    orders drawn are kept: planning epoch e needs e and e + 1, and epoch e + 1's plan needs e + 1
+    again (a permutation of ImageNet-22k's 14.2 M samples takes most of a second).
     """
     if not shuffle:
-        return np.arange(num_samples, dtype=np.int64)
+        out = np.arange(num_samples, dtype=np.int64)
+        out.setflags(write=False)
+        return out
+    key = (int(num_samples), int(seed), int(epoch))
+    with _LOCK:
+        hit = _RECENT.get(key)
+        if hit is not None:
+            _RECENT.move_to_end(key)
+            return hit
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
-    return rng.permutation(num_samples).astype(np.int64, copy=False)
+    out = rng.permutation(num_samples).astype(np.int64, copy=False)
+    out.setflags(write=False)
+    with _LOCK:
+        _RECENT[key] = out
+        while len(_RECENT) > _RECENT_MAX:
+            _RECENT.popitem(last=False)
+    return out

@@ -98,7 +98,7 @@ def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: Layout,
               drop_last=c.drop_last)
     seq = node_sequence(c.num_samples, epoch=epoch, position=position, **kw)
     following = node_sequence(c.num_samples, epoch=epoch + 1, **kw)
-    res = simulate_epoch(seq, following, entry_sizes, capacity, dict(residents))
+    res = simulate_epoch(seq, following, entry_sizes, capacity, residents)
     return _for_rank(c, t, epoch, position, seq, res.hit, res.keep, res.drop_at_start, res.residents_after)
 
 
@@ -154,7 +154,7 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: Layout, epoch: i
     plan = plan_cluster_epoch(c.num_samples, seed=c.seed, epoch=epoch, batch_size=c.batch_size, layout=nodes,
                               capacities=cluster.capacities, sizes=entry_sizes, shuffle=c.shuffle,
                               drop_last=c.drop_last, position=position,
-                              residents=[dict(r) for r in cluster.residents] or None)
+                              residents=list(cluster.residents) or None)
     view = plan.for_node(cluster.node)
     R = len(t.node)
     late = tuple((int(k), int(s)) for k, s in view.late_drops.reshape(-1, 2) if int(s) % R == t.node.index(t.rank))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -32,11 +33,14 @@ from .evict import NEVER, FarthestNextUse, next_uses
 try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
+    from ._belady import group_by as _c_group_by
+    from ._belady import next_uses as _c_next_uses
     from ._belady import simulate as _c_simulate
 except ImportError:
-    _c_simulate = None
+    _c_simulate = _c_next_uses = _c_group_by = None
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
+from .residents import Residents
 
 
 def node_ranks(rank: int, world_size: int, local_world_size: int) -> range:
@@ -61,15 +65,70 @@ class EpochResidency:
     hit: np.ndarray                     # bool per access of the epoch
     keep: np.ndarray                    # bool per access of the epoch
     drop_at_start: list[int]            # residents evicted before their first use this epoch
-    residents_after: dict[int, int] = field(default_factory=dict)  # sample -> size at the epoch's end
+    residents_after: Residents = field(default_factory=Residents)  # sample -> size at the epoch's end
 
     @property
     def hits(self) -> int:
         return int(self.hit.sum())
 
 
+def next_use_positions(sequence: np.ndarray, num_samples: int, use_c: bool = True) -> np.ndarray:
+    """``plan/evict.py``'s ``next_uses`` (int64 per position, NEVER where none), in one pass in C."""
+    seq = np.ascontiguousarray(sequence, dtype=np.int64)
+    if use_c and _c_next_uses is not None:
+        out = np.empty(len(seq), np.int64)
+        _c_next_uses(seq, int(num_samples), out)
+        return out
+    return next_uses(seq)
+
+
+def first_positions(sequence: np.ndarray, num_samples: int) -> np.ndarray:
+    """int64 per sample: the first position of ``sequence`` that holds it, NEVER if none."""
+    first = np.full(num_samples, NEVER, dtype=np.int64)
+    first[sequence[::-1]] = np.arange(len(sequence) - 1, -1, -1, dtype=np.int64)   # the earliest wins
+    return first
+
+
+def group_positions(keys: np.ndarray, groups: int, use_c: bool = True, *,
+                    place: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A stable grouping of positions by ``keys`` (int, in ``[0, groups)``): ``(order, cuts, place)``
+    where ``order[cuts[g]:cuts[g + 1]]`` are group g's positions, ascending (int32 where they fit),
+    and ``place[i]`` is position i's index within its group (``place=False``: None)."""
+    keys = np.ascontiguousarray(keys, dtype=np.int32)
+    cuts = np.zeros(groups + 1, np.int64)
+    np.cumsum(np.bincount(keys, minlength=groups), out=cuts[1:])
+    if use_c and _c_group_by is not None:
+        order = np.empty(len(keys), np.int32 if len(keys) < 2**31 else np.int64)
+        where = np.empty(len(keys), np.int64) if place else None
+        _c_group_by(keys, int(groups), order, where)
+        return order, cuts, where
+    order = np.argsort(keys, kind="stable")
+    where = None
+    if place:
+        where = np.empty(len(keys), np.int64)
+        where[order] = np.arange(len(keys)) - np.repeat(cuts[:-1], np.diff(cuts))
+    return order, cuts, where
+
+
+def soonest_first(first: np.ndarray) -> np.ndarray:
+    """The order in which residents enter the tier: by first use (``first``, distinct except
+    NEVER, as positions of one sequence are), ties (NEVER) in their given order. A counting pass
+    rather than a sort."""
+    first = np.asarray(first, dtype=np.int64)
+    finite = first != NEVER
+    pos = first[finite]
+    if not len(pos):
+        return np.arange(len(first))
+    slot = np.full(int(pos.max()) + 1, -1, np.int64)
+    slot[pos] = np.flatnonzero(finite)
+    used = slot[slot >= 0]
+    if len(used) != len(pos):
+        raise ValueError("two residents share a first use: first uses are positions of one sequence")
+    return np.concatenate([used, np.flatnonzero(~finite)])
+
+
 def simulate_epoch(sequence: np.ndarray, following: np.ndarray, sizes: np.ndarray, capacity: int,
-                   residents: dict[int, int], *, use_c: bool = True,
+                   residents: Mapping[int, int], *, use_c: bool = True,
                    admit: np.ndarray | None = None) -> EpochResidency:
     """Farthest-next-use over ``sequence`` (this epoch), looking ahead into ``following`` (the
     next epoch) for next uses, starting with ``residents`` (sample -> bytes) in the tier.
@@ -82,34 +141,45 @@ def simulate_epoch(sequence: np.ndarray, following: np.ndarray, sizes: np.ndarra
     The loop runs in C where the helper is built (ImageNet's 1.28 M accesses in well under a
     second, against about 10 s in Python), else in Python; both take the same decisions."""
     seq = np.ascontiguousarray(sequence, dtype=np.int64)
+    full = np.concatenate([seq, np.asarray(following, dtype=np.int64)])
+    nxt = np.ascontiguousarray(next_use_positions(full, len(sizes), use_c)[:len(seq)])
+    res = Residents.of(residents)
+    first = first_positions(full, len(sizes))[res.samples] if len(res) else np.zeros(0, np.int64)
+    return simulate_from(seq, nxt, sizes, capacity, res, first, use_c=use_c, admit=admit)
+
+
+def simulate_from(seq: np.ndarray, nxt: np.ndarray, sizes: np.ndarray, capacity: int, residents: Residents,
+                  first: np.ndarray, *, use_c: bool = True, admit: np.ndarray | None = None) -> EpochResidency:
+    """``simulate_epoch`` with the next uses worked out: ``nxt`` per access of ``seq`` (a position
+    in this epoch's accesses followed by the next epoch's, NEVER if none), ``first`` per resident
+    (its first such position). Residents enter the tier soonest needed first, ties by sample."""
+    seq = np.ascontiguousarray(seq, dtype=np.int64)
+    nxt = np.ascontiguousarray(nxt, dtype=np.int64)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
     if admit is not None:
         admit = np.ascontiguousarray(admit, dtype=bool)
         if admit.shape != seq.shape:
             raise ValueError(f"admit holds {admit.shape} flags for {seq.shape} accesses: give one per access")
-    full = np.concatenate([seq, np.asarray(following, dtype=np.int64)])
-    nxt = np.ascontiguousarray(next_uses(full)[:len(seq)])
-    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
-    first = np.full(len(sizes), NEVER, dtype=np.int64)
-    first[full[::-1]] = np.arange(len(full) - 1, -1, -1, dtype=np.int64)   # the earliest position wins
-    order = sorted(residents, key=lambda x: first[x])   # stable: soonest needed first
+    by = soonest_first(first)   # residents.samples ascending: ties stay by sample
+    rs = np.ascontiguousarray(residents.samples[by])
+    rf = np.ascontiguousarray(np.asarray(first, np.int64)[by])
+    rz = np.ascontiguousarray(residents.sizes[by])
     if use_c and _c_simulate is not None:
         hit = np.zeros(len(seq), dtype=np.uint8)
         keep = np.zeros(len(seq), dtype=np.uint8)
-        rs = np.asarray(order, dtype=np.int64)
-        rz = np.asarray([residents[x] for x in order], dtype=np.int64)
         extra = () if admit is None else (admit.view(np.uint8),)
-        drop, after_s, after_z = _c_simulate(seq, nxt, sizes, int(capacity), rs, first[rs] if len(rs) else rs,
-                                             rz, hit, keep, *extra)
+        drop, after_s, after_z = _c_simulate(seq, nxt, sizes, int(capacity), rs, rf, rz, hit, keep, *extra)
         return EpochResidency(hit=hit.view(bool), keep=keep.view(bool), drop_at_start=drop,
-                              residents_after=dict(zip(after_s, after_z)))
-    return _simulate_py(seq, nxt, sizes, capacity, residents, order, first, admit)
+                              residents_after=Residents(np.frombuffer(after_s, np.int64),
+                                                        np.frombuffer(after_z, np.int64)))
+    return _simulate_py(seq, nxt, sizes, capacity, rs, rz, rf, admit)
 
 
-def _simulate_py(seq, nxt, sizes, capacity, residents, order, first, admit=None) -> EpochResidency:
+def _simulate_py(seq, nxt, sizes, capacity, rs, rz, rf, admit=None) -> EpochResidency:
     cache = FarthestNextUse(capacity)
     drop: list[int] = []
-    for s in order:
-        if cache.admit(s, residents[s], int(first[s])) is None:
+    for s, z, f in zip(rs.tolist(), rz.tolist(), rf.tolist()):
+        if cache.admit(s, z, f) is None:
             drop.append(s)   # no room even for the soonest-needed residents: the farthest go
     hit = np.zeros(len(seq), dtype=bool)
     keep = np.zeros(len(seq), dtype=bool)
@@ -135,4 +205,4 @@ def _simulate_py(seq, nxt, sizes, capacity, residents, order, first, admit=None)
                 else:
                     keep[j] = False  # cut before its next use: never keep it at all
         last[s] = i
-    return EpochResidency(hit=hit, keep=keep, drop_at_start=drop, residents_after=cache.residents())
+    return EpochResidency(hit=hit, keep=keep, drop_at_start=drop, residents_after=Residents.of(cache.residents()))
