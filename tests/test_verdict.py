@@ -25,6 +25,26 @@ def test_split_wait_follows_the_batch_timeline():
     assert c["decode"] == pytest.approx(0.2) and c["fetch"] == 0 and c["queue"] == 0
 
 
+def test_the_peer_share_of_staging_is_the_peer_fetch():
+    """The cluster cache's cause: the part of a batch's staging spent asking peer nodes."""
+    from clairvoyant.load.timeline import BatchTimeline
+    c = split_wait(10.0, 11.0, staged_at=10.4, dispatched_at=10.5, worker=(0.1, 0.3, 0.0), peer_share=0.75)
+    assert c["peer"] == pytest.approx(0.3) and c["fetch"] == pytest.approx(0.1)
+    assert sum(c.values()) == pytest.approx(1.0)
+    tl = BatchTimeline()
+    tl.fetched(3, 0.2, 0.15)
+    tl.fetched(3, 0.2, 0.0)
+    tl.staged(3)
+    t = time.perf_counter()
+    got = tl.causes(3, t - 1.0, t + 0.001)
+    assert got["peer"] == pytest.approx(got["fetch"] * 0.375 / 0.625, rel=0.01) and got["peer"] > 0
+    tl.fetched(4, 0.2, 0.0)   # control: no time on peers, no peer fetch
+    tl.staged(4)
+    assert tl.causes(4, t - 1.0, t + 0.001)["peer"] == 0
+    v = judge([0.2] * 100, [0.1] * 100, 3200, {"fetch": 1.0, "peer": 9.0})
+    assert v.bottleneck == "peer" and "bottleneck: peer fetch" in v.line(1)
+
+
 def test_judge_yes_and_no():
     fed = judge([0.001] * 100, [0.1] * 100, 3200, {"fetch": 0.1})
     assert fed.keeps_up and fed.bottleneck is None and "yes" in fed.line(0)

@@ -168,8 +168,10 @@ class EpochRun:
 
     # -- staging side (called from stager threads) -------------------------------------------
 
-    def _on_staged(self, k: int, j: int, outcome: Placement | BaseException) -> None:
+    def _on_staged(self, k: int, j: int, outcome: Placement | BaseException, seconds: float = 0.0,
+                   peer_seconds: float = 0.0) -> None:
         with self._lock:
+            self._timeline.fetched(k, seconds, peer_seconds)
             if self._closed:  # nobody will read it: undo a RAM placement now
                 if isinstance(outcome, Placement):
                     self._tiers.after_use(self._manifest.keys[int(self._batches[k][j])], outcome,

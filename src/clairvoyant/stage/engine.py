@@ -28,8 +28,9 @@ from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..source import Source
 
-# on_done(batch, position in batch, Placement or the exception that stopped the staging)
-OnDone = Callable[[int, int, "Placement | BaseException"], None]
+# on_done(batch, position in batch, Placement or the exception that stopped the staging, seconds
+# the staging took, of which seconds spent asking a peer node)
+OnDone = Callable[[int, int, "Placement | BaseException", float, float], None]
 # peer_fetch(node, sample index, size): the sample's verified bytes from that node's tier, or None
 PeerFetch = Callable[[int, int, int], "bytes | None"]
 _AFTER, _DROP = "after", "drop"
@@ -152,9 +153,10 @@ class Stager:
             batch_id, j, idx, hit, keep, peer = item
             if self._gate is not None:
                 self._gate(batch_id, lambda: self._stop)
+            t0, asked = time.perf_counter(), [0.0]
             try:
                 outcome: Placement | BaseException = (self._stage(idx, hit, keep) if peer < 0
-                                                       else self._from_peer(idx, peer))
+                                                       else self._from_peer(idx, peer, asked))
             except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
                 outcome = e
             except Exception as e:  # a source's own error: name the sample
@@ -163,7 +165,7 @@ class Stager:
                                           f"{type(e).__name__}: {e}")
                 outcome.__cause__ = e
             if not self._stop:
-                self._on_done(batch_id, j, outcome)
+                self._on_done(batch_id, j, outcome, time.perf_counter() - t0, asked[0])
             if self._retire():   # the tuner asked for fewer threads: this one goes, its item done
                 return
 
@@ -196,15 +198,18 @@ class Stager:
             if locked:
                 tiers.release(key)
 
-    def _from_peer(self, idx: int, node: int) -> Placement:
+    def _from_peer(self, idx: int, node: int, asked: list[float]) -> Placement:
         """A sample another node's tier holds: its bytes into the RAM window, from that node; from
-        the source if the peer misses, is late or is gone (never kept: its home node keeps it)."""
+        the source if the peer misses, is late or is gone (never kept: its home node keeps it).
+        ``asked[0]``: the seconds spent on the peer."""
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
         tiers = self._tiers
         served: list[int] = []
 
         def fetch() -> tuple[bytes, int]:
+            t0 = time.perf_counter()
             data = self._peer_fetch(node, idx, size) if self._peer_fetch is not None else None
+            asked[0] += time.perf_counter() - t0
             if data is not None:
                 served.append(node)
                 tiers.counters.add("peer_hits")

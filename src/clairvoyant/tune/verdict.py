@@ -1,7 +1,9 @@
 """POLICY, pure: does loading keep the GPU fed, and if not, which stage holds it back?
 
 Each batch's wait in ``next()`` is split into its causes from the batch's own
-timeline: until its last sample was staged, the wait was the **source fetch**;
+timeline: until its last sample was staged, the wait was the **source fetch**,
+or, for the share of its staging time spent asking other nodes' tiers (the
+cluster cache), the **peer fetch**;
 from then until a reader took the batch, the **queue** (no free reader); after
 that, the reader's time, shared out in proportion to what it spent on the
 batch: **local read**, **decode**, **collate**.
@@ -18,20 +20,23 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-CAUSES = ("fetch", "queue", "read", "decode", "collate")
-NAMES = {"fetch": "source fetch", "queue": "queue (no free reader)", "read": "local read", "decode": "decode",
-         "collate": "collate"}
+CAUSES = ("fetch", "peer", "queue", "read", "decode", "collate")
+NAMES = {"fetch": "source fetch", "peer": "peer fetch", "queue": "queue (no free reader)", "read": "local read",
+         "decode": "decode", "collate": "collate"}
 
 
 def split_wait(t0: float, t1: float, staged_at: float | None, dispatched_at: float | None,
-               worker: tuple[float, float, float] | None) -> dict[str, float]:
-    """The wait from ``t0`` to ``t1`` for one batch, by cause (seconds; they add up to ``t1 - t0``)."""
+               worker: tuple[float, float, float] | None, peer_share: float = 0.0) -> dict[str, float]:
+    """The wait from ``t0`` to ``t1`` for one batch, by cause (seconds; they add up to ``t1 - t0``);
+    ``peer_share``: the part of the batch's staging time spent on peer nodes."""
     out = dict.fromkeys(CAUSES, 0.0)
     if t1 <= t0:
         return out
     staged = t1 if staged_at is None else min(max(staged_at, t0), t1)
     dispatched = t1 if dispatched_at is None else min(max(dispatched_at, staged), t1)
-    out["fetch"] = staged - t0
+    peer_share = min(max(peer_share, 0.0), 1.0)
+    out["peer"] = (staged - t0) * peer_share
+    out["fetch"] = (staged - t0) - out["peer"]
     out["queue"] = dispatched - staged
     rest = t1 - dispatched
     if rest > 0:
