@@ -268,10 +268,13 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
 
     # This epoch's accesses then the next epoch's, grouped by the sample's home (in order within
     # each home): the sequence each home's simulation runs over, in the home's local indices.
-    full = np.concatenate([samples, following])
+    small = np.int32 if num_samples < 2**31 else np.int64   # sample indices, half the bytes where they fit
+    full = np.empty(L + len(following), small)
+    full[:L], full[L:] = samples, following
     del following
     order, cuts, _ = group_positions(home[full], nodes, use_c, place=False)
     members_order, member_cuts, local = group_positions(home, nodes, use_c)   # a sample's index at its home
+    local = local.astype(small)
 
     served_by = np.full(L, -1, np.int32)
     keep = np.zeros(L, bool)

@@ -111,9 +111,15 @@ def _for_rank(c: PlanConfig, t: Layout, epoch: int, position: int, seq: np.ndarr
     mine = cut_batches(rank_indices(order, t.rank, t.world_size, position), c.batch_size, c.drop_last)
     ri, R = t.node.index(t.rank), len(t.node)
     spans = _rank_spans(len(seq), R, c.batch_size, ri, len(mine))
-    first = np.full(c.num_samples, -1, dtype=np.int64)
-    first[seq[::-1]] = np.arange(len(seq) - 1, -1, -1)
-    drops = tuple(int(s) for s in drop_at_start if _reader_of(int(first[s]), len(seq), R, c.batch_size) == ri)
+    drop = np.asarray(drop_at_start, dtype=np.int64)
+    first = np.full(len(drop), -1, np.int64)   # each dropped sample's first access in the node sequence
+    if len(seq) and len(drop):
+        seen, at = np.unique(seq, return_index=True)
+        j = np.minimum(np.searchsorted(seen, drop), len(seen) - 1)
+        found = seen[j] == drop
+        first[found] = at[j[found]]
+    drops = tuple(int(s) for s, f in zip(drop.tolist(), first.tolist())
+                  if _reader_of(int(f), len(seq), R, c.batch_size) == ri)
     return RankEpochPlan(epoch=epoch, rank=t.rank, position=position,
                          first_batch=position // (c.batch_size * t.world_size), batches=tuple(mine),
                          hit=tuple(hit[a:b] for a, b in spans), keep=tuple(keep[a:b] for a, b in spans),
