@@ -62,3 +62,28 @@ def test_the_node_check_sees_a_rank_plan_of_another_node():
     assert [b.tolist() for b in right.batches] == [b.tolist() for b in wrong.batches]
     assert np.concatenate(right.keep).tolist() != np.concatenate(wrong.keep).tolist()
     assert right.residents_after != wrong.residents_after
+
+
+def test_late_drops_read_once_go_when_served():
+    """A home sample a peer reads last may be deleted as soon as that peer has been served, unless
+    the epoch reads it twice (a padded twin): those wait for the step lag."""
+    from clairvoyant.plan.cluster import NodeLayout, cluster_sequence
+    from clairvoyant.plan.rank_plan import ClusterSpec
+    n, nodes = 203, 4   # 203 on 4 ranks: one padded sample read twice
+    sizes = np.random.default_rng(3).integers(10, 30, n)
+    cfg = PlanConfig(num_samples=n, batch_size=4, seed=5)
+    spec = ClusterSpec(tuple(range(r, r + 1) for r in range(nodes)), 0, (int(0.1 * sizes.sum()),) * nodes)
+    seq = cluster_sequence(n, seed=5, epoch=1, batch_size=4, world_size=nodes)[0]
+    twice = {int(s) for s in np.flatnonzero(np.bincount(seq, minlength=n) > 1)}
+    seen_once = 0
+    for r in range(nodes):
+        spec_r = ClusterSpec(spec.nodes, r, spec.capacities)
+        p0 = plan_rank_epoch(sizes, cfg, Layout(r, nodes, range(r, r + 1)), epoch=0, capacity=0, residents={},
+                             cluster=spec_r)
+        spec1 = ClusterSpec(spec.nodes, r, spec.capacities, p0.cluster_residents)
+        p = plan_rank_epoch(sizes, cfg, Layout(r, nodes, range(r, r + 1)), epoch=1, capacity=0, residents={},
+                            cluster=spec1)
+        late = {s for _, s in p.late_drops}
+        assert p.late_on_serve == late - twice
+        seen_once += len(p.late_on_serve)
+    assert seen_once > 0 and twice   # the case is exercised

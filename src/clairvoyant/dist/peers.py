@@ -230,6 +230,7 @@ class PeerService:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.max_inflight, self.max_bytes = max_inflight, max_bytes
         self._serve = serve
+        self._serve_failed = False   # a failing serve callback is logged once as a warning
         self._req_tag, self._rep_tag = tag_base, tag_base + 1
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
@@ -556,7 +557,10 @@ class PeerService:
         try:
             data = self._serve(index)
         except Exception as e:   # the caller's tier failed: a miss for the peer, not our end
-            log.debug("clairvoyant: serve(%d) for rank %d raised %r", index, src, e)
+            level = logging.DEBUG if self._serve_failed else logging.WARNING   # the first one is shown
+            self._serve_failed = True
+            log.log(level, "clairvoyant: serving sample %d to rank %d failed (%s: %s); the peer reads it "
+                    "from the store", index, src, type(e).__name__, e)
             data = None
         if data is not None and len(data) != size:
             data = None   # not what was asked for

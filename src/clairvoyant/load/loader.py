@@ -278,9 +278,13 @@ class Loader:
         if path is None:
             return None
         try:
-            return unseal(read_file(path, entry_size(size)), size, path)
+            data = unseal(read_file(path, entry_size(size)), size, path)
         except (FileNotFoundError, CorruptEntry):
             return None
+        carry = self._carry
+        if carry is not None:
+            carry[1].peer_served(index)
+        return data
 
     # -- PyTorch conventions --------------------------------------------------------------------
 

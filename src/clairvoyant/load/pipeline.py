@@ -115,6 +115,8 @@ class EpochRun:
         self._actions = list(zip(plan.hit, plan.keep))   # per batch: (hit, keep) per sample
         self._peer = plan.peer                           # per batch: the node serving each sample (cluster)
         self._late = collections.deque(plan.late_drops)  # (batch, sample): home samples a peer has read
+        self._late_on_serve = set(plan.late_on_serve)    # of those, to delete as soon as they are served
+        self._late_gone: set[int] = set()                # deleted on serve: skipped when their batch comes
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self._served: dict[int, list[ServedSample]] = {}     # batch -> what the guard checks, until taken
@@ -294,12 +296,29 @@ class EpochRun:
             self._dispatch_locked()
         return out
 
+    def peer_served(self, index: int) -> None:
+        """A peer has been served sample ``index`` (from the peer service's thread): a late drop
+        that the epoch reads only there goes now, not after the step lag, so that the tier has the
+        room the plan counted on."""
+        with self._lock:
+            if self._closed or index not in self._late_on_serve:
+                return
+            self._late_on_serve.discard(index)
+            self._late_gone.add(index)
+            self._stager.drop([self._manifest.keys[index]])   # queued before close() can stop it
+        self._tiers.counters.add("late_drops")
+
     def _drop_late(self, upto: int) -> None:
         """Delete home samples whose last reader this epoch was a peer, at batch ``upto`` or before."""
         keys, late = self._manifest.keys, self._late
         gone = []
-        while late and late[0][0] <= upto:
-            gone.append(keys[late.popleft()[1]])
+        with self._lock:
+            while late and late[0][0] <= upto:
+                s = late.popleft()[1]
+                if s in self._late_gone:
+                    continue
+                self._late_on_serve.discard(s)
+                gone.append(keys[s])
         if gone:
             self._tiers.counters.add("late_drops", len(gone))
             self._stager.drop(gone)

@@ -78,6 +78,7 @@ class RankEpochPlan:
     # the cluster cache (plan/cluster.py), else None / empty:
     peer: tuple[np.ndarray, ...] | None = None     # int per sample: the node whose tier serves it, -1 none
     late_drops: tuple[tuple[int, int], ...] = ()   # (batch, sample): delete once this rank is past batch
+    late_on_serve: frozenset[int] = frozenset()    # late drops read once this epoch: delete once served
     cluster_residents: tuple[Mapping[int, int], ...] | None = None   # every node's, at the epoch's end
 
     def __len__(self) -> int:
@@ -164,6 +165,10 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: Layout, epoch: i
     view = plan.for_node(cluster.node)
     R = len(t.node)
     late = tuple((int(k), int(s)) for k, s in view.late_drops.reshape(-1, 2) if int(s) % R == t.node.index(t.rank))
+    # a late drop whose sample the epoch reads once can go as soon as its peer has been served (the
+    # step lag is then only the fallback for a peer that never asks); a padded twin waits for it
+    lates = np.fromiter((s for _, s in late), np.int64, len(late))
+    once = lates[np.bincount(plan.samples, minlength=c.num_samples)[lates] == 1] if len(lates) else lates
     return _for_rank(c, t, epoch, position, view.samples, view.hit, view.keep, view.drop_at_start,
-                     view.residents_after, view.peer, late_drops=late,
+                     view.residents_after, view.peer, late_drops=late, late_on_serve=frozenset(once.tolist()),
                      cluster_residents=tuple(plan.residents_after))
