@@ -315,11 +315,65 @@ done:
     return result;
 }
 
+/* group_accesses(seq, home_local, ngroups, nthis, order, lseq, cuts, this_cuts): the cluster plan's
+ * grouping of accesses by home, in two passes with one lookup per access each.
+ * seq: int32 samples per access (this epoch's nthis first, then the next epoch's); home_local:
+ * int64 per sample, (home << 32) | its index among its home's samples. Fills order (int32): the
+ * accesses home by home, ascending within each; lseq (int32): the local index for each entry of
+ * order; cuts and this_cuts (int64, ngroups + 1): where each home's accesses begin in order, and
+ * where each home's accesses of this epoch begin among this epoch's. */
+static PyObject *group_accesses(PyObject *self, PyObject *args) {
+    Py_buffer seq, hl, order, lseq, cuts, tcuts;
+    Py_ssize_t ngroups, nthis;
+    if (!PyArg_ParseTuple(args, "y*y*nnw*w*w*w*", &seq, &hl, &ngroups, &nthis, &order, &lseq, &cuts, &tcuts))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = seq.len / 4, nsamples = hl.len / 8;
+    const int32_t *S = seq.buf;
+    const int64_t *HL = hl.buf;
+    int32_t *O = order.buf, *LS = lseq.buf;
+    int64_t *C = cuts.buf, *T = tcuts.buf;
+    if (order.len != n * 4 || lseq.len != n * 4 || n >= INT32_MAX || nthis > n ||
+        cuts.len != (ngroups + 1) * 8 || tcuts.len != (ngroups + 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "group_accesses: buffer sizes do not match");
+        goto done;
+    }
+    memset(C, 0, (size_t)(ngroups + 1) * 8);
+    memset(T, 0, (size_t)(ngroups + 1) * 8);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = S[i], g;
+        if (s < 0 || s >= nsamples || (g = HL[s] >> 32) < 0 || g >= ngroups) {
+            PyErr_SetString(PyExc_IndexError, "a sample or its home is out of range");
+            goto done;
+        }
+        C[g + 1]++;
+        if (i < nthis) T[g + 1]++;
+    }
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        C[g + 1] += C[g];
+        T[g + 1] += T[g];
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {   /* C[g] moves to the end of group g, then back */
+        int64_t v = HL[S[i]], at = C[v >> 32]++;
+        O[at] = (int32_t)i;
+        LS[at] = (int32_t)(v & 0xffffffffLL);
+    }
+    for (Py_ssize_t g = ngroups; g > 0; g--) C[g] = C[g - 1];
+    C[0] = 0;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&seq); PyBuffer_Release(&hl); PyBuffer_Release(&order); PyBuffer_Release(&lseq);
+    PyBuffer_Release(&cuts); PyBuffer_Release(&tcuts);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS,
      "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep[, admit]) -> "
      "(drop, after_samples, after_sizes)"},
     {"next_uses", next_uses, METH_VARARGS, "next_uses(seq, nsamples, out) -> None"},
+    {"group_accesses", group_accesses, METH_VARARGS, "group_accesses(seq, home_local, ngroups, nthis, order, lseq, cuts, this_cuts) -> None"},
     {"group_by", group_by, METH_VARARGS, "group_by(keys, ngroups, order[, place]) -> None"},
     {NULL, NULL, 0, NULL},
 };

@@ -34,6 +34,7 @@ that many steps (as a node staging ahead of its own reads does for its cuts).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -43,6 +44,7 @@ from ..errors import ConfigError
 from .evict import NEVER
 from .order import epoch_order
 from .partition import num_batches, padded_rest
+from . import residency
 from .residency import EpochResidency, first_positions, group_positions, next_use_positions, simulate_from
 from .residents import Residents
 
@@ -92,10 +94,11 @@ class NodeLayout:
 
 def cluster_sequence(num_samples: int, *, seed: int, epoch: int, batch_size: int, world_size: int,
                      shuffle: bool = True, drop_last: bool = False,
-                     position: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     position: int = 0, samples_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every access of the epoch from global ``position`` on, in cluster order (step, then rank,
     then place in the batch): ``(samples int64, rank int32, step int32)``. Steps count from
-    ``position`` (step 0 is each rank's first batch from there), as in ``node_sequence``."""
+    ``position`` (step 0 is each rank's first batch from there), as in ``node_sequence``.
+    ``samples_only``: rank and step come back empty (the next epoch's look-ahead needs neither)."""
     if batch_size < 1 or world_size < 1:
         raise ConfigError(f"batch_size and world_size must be >= 1, got {batch_size}, {world_size}")
     order = epoch_order(num_samples, seed, epoch, shuffle)
@@ -105,6 +108,8 @@ def cluster_sequence(num_samples: int, *, seed: int, epoch: int, batch_size: int
     full, rem = divmod(length, batch_size)
     head = per_rank[:, :full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
     samples = np.concatenate([head.reshape(-1), per_rank[:, full * batch_size:length].reshape(-1)])
+    if samples_only:
+        return samples.astype(np.int64, copy=False), np.zeros(0, np.int32), np.zeros(0, np.int32)
     ranks = np.arange(world_size, dtype=np.int32)
     rank = np.concatenate([np.broadcast_to(ranks[None, :, None], head.shape).reshape(-1), np.repeat(ranks, rem)])
     step = np.concatenate([np.repeat(np.arange(full, dtype=np.int32), world_size * batch_size),
@@ -129,6 +134,16 @@ def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
         place = np.empty(num_samples, np.int64)
         place[epoch_order(num_samples, seed, first_epoch, shuffle)] = np.arange(num_samples)
         home[missing] = node_of[place[missing] % layout.world_size]
+    return home
+
+
+@functools.lru_cache(maxsize=2)
+def _homes(num_samples: int, layout: NodeLayout, first_epoch: int, seed: int, batch_size: int, shuffle: bool,
+           drop_last: bool) -> np.ndarray:
+    """``home_nodes``, kept: every epoch's plan of a job asks for the same (read-only) answer."""
+    home = home_nodes(num_samples, seed=seed, batch_size=batch_size, layout=layout, shuffle=shuffle,
+                      drop_last=drop_last, first_epoch=first_epoch)
+    home.setflags(write=False)
     return home
 
 
@@ -255,49 +270,77 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
         raise ConfigError(f"residents holds {len(held)} tiers for {nodes} nodes: give one dict per node")
     kw = dict(seed=seed, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     if home is None:
-        home = home_nodes(num_samples, layout=layout, first_epoch=first_epoch, **kw)
+        home = _homes(num_samples, layout, first_epoch, seed, batch_size, shuffle, drop_last)
     home = np.asarray(home, dtype=np.int32)
     if home.shape != (num_samples,) or (num_samples and (home.min() < 0 or home.max() >= nodes)):
         raise ConfigError(f"home must give each of the {num_samples} samples a node in [0, {nodes})")
     world = layout.world_size
     samples, rank, step = cluster_sequence(num_samples, epoch=epoch, world_size=world, position=position, **kw)
     following = (np.zeros(0, np.int64) if final else
-                 cluster_sequence(num_samples, epoch=epoch + 1, world_size=world, **kw)[0])
+                 cluster_sequence(num_samples, epoch=epoch + 1, world_size=world, samples_only=True, **kw)[0])
     node = layout.node_of_rank()[rank]
     L = len(samples)
 
     # This epoch's accesses then the next epoch's, grouped by the sample's home (in order within
     # each home): the sequence each home's simulation runs over, in the home's local indices.
-    small = np.int32 if num_samples < 2**31 else np.int64   # sample indices, half the bytes where they fit
-    full = np.empty(L + len(following), small)
-    full[:L], full[L:] = samples, following
-    del following
-    order, cuts, _ = group_positions(home[full], nodes, use_c, place=False)
     members_order, member_cuts, local = group_positions(home, nodes, use_c)   # a sample's index at its home
-    local = local.astype(small)
-
-    served_by = np.full(L, -1, np.int32)
-    keep = np.zeros(L, bool)
-    drops, lates, afters = [], [], []
+    order, cuts, this_cuts, lseq = _group_accesses(samples, following, home, local, nodes, use_c)
+    del following
+    this_pos = order[order < L].astype(np.int64)   # this epoch's accesses (each home's first), home by home
+    del order
+    reader = node[this_pos]                        # the node that makes each of those accesses
+    hits, keeps, drops, afters = [], [], [], []
     for n in range(nodes):
-        g = order[cuts[n]:cuts[n + 1]]
-        m = int(np.searchsorted(g, L))             # g[:m]: this epoch's accesses to home n's samples
-        idx = g[:m].astype(np.int64)
+        a, b = int(this_cuts[n]), int(this_cuts[n + 1])
         mine = members_order[member_cuts[n]:member_cuts[n + 1]].astype(np.int64)
-        r, drop = _simulate_home(n, local[full[g]], m, node[idx] == n, mine, local, home, sizes, caps[n],
-                                 held[n], use_c)
-        served_by[idx[r.hit]] = n
-        keep[idx] = r.keep
+        r, drop = _simulate_home(n, lseq[cuts[n]:cuts[n + 1]], b - a, reader[a:b] == n, mine, local, home, sizes,
+                                 caps[n], held[n], use_c)
+        hits.append(r.hit)
+        keeps.append(r.keep)
         drops.append(drop)
-        late = idx[r.hit & ~r.keep & (node[idx] != n)]          # held for a peer's read, then cut
-        lates.append(np.stack([step[late].astype(np.int64), samples[late]], axis=1))
         afters.append(Residents(mine[r.residents_after.samples], r.residents_after.sizes))
-    del full, order
+    del lseq
+    hit = np.concatenate(hits) if hits else np.zeros(0, bool)
+    kept = np.concatenate(keeps) if keeps else np.zeros(0, bool)
+    owner = np.repeat(np.arange(nodes, dtype=np.int32), np.diff(this_cuts))   # the home of each access
+    served_by = np.full(L, -1, np.int32)
+    served_by[this_pos[hit]] = owner[hit]
+    keep = np.zeros(L, bool)
+    keep[this_pos] = kept
+    cut = hit & ~kept & (reader != owner)          # held for a peer's read, then cut: late drops
+    late_pos = this_pos[cut]
+    rows = np.stack([step[late_pos].astype(np.int64), samples[late_pos]], axis=1)
+    late_cuts = np.searchsorted(owner[cut], np.arange(nodes + 1))
+    # per home, by step (positions ascend within a home, so steps do too)
+    lates = [rows[late_cuts[n]:late_cuts[n + 1]] for n in range(nodes)]
     for a in (samples, rank, step, node, served_by, keep):
         a.setflags(write=False)
     return ClusterEpoch(epoch=epoch, position=position, layout=layout, samples=samples, rank=rank, step=step,
                         node=node, served_by=served_by, keep=keep, home=home, sizes=sizes,
                         drop_at_start=tuple(drops), late_drops=tuple(lates), residents_after=tuple(afters))
+
+
+def _group_accesses(samples: np.ndarray, following: np.ndarray, home: np.ndarray, local: np.ndarray, nodes: int,
+                    use_c: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """This epoch's accesses then the next epoch's, grouped by the sample's home (ascending within
+    each home): ``(order, cuts, this_cuts, lseq)``: ``order[cuts[n]:cuts[n + 1]]`` are the
+    positions of home n's accesses, the first ``this_cuts[n + 1] - this_cuts[n]`` of them this
+    epoch's; ``lseq`` is the sample of each as its ``local`` index (among its home's samples). In
+    C, two passes with one lookup per access each."""
+    L, n = len(samples), len(samples) + len(following)
+    if use_c and residency._c_group_accesses is not None and n < 2**31 and len(home) < 2**31:
+        full = np.empty(n, np.int32)
+        full[:L], full[L:] = samples, following
+        packed = (home.astype(np.int64) << 32) | local
+        order, lseq = np.empty(n, np.int32), np.empty(n, np.int32)
+        cuts, this_cuts = np.empty(nodes + 1, np.int64), np.empty(nodes + 1, np.int64)
+        residency._c_group_accesses(full, packed, nodes, L, order, lseq, cuts, this_cuts)
+        return order, cuts, this_cuts, lseq
+    full = np.concatenate([samples, following])
+    order, cuts, _ = group_positions(home[full], nodes, use_c, place=False)
+    this_cuts = np.zeros(nodes + 1, np.int64)
+    np.cumsum(np.bincount(home[samples], minlength=nodes), out=this_cuts[1:])
+    return order, cuts, this_cuts, local[full[order]]
 
 
 def _simulate_home(n: int, both: np.ndarray, m: int, own: np.ndarray, mine: np.ndarray, local: np.ndarray,

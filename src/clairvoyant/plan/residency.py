@@ -33,11 +33,12 @@ from .evict import NEVER, FarthestNextUse, next_uses
 try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
+    from ._belady import group_accesses as _c_group_accesses
     from ._belady import group_by as _c_group_by
     from ._belady import next_uses as _c_next_uses
     from ._belady import simulate as _c_simulate
 except ImportError:
-    _c_simulate = _c_next_uses = _c_group_by = None
+    _c_simulate = _c_next_uses = _c_group_by = _c_group_accesses = None
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
 from .residents import Residents
