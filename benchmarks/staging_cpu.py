@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             tiers = Tiers(local, lambda: LocalStore(ram_dir, store.uri, entries=False), 1 << 40, 1 << 34, store)
             done, count, lock = threading.Event(), [0], threading.Lock()
 
-            def on_done(batch: int, idx: int, outcome) -> None:
+            def on_done(batch: int, idx: int, outcome, *seconds: float) -> None:
                 if not isinstance(outcome, Placement):
                     print(f"staging failed: {outcome!r}", file=sys.stderr)
                 with lock:   # staging threads call this concurrently
