@@ -1,0 +1,345 @@
+"""POLICY, by delegation: where each access of a simulated epoch is served from.
+
+Each policy states, for every step of an epoch and every node, how many samples
+and bytes its ranks read from their own tier, from peers' tiers (and how many
+each node sends) and from the shared store: an ``EpochTraffic``. The decisions
+are the loader's own, taken by the same pure functions the runtime calls, so
+the simulator cannot drift from it:
+
+- ``store-only``: every access from the store, at need (a plain DataLoader:
+  one batch prefetched, ``loader_workers`` readers per GPU);
+- ``staging``: every access from the store, staged ahead of the loop within
+  the RAM window (no cache; ``stage_threads`` readers per node);
+- ``node``: per-node tiers, today's runtime without the cluster cache: each
+  node runs farthest-next-use over its ranks' interleaved sequence
+  (``plan.residency.node_sequence`` and ``simulate_epoch``), carrying its tier
+  from epoch to epoch;
+- ``cluster``: the cluster cache (``plan.cluster.plan_cluster_epoch``): each
+  sample's home keeps it, peers read it over the interconnect;
+- ``no-io``: nothing is read: the lower bound.
+
+Only the public signatures of ``plan/`` are used; ``node_tier_epoch`` runs
+``simulate_epoch`` over a node's own samples renumbered densely (as the
+cluster plan does per home), which takes the same decisions and keeps the cost
+per node proportional to the node's accesses rather than to the data set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..plan.cluster import NodeLayout, plan_cluster_epoch
+from ..plan.order import epoch_order
+from ..plan.partition import num_batches, padded_rest
+from ..plan.residency import EpochResidency, node_sequence, simulate_epoch
+from ..plan.residents import Residents
+from .model import Hardware, Job
+
+POLICIES = ("store-only", "staging", "node", "cluster", "no-io")
+COUNTS = ("local_n", "local_b", "peer_n", "peer_b", "sent_n", "sent_b", "store_n", "store_b")
+
+
+@dataclass(eq=False)
+class EpochTraffic:
+    """One epoch of one policy: int64 arrays of shape (steps, nodes). ``samples``: accesses of the
+    node's ranks at that step; ``local``: served by the node's own tier; ``peer``: by another
+    node's tier (``sent``: what the node's tier sends to others); ``store``: by the shared store.
+    ``*_n`` count samples, ``*_b`` bytes (the samples' own bytes, not the tier's entry bytes).
+    ``lookahead``: batches the policy stages ahead of the loop; ``readers``: store readers per node."""
+
+    policy: str
+    epoch: int
+    samples: np.ndarray
+    local_n: np.ndarray
+    local_b: np.ndarray
+    peer_n: np.ndarray
+    peer_b: np.ndarray
+    sent_n: np.ndarray
+    sent_b: np.ndarray
+    store_n: np.ndarray
+    store_b: np.ndarray
+    bytes: np.ndarray          # (steps, nodes): bytes of every access, whoever serves it
+    lookahead: int
+    readers: int
+
+    @property
+    def steps(self) -> int:
+        return self.samples.shape[0]
+
+    @property
+    def nodes(self) -> int:
+        return self.samples.shape[1]
+
+    def totals(self) -> dict[str, int]:
+        out = {k: int(getattr(self, k).sum()) for k in COUNTS}
+        out.update(samples=int(self.samples.sum()), bytes=int(self.bytes.sum()))
+        return out
+
+    def check(self) -> None:
+        """Conservation: every access is served exactly once (own tier, a peer or the store), the
+        bytes add up, and every byte a node receives from a peer is a byte another node sends.
+        Raises AssertionError naming what does not add up (a broken policy)."""
+        served = self.local_n + self.peer_n + self.store_n
+        if not np.array_equal(served, self.samples):
+            bad = np.argwhere(served != self.samples)[0]
+            raise AssertionError(f"{self.policy} epoch {self.epoch}: step {bad[0]} node {bad[1]} serves "
+                                 f"{int(served[tuple(bad)])} of {int(self.samples[tuple(bad)])} accesses")
+        got = self.local_b + self.peer_b + self.store_b
+        if not np.array_equal(got, self.bytes):
+            raise AssertionError(f"{self.policy} epoch {self.epoch}: {int(got.sum())} bytes served for "
+                                 f"{int(self.bytes.sum())} bytes asked")
+        if int(self.peer_n.sum()) != int(self.sent_n.sum()) or int(self.peer_b.sum()) != int(self.sent_b.sum()):
+            raise AssertionError(f"{self.policy} epoch {self.epoch}: peers received {int(self.peer_b.sum())} bytes "
+                                 f"but sent {int(self.sent_b.sum())}")
+        for k in COUNTS:
+            if (getattr(self, k) < 0).any():
+                raise AssertionError(f"{self.policy} epoch {self.epoch}: negative {k}")
+
+
+def _grid(step: np.ndarray, node: np.ndarray | int, steps: int, nodes: int,
+          weights: np.ndarray | None = None) -> np.ndarray:
+    """Counts (or sums of ``weights``) per (step, node)."""
+    key = np.asarray(step, np.int64) * nodes + np.asarray(node, np.int64)
+    out = np.bincount(key, weights=None if weights is None else np.asarray(weights, np.float64),
+                      minlength=steps * nodes)
+    return np.rint(out).astype(np.int64).reshape(steps, nodes)
+
+
+def access_steps(n: int, ranks: int, batch_size: int, steps: int) -> np.ndarray:
+    """The step of each of the ``n`` accesses of a node sequence of ``ranks`` ranks (step by step,
+    each rank's batch in turn; the last step's batches may be shorter)."""
+    return np.minimum(np.arange(n, dtype=np.int64) // (ranks * batch_size), max(steps - 1, 0))
+
+
+@dataclass(frozen=True, eq=False)
+class NodeSequences:
+    """Every node's access sequence of one epoch at once: ``seq[n]`` is node n's
+    ``plan.residency.node_sequence`` (its ranks' batches step by step), ``step[n]`` the step of
+    each access. Built from one padded order for all nodes (``node_sequence`` pads the order
+    once per rank: at 1,024 nodes x 4 ranks that is 4,096 copies of it per epoch)."""
+
+    seq: np.ndarray     # (nodes, accesses per node) int64
+    step: np.ndarray    # (accesses per node,) int64: the same for every node
+
+
+def node_sequences(num_samples: int, job: Job, epoch: int) -> NodeSequences:
+    """``node_sequence`` of every node of ``job`` (ranks in node blocks of ``job.gpus``) for ``epoch``
+    from its start; tests/test_simulate.py holds it equal to ``node_sequence`` node by node."""
+    W, G, B = job.world_size, job.gpus, job.batch_size
+    order = epoch_order(num_samples, job.seed, epoch, job.shuffle)
+    per_rank = padded_rest(order, W, 0).reshape(-1, W).T          # (W, m): rank r's samples in order
+    m = per_rank.shape[1]
+    length = min(m, num_batches(m, B, job.drop_last) * B)
+    full, rem = divmod(length, B)
+    nodes = W // G
+    head = per_rank[:, :full * B].reshape(nodes, G, full, B).transpose(0, 2, 1, 3).reshape(nodes, full * G * B)
+    tail = per_rank[:, full * B:length].reshape(nodes, G * rem)
+    seq = np.concatenate([head, tail], axis=1).astype(np.int64, copy=False)
+    steps = full + (1 if rem else 0)
+    return NodeSequences(seq, access_steps(seq.shape[1], G, B, steps))
+
+
+class Policy:
+    """A placement policy: ``epochs`` yields one ``EpochTraffic`` per epoch, in order."""
+
+    name = "policy"
+
+    def __init__(self, job: Job, sizes: np.ndarray, hw: Hardware, *, overhead: int = 32) -> None:
+        self.job, self.hw = job, hw
+        self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)   # the samples' bytes
+        self.entry_sizes = self.sizes + int(overhead)               # what a tier counts (cache/entry.py)
+        self.num_samples = len(self.sizes)
+        self.steps = job.steps(self.num_samples)
+
+    def _kw(self) -> dict:
+        j = self.job
+        return dict(seed=j.seed, batch_size=j.batch_size, shuffle=j.shuffle, drop_last=j.drop_last)
+
+    def node_accesses(self, node: int, epoch: int) -> np.ndarray:
+        j = self.job
+        ranks = range(node * j.gpus, (node + 1) * j.gpus)
+        return node_sequence(self.num_samples, epoch=epoch, world_size=j.world_size, ranks=ranks, **self._kw())
+
+    def _empty(self, epoch: int, lookahead: int, readers: int) -> EpochTraffic:
+        z = np.zeros((self.steps, self.job.nodes), np.int64)
+        return EpochTraffic(self.name, epoch, z.copy(), *(z.copy() for _ in COUNTS), z.copy(), lookahead, readers)
+
+    def staging_lookahead(self) -> int:
+        """Batches the stager may run ahead: the RAM window over a step's bytes, within the
+        loader's ``lookahead``, at least one."""
+        j = self.job
+        step_bytes = j.gpus * j.batch_size * float(self.entry_sizes.mean())
+        return int(max(1, min(self.hw.lookahead, self.hw.window // max(step_bytes, 1.0))))
+
+    def epochs(self) -> Iterator[EpochTraffic]:
+        raise NotImplementedError
+
+
+class StorePolicy(Policy):
+    """Every access from the store: ``store-only`` (one batch ahead, the DataLoader's readers) or
+    ``staging`` (the RAM window ahead, the stager's threads)."""
+
+    def __init__(self, job: Job, sizes: np.ndarray, hw: Hardware, *, staged: bool, overhead: int = 32) -> None:
+        super().__init__(job, sizes, hw, overhead=overhead)
+        self.name = "staging" if staged else "store-only"
+        self.staged = staged
+
+    def epochs(self) -> Iterator[EpochTraffic]:
+        j, hw = self.job, self.hw
+        look = self.staging_lookahead() if self.staged else 1
+        readers = hw.stage_threads if self.staged else hw.loader_workers * j.gpus
+        for e in range(j.epochs):
+            t = self._empty(e, look, readers)
+            ns = node_sequences(self.num_samples, j, e)
+            t.samples[:] = np.bincount(ns.step, minlength=self.steps)[:, None]
+            t.bytes[:] = _per_step(self.sizes[ns.seq], ns.step, self.steps)
+            t.store_n[:], t.store_b[:] = t.samples, t.bytes
+            yield t
+
+
+def _per_step(values: np.ndarray, step: np.ndarray, steps: int) -> np.ndarray:
+    """(steps, nodes) sums of ``values`` (nodes, accesses), whose accesses fall in contiguous
+    runs of ``step`` (ascending)."""
+    if values.shape[1] == 0:
+        return np.zeros((steps, values.shape[0]), np.int64)
+    starts = np.searchsorted(step, np.arange(steps))
+    return np.add.reduceat(values.astype(np.int64, copy=False), starts, axis=1).T
+
+
+class NoIOPolicy(Policy):
+    """Nothing is read: every access served at no cost (the lower bound). Its accesses are all
+    counted as local so that conservation holds; the engine charges them nothing."""
+
+    name = "no-io"
+
+    def epochs(self) -> Iterator[EpochTraffic]:
+        for t in StorePolicy(self.job, self.sizes, self.hw, staged=True, overhead=0).epochs():
+            t.policy = self.name
+            t.local_n, t.local_b = t.store_n, t.store_b
+            t.store_n, t.store_b = np.zeros_like(t.samples), np.zeros_like(t.samples)
+            yield t
+
+
+def node_tier_epoch(seq: np.ndarray, following: np.ndarray, entry_sizes: np.ndarray, capacity: int,
+                    residents: Mapping[int, int]) -> tuple[EpochResidency, Residents]:
+    """``plan.residency.simulate_epoch`` for one node, over its own samples renumbered densely
+    (ascending, so ties fall as with global indices). Returns the result (per access of ``seq``)
+    and the residents at the epoch's end in global indices."""
+    held = Residents.of(residents)
+    universe = np.unique(np.concatenate([seq, following, held.samples]))
+    local = lambda a: np.searchsorted(universe, a)   # noqa: E731
+    res = simulate_epoch(local(seq), local(following), entry_sizes[universe], int(capacity),
+                         Residents(local(held.samples), held.sizes))
+    after = res.residents_after
+    return res, Residents(universe[after.samples], after.sizes)
+
+
+class NodeTierPolicy(Policy):
+    """Per-node tiers (the runtime with ``cluster=False``): farthest-next-use per node."""
+
+    name = "node"
+
+    def epochs(self) -> Iterator[EpochTraffic]:
+        j, hw = self.job, self.hw
+        held: list[Residents] = [Residents() for _ in range(j.nodes)]
+        look = self.staging_lookahead()
+        following = node_sequences(self.num_samples, j, 0)
+        for e in range(j.epochs):
+            t = self._empty(e, look, hw.stage_threads)
+            this, following = following, node_sequences(self.num_samples, j, e + 1)
+            step = this.step
+            z = self.sizes[this.seq]
+            hits = np.zeros(this.seq.shape, bool)
+            for n in range(j.nodes):
+                res, held[n] = node_tier_epoch(this.seq[n], following.seq[n], self.entry_sizes,
+                                               hw.local_capacity, held[n])
+                hits[n] = res.hit
+            t.samples[:] = np.bincount(step, minlength=self.steps)[:, None]
+            t.bytes[:] = _per_step(z, step, self.steps)
+            t.local_n[:] = _per_step(hits, step, self.steps)
+            t.local_b[:] = _per_step(np.where(hits, z, 0), step, self.steps)
+            t.store_n[:] = t.samples - t.local_n
+            t.store_b[:] = t.bytes - t.local_b
+            yield t
+
+
+class ClusterPolicy(Policy):
+    """The cluster cache (the runtime with ``cluster=True``): ``plan_cluster_epoch`` over the job's
+    nodes, every node's tier carried to the next epoch."""
+
+    name = "cluster"
+
+    def __init__(self, job: Job, sizes: np.ndarray, hw: Hardware, *, overhead: int = 32,
+                 per_node_views: bool = False) -> None:
+        super().__init__(job, sizes, hw, overhead=overhead)
+        self.per_node_views = per_node_views   # count through for_node (the stable API) only
+        self.last_plan = None
+
+    def epochs(self) -> Iterator[EpochTraffic]:
+        j, hw = self.job, self.hw
+        layout = NodeLayout.blocks(j.world_size, j.gpus)
+        residents = None
+        look = self.staging_lookahead()
+        for e in range(j.epochs):
+            plan = plan_cluster_epoch(self.num_samples, epoch=e, layout=layout, capacities=hw.local_capacity,
+                                      sizes=self.entry_sizes, residents=residents, **self._kw())
+            residents = list(plan.residents_after)
+            t = self._empty(e, look, hw.stage_threads)
+            if not self.per_node_views and all(hasattr(plan, a) for a in ("samples", "node", "step", "served_by")):
+                self._count_arrays(t, plan.samples, plan.step, plan.node, plan.served_by)
+            else:
+                for n in range(j.nodes):
+                    v = plan.for_node(n)
+                    by = np.where(v.hit, n, v.peer).astype(np.int64)
+                    self._count_arrays(t, v.samples, v.step, np.full(len(v.samples), n, np.int64), by, add=True)
+            self.last_plan = plan
+            yield t
+
+    def _count_arrays(self, t: EpochTraffic, samples: np.ndarray, step: np.ndarray, node: np.ndarray,
+                      served_by: np.ndarray, add: bool = False) -> None:
+        S, N = self.steps, self.job.nodes
+        z = self.sizes[samples].astype(np.float64)
+        own = served_by == node
+        store = served_by < 0
+        peer = ~own & ~store
+        parts = {
+            "samples": _grid(step, node, S, N), "bytes": _grid(step, node, S, N, z),
+            "local_n": _grid(step[own], node[own], S, N), "local_b": _grid(step[own], node[own], S, N, z[own]),
+            "peer_n": _grid(step[peer], node[peer], S, N), "peer_b": _grid(step[peer], node[peer], S, N, z[peer]),
+            "sent_n": _grid(step[peer], served_by[peer], S, N),
+            "sent_b": _grid(step[peer], served_by[peer], S, N, z[peer]),
+            "store_n": _grid(step[store], node[store], S, N),
+            "store_b": _grid(step[store], node[store], S, N, z[store]),
+        }
+        for k, v in parts.items():
+            if add:
+                getattr(t, k)[:] += v
+            else:
+                setattr(t, k, v)
+
+
+def make_policy(name: str, job: Job, sizes: np.ndarray, hw: Hardware, *, overhead: int = 32) -> Policy:
+    if name == "store-only":
+        return StorePolicy(job, sizes, hw, staged=False, overhead=overhead)
+    if name == "staging":
+        return StorePolicy(job, sizes, hw, staged=True, overhead=overhead)
+    if name == "node":
+        return NodeTierPolicy(job, sizes, hw, overhead=overhead)
+    if name == "cluster":
+        return ClusterPolicy(job, sizes, hw, overhead=overhead)
+    if name == "no-io":
+        return NoIOPolicy(job, sizes, hw, overhead=overhead)
+    raise ConfigError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
+
+
+def padded_accesses(num_samples: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """Accesses of one epoch over all ranks (DistributedSampler pads; drop_last cuts)."""
+    per_rank = math.ceil(num_samples / world_size)
+    if drop_last:
+        per_rank = per_rank // batch_size * batch_size
+    return per_rank * world_size
