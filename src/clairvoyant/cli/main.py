@@ -105,8 +105,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                        gpus_per_node=args.gpus, nodes=args.nodes, experiments=args.experiments,
                        dataset_bytes=dataset, local_capacity=parse_bytes(args.local_capacity, what="--local-capacity"),
                        ram_capacity=parse_bytes(args.ram_capacity, what="--ram-capacity"))
+    sim = None
+    if args.simulate:   # what-ifs through the simulator (cli/simulate.py)
+        from .simulate import plan_what_if
+        sim = plan_what_if(args, sample, dataset)
     if args.json:
-        print(json.dumps(b.to_dict()))
+        print(json.dumps(b.to_dict() if sim is None else {**b.to_dict(), "simulation": sim}))
         return 0
     gpus = args.gpus * args.nodes * args.experiments
     print(f"per GPU:   {b.samples_per_s_per_gpu:,.0f} samples/s ({b.batch_size} every {b.step_time:g} s); "
@@ -119,6 +123,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"cache:     {b.cache_fraction:.0%} of the data set fits on each node -> hit rate {b.hit_rate:.0%} "
               f"per epoch after the first; the shared storage is left with {b.shared_iops:,.0f} IOPS and "
               f"{format_bytes(b.shared_bytes_per_s)}/s")
+    if sim is not None:
+        from .simulate import format_what_if
+        print(format_what_if(sim))
     return 0
 
 
@@ -245,8 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--local-capacity", default="0", help="node-local SSD for the cache, e.g. 400GiB")
     pl.add_argument("--ram-capacity", default="0", help="RAM for the staging window, e.g. 32GiB (not a cache: "
                     "it does not raise the hit rate)")
+    pl.add_argument("--simulate", action="store_true", help="also simulate the job (clairvoyant simulate): "
+                    "store bytes, stall and epoch time with per-node tiers and the cluster cache")
+    pl.add_argument("--sim-epochs", type=int, default=3, help="epochs for --simulate (default 3)")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=_cmd_plan)
+
+    from .simulate import add_parser as add_simulate
+    add_simulate(sub)
 
     pr = sub.add_parser("probe", help="measure the storage: latency, throughput vs. readers (never writes there)")
     pr.add_argument("path", help="the data set's directory")
