@@ -89,7 +89,8 @@ def child(args: argparse.Namespace) -> None:
     res["loader_s"] = time.perf_counter() - t
     res["after_loader"] = memory()
     man = ld.manifest
-    entry_sizes = np.asarray(man.sizes, dtype=np.int64) + entry_size(0)
+    entry_sizes = ld._entry_sizes   # what the loader plans with (manifest sizes + entry header)
+    assert entry_sizes[0] == man.sizes[0] + entry_size(0)
     config = PlanConfig(len(man), args.batch_size, seed=0)
     nodes = tuple(range(n * rpn, (n + 1) * rpn) for n in range(args.nodes))
     layout = Layout(0, world, nodes[0])

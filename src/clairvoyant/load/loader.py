@@ -181,7 +181,10 @@ class Loader:
                                   f"of {t.world_size}: pass the MPI rank and size, or cluster=False")
             self.topology = validate(t.rank, t.world_size, t.rank - c.nodes[c.node].start, len(c.nodes[c.node]))
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
-        self._entry_sizes = np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0)   # what tiers count
+        sizes = np.asarray(self.manifest.sizes)
+        # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
+        small = len(sizes) == 0 or int(sizes.max()) + entry_size(0) < 2**31
+        self._entry_sizes = sizes.astype(np.int32 if small else np.int64) + np.int32(entry_size(0))
         self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
         if self._cluster is not None:
             self._cluster.start(self.tiers.local_capacity, self._serve)

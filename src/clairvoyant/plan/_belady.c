@@ -368,6 +368,395 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * plan_homes: the cluster plan's farthest-next-use for every home at once (plan/cluster.py).
+ *
+ * plan_homes(seq, nsamples, next_order, next_full, next_rem, home, sizes, capacities, res_samples,
+ *            res_sizes, res_cuts, node_of_rank, batch, full, rem, hit, keep, late)
+ *     -> (drops, drop_cuts, after, after_sizes, after_cuts)
+ *   seq:        int32 per access of this epoch, in cluster order (step, rank, place in the batch);
+ *               its shape: `full` steps of whole batches, then `rem` samples per rank
+ *   next_order: int32, the next epoch's order (empty: no next epoch); its cluster sequence from
+ *               the start has the shape (next_full, next_rem); it gives the look-ahead
+ *   home:       int16 or int32 per sample: its home node (< 65,536 homes)
+ *   sizes:      int64 or int32 per sample: bytes in a tier (each < 2**31)
+ *   capacities: int64 per home
+ *   res_*:      int32 residents held at the start, home by home (res_cuts: int64, homes + 1)
+ *   node_of_rank: int32 per rank; batch: the batch size
+ *   hit, keep, late: writable bytes per access. late[i]: bit 0 the home cuts the sample after a
+ *               peer's read at i (a late drop), bit 1 the epoch reads that sample once.
+ * Returns, as bytes: drops (int32, home by home: residents homed elsewhere, then in the order the
+ * plan decides), drop_cuts (int64), after (int32 samples held at the end, home by home,
+ * ascending), after_sizes (int32), after_cuts (int64).
+ *
+ * The same decisions as simulate() run once per home over the accesses to its samples with a miss
+ * admitted only where the home itself reads (plan/cluster.py's Python path): positions are the
+ * epoch's own instead of the home's, which keeps every comparison. One 12-byte cell per sample
+ * (first use, then the latest access; bytes held; home; state), so each access touches one cache
+ * line. No home lists its residents until some tier is full; a home's heap is built only once
+ * its own tier is full (until then it lists its residents), and it is compacted when stale
+ * entries pile up.
+ * --------------------------------------------------------------------------------------------- */
+
+#define NEVER32 INT32_MAX
+/* the passes below touch one random cell per access: fetching the cells of accesses a little
+ * ahead lets the memory system work on several at once (about 2x at 14 M samples) */
+#define AHEAD 24
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch((p), 1, 1)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
+typedef struct { int32_t nu, s; } E32;
+typedef struct { int32_t T, Z; uint16_t home; uint8_t st, pad; } Cell;
+/* T: >= 0 the first use (not read yet this epoch), <= -2: -2 - the latest access; Z: bytes while
+ * resident; st: 0 out, 1 resident, 2 taken as a victim, 3 held at the start (not placed yet) */
+typedef struct {
+    E32 *v;                 /* heaped: a max-heap on (nu, -s), stale entries skipped lazily; else the residents */
+    int64_t n, cap, live, used, capacity, held;
+    int heaped;
+} Home;
+typedef struct {
+    Cell *C;
+    Py_ssize_t N;
+    const int32_t *NX;      /* per access: next use */
+    E32 *victims;
+    int64_t nvict, capvict;
+    Home *homes;
+    int listed;             /* the homes list their residents (from the first time any tier is full) */
+} Plan;
+
+static int32_t nu_of(const Plan *p, int32_t s) {
+    int32_t t = p->C[s].T;
+    return t >= 0 ? t : p->NX[-2 - t];
+}
+static int e_above(E32 a, E32 b) { return a.nu > b.nu || (a.nu == b.nu && a.s < b.s); }
+static void sift_down(E32 *v, int64_t n, int64_t i) {
+    E32 x = v[i];
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && e_above(v[c + 1], v[c])) c++;
+        if (!e_above(v[c], x)) break;
+        v[i] = v[c];
+        i = c;
+    }
+    v[i] = x;
+}
+static int h_push(Home *h, E32 e) {
+    if (h->n == h->cap) {
+        int64_t cap = h->cap ? 2 * h->cap : 16;
+        E32 *v = realloc(h->v, (size_t)cap * sizeof(E32));
+        if (!v) return -1;
+        h->v = v;
+        h->cap = cap;
+    }
+    int64_t i = h->n++;
+    if (h->heaped) {
+        while (i > 0) {
+            int64_t q = (i - 1) / 2;
+            if (!e_above(e, h->v[q])) break;
+            h->v[i] = h->v[q];
+            i = q;
+        }
+    }
+    h->v[i] = e;
+    return 0;
+}
+static void h_pop(Home *h) {
+    E32 last = h->v[--h->n];
+    if (h->n) {
+        h->v[0] = last;
+        sift_down(h->v, h->n, 0);
+    }
+}
+/* keep only live entries (a resident's current next use), then heapify; `refresh`: the list of
+ * an unheaped home, one entry per resident, whose next uses are looked up now */
+static void h_rebuild(Home *h, const Plan *p, int refresh) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < h->n; i++) {
+        E32 e = h->v[i];
+        if (refresh) e.nu = nu_of(p, e.s);
+        else if (p->C[e.s].st != 1 || nu_of(p, e.s) != e.nu) continue;
+        h->v[k++] = e;
+    }
+    h->n = k;
+    h->heaped = 1;
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(h->v, k, i);
+}
+static int p_victim(Plan *p, E32 e) {
+    if (p->nvict == p->capvict) {
+        int64_t cap = p->capvict ? 2 * p->capvict : 64;
+        E32 *v = realloc(p->victims, (size_t)cap * sizeof(E32));
+        if (!v) return -1;
+        p->victims = v;
+        p->capvict = cap;
+    }
+    p->victims[p->nvict++] = e;
+    return 0;
+}
+/* the first time a tier is full: every home lists its residents (one pass over the cells), so
+ * that a job whose tiers never fill keeps no list at all */
+static int p_list(Plan *p) {
+    for (Py_ssize_t s = 0; s < p->N; s++)
+        if (p->C[s].st == 1 && h_push(&p->homes[p->C[s].home], (E32){0, (int32_t)s}) < 0) return -1;
+    p->listed = 1;
+    return 0;
+}
+/* admit sample s (size bytes, next use nu) at home h: 1 admitted (victims in p->victims), 0 refused, -1 no memory */
+static int h_admit(Plan *p, Home *h, int32_t s, int64_t size, int32_t nu) {
+    Cell *C = p->C;
+    p->nvict = 0;
+    if (size > h->capacity) return 0;
+    if (h->used + size > h->capacity) {
+        if (!p->listed && p_list(p) < 0) return -1;
+        if (!h->heaped) h_rebuild(h, p, 1);
+        int64_t freed = 0;
+        while (h->used - freed + size > h->capacity) {
+            E32 top;
+            int found = 0;
+            while (h->n) {
+                top = h->v[0];
+                if (C[top.s].st == 1 && nu_of(p, top.s) == top.nu) { found = 1; break; }
+                h_pop(h);
+            }
+            if (!found || top.nu <= nu) {
+                for (int64_t k = 0; k < p->nvict; k++) {
+                    C[p->victims[k].s].st = 1;
+                    if (h_push(h, p->victims[k]) < 0) return -1;
+                }
+                p->nvict = 0;
+                return 0;
+            }
+            h_pop(h);
+            C[top.s].st = 2;
+            if (p_victim(p, top) < 0) return -1;
+            freed += C[top.s].Z;
+        }
+        for (int64_t k = 0; k < p->nvict; k++) {
+            Cell *v = &C[p->victims[k].s];
+            v->st = 0;
+            h->used -= v->Z;
+            h->live--;
+        }
+    }
+    C[s].st = 1;
+    C[s].Z = (int32_t)size;
+    h->used += size;
+    h->live++;
+    if (p->listed && h_push(h, (E32){nu, s}) < 0) return -1;
+    if (h->heaped && h->n > 2 * h->live + 4096) h_rebuild(h, p, 0);
+    return 1;
+}
+typedef struct { int32_t s; int32_t h; } Pair;
+static int pair_push(Pair **v, int64_t *n, int64_t *cap, Pair x) {
+    if (*n == *cap) {
+        int64_t c = *cap ? 2 * *cap : 256;
+        Pair *w = realloc(*v, (size_t)c * sizeof(Pair));
+        if (!w) return -1;
+        *v = w;
+        *cap = c;
+    }
+    (*v)[(*n)++] = x;
+    return 0;
+}
+static int by_first(const void *a, const void *b) {   /* E32 as (first use, sample): soonest, then smallest */
+    const E32 *x = a, *y = b;
+    if (x->nu != y->nu) return x->nu < y->nu ? -1 : 1;
+    return (x->s > y->s) - (x->s < y->s);
+}
+/* the rank that makes access i of a cluster sequence of shape (full, rem) */
+static inline Py_ssize_t rank_of(Py_ssize_t i, Py_ssize_t W, Py_ssize_t B, Py_ssize_t head, Py_ssize_t rem) {
+    return i < head ? (i / B) % W : (i - head) / rem;
+}
+
+static PyObject *plan_homes(PyObject *self, PyObject *args) {
+    Py_buffer seq, nord, hom, siz, caps, rsb, rzb, rcb, nor, hit, keep, late;
+    Py_ssize_t N, nfull, nrem, B, full, rem;
+    if (!PyArg_ParseTuple(args, "y*ny*nny*y*y*y*y*y*y*nnnw*w*w*", &seq, &N, &nord, &nfull, &nrem, &hom, &siz, &caps,
+                          &rsb, &rzb, &rcb, &nor, &B, &full, &rem, &hit, &keep, &late))
+        return NULL;
+    PyObject *result = NULL, *drops_b = NULL, *dcuts_b = NULL, *after_b = NULL, *asz_b = NULL, *acuts_b = NULL;
+    Py_ssize_t L = seq.len / 4;
+    Py_ssize_t H = caps.len / 8, W = nor.len / 4, R = rsb.len / 4;
+    const int32_t *S = seq.buf, *NO = nord.buf, *NR = nor.buf, *RS = rsb.buf, *RZ = rzb.buf;
+    const int64_t *CAP = caps.buf, *RC = rcb.buf;
+    uint8_t *HI = hit.buf, *KE = keep.buf, *LA = late.buf;
+    Plan p = {0};
+    Home *homes = NULL;
+    int32_t *nxt = NULL;
+    Pair *drops = NULL;
+    E32 *later = NULL;
+    int64_t ndrops = 0, capdrops = 0, nlater = 0;
+    Py_ssize_t head = (Py_ssize_t)full * W * B;
+    int home16 = hom.len == N * 2, size64 = siz.len == N * 8;
+    if (N < 0 || (!home16 && hom.len != N * 4) || (!size64 && siz.len != N * 4) || (nord.len && nord.len != N * 4) || rzb.len != rsb.len ||
+        rcb.len != (H + 1) * 8 || hit.len != L || keep.len != L || late.len != L || W < 1 || B < 1 || H < 1 ||
+        H > 65536 || (double)2 * L + 2 >= (double)NEVER32 || N >= NEVER32 || head + (Py_ssize_t)rem * W != L ||
+        (nord.len && (Py_ssize_t)(nfull * B + nrem) * W > ((N + W - 1) / W) * W) || RC[0] != 0 || RC[H] != R) {
+        PyErr_SetString(PyExc_ValueError, "plan_homes: buffer sizes do not match");
+        goto done;
+    }
+    homes = calloc((size_t)H, sizeof(Home));
+    p.C = malloc(((size_t)N + 1) * sizeof(Cell));
+    nxt = malloc(((size_t)L + 1) * sizeof(int32_t));
+    if (!homes || !p.C || !nxt) { PyErr_NoMemory(); goto done; }
+    p.NX = nxt;
+    p.N = N;
+    p.homes = homes;
+    Cell *C = p.C;
+    for (Py_ssize_t h = 0; h < H; h++) homes[h].capacity = CAP[h];
+    for (Py_ssize_t s = 0; s < N; s++) {
+        int64_t h = home16 ? ((const int16_t *)hom.buf)[s] : ((const int32_t *)hom.buf)[s];
+        if (h < 0 || h >= H) { PyErr_SetString(PyExc_IndexError, "a home is out of range"); goto done; }
+        C[s] = (Cell){NEVER32, 0, (uint16_t)h, 0, 0};
+    }
+    /* residents held at the start: those homed elsewhere are dropped first */
+    for (Py_ssize_t h = 0; h < H; h++) {
+        if (RC[h + 1] < RC[h]) { PyErr_SetString(PyExc_ValueError, "res_cuts must ascend"); goto done; }
+        for (int64_t k = RC[h]; k < RC[h + 1]; k++) {
+            int32_t s = RS[k];
+            if (k + AHEAD < R && RS[k + AHEAD] >= 0 && RS[k + AHEAD] < N) PREFETCH(&C[RS[k + AHEAD]]);
+            if (s < 0 || s >= N || C[s].home != h || C[s].st == 3) {
+                if (pair_push(&drops, &ndrops, &capdrops, (Pair){s, (int32_t)h}) < 0) { PyErr_NoMemory(); goto done; }
+                continue;
+            }
+            C[s].st = 3;
+            C[s].Z = RZ[k];
+            homes[h].held += RZ[k];
+        }
+    }
+    /* next uses, backwards: the next epoch's first read of each sample, then this epoch's */
+    if (nord.len) {
+        Py_ssize_t nhead = (Py_ssize_t)nfull * B;
+        for (Py_ssize_t j = 0; j < N; j++) {
+            int32_t s = NO[j];
+            if (j + AHEAD < N && NO[j + AHEAD] >= 0 && NO[j + AHEAD] < N) PREFETCH(&C[NO[j + AHEAD]]);
+            Py_ssize_t r = j % W, k = j / W, at;
+            if (s < 0 || s >= N) { PyErr_SetString(PyExc_IndexError, "a sample is out of range"); goto done; }
+            if (k < nhead) at = (k / B) * W * B + r * B + k % B;
+            else if (k < nhead + nrem) at = nhead * W + r * nrem + (k - nhead);
+            else continue;   /* left out next epoch (drop_last) */
+            C[s].T = (int32_t)(L + at);
+        }
+    }
+    for (Py_ssize_t i = L - 1; i >= 0; i--) {
+        int32_t s = S[i];
+        if (s < 0 || s >= N) { PyErr_SetString(PyExc_IndexError, "a sample is out of range"); goto done; }
+        if (i >= AHEAD && S[i - AHEAD] >= 0 && S[i - AHEAD] < N) PREFETCH(&C[S[i - AHEAD]]);
+        nxt[i] = C[s].T;
+        C[s].T = (int32_t)i;
+    }
+    /* the residents enter their home's tier soonest needed first (ties: the smaller sample), which
+     * matters only where they do not all fit: elsewhere they go in as they come */
+    for (Py_ssize_t s = 0; s < N; s++) {
+        if (C[s].st != 3) continue;
+        Home *h = &homes[C[s].home];
+        if (h->held > h->capacity) { nlater++; continue; }
+        C[s].st = 0;
+        if (h_admit(&p, h, (int32_t)s, C[s].Z, C[s].T) < 0) { PyErr_NoMemory(); goto done; }
+    }
+    if (nlater) {
+        later = malloc((size_t)nlater * sizeof(E32));
+        if (!later) { PyErr_NoMemory(); goto done; }
+        int64_t k = 0;
+        for (Py_ssize_t s = 0; s < N; s++)
+            if (C[s].st == 3) later[k++] = (E32){C[s].T, (int32_t)s};
+        qsort(later, (size_t)nlater, sizeof(E32), by_first);
+        for (k = 0; k < nlater; k++) {
+            int32_t s = later[k].s, hh = C[s].home;
+            C[s].st = 0;
+            int r = h_admit(&p, &homes[hh], s, C[s].Z, C[s].T);
+            if (r < 0) { PyErr_NoMemory(); goto done; }
+            if (r == 0 && pair_push(&drops, &ndrops, &capdrops, (Pair){s, hh}) < 0) { PyErr_NoMemory(); goto done; }
+            for (int64_t v = 0; v < p.nvict; v++)
+                if (pair_push(&drops, &ndrops, &capdrops, (Pair){p.victims[v].s, hh}) < 0) { PyErr_NoMemory(); goto done; }
+        }
+    }
+    /* the epoch */
+    memset(HI, 0, (size_t)L);
+    memset(KE, 0, (size_t)L);
+    memset(LA, 0, (size_t)L);
+    for (Py_ssize_t i = 0; i < L; i++) {
+        int32_t s = S[i], nu = nxt[i];
+        if (i + AHEAD < L) {   /* in range: checked by the pass above */
+            PREFETCH(&C[S[i + AHEAD]]);
+            if (size64) PREFETCH((const int64_t *)siz.buf + S[i + AHEAD]);
+            else PREFETCH((const int32_t *)siz.buf + S[i + AHEAD]);
+        }
+        Cell *c = &C[s];
+        Home *h = &homes[c->home];
+        if (c->T >= 0 && nu >= L) LA[i] = 2;   /* the epoch's only read of s */
+        if (c->st == 1) {
+            HI[i] = KE[i] = 1;
+            c->T = (int32_t)(-2 - i);
+            if (h->heaped) {
+                if (h_push(h, (E32){nu, s}) < 0) { PyErr_NoMemory(); goto done; }
+                if (h->n > 2 * h->live + 4096) h_rebuild(h, &p, 0);
+            }
+            continue;
+        }
+        c->T = (int32_t)(-2 - i);   /* read now, kept or not: its latest access */
+        if (NR[rank_of(i, W, B, head, rem)] != c->home) continue;   /* a peer's miss: not kept */
+        int r = h_admit(&p, h, s, size64 ? ((const int64_t *)siz.buf)[s] : ((const int32_t *)siz.buf)[s], nu);
+        if (r < 0) { PyErr_NoMemory(); goto done; }
+        if (r == 0) continue;
+        KE[i] = 1;
+        for (int64_t k = 0; k < p.nvict; k++) {
+            int32_t v = p.victims[k].s;
+            if (C[v].T >= 0) {   /* held from before, evicted before its first read */
+                if (pair_push(&drops, &ndrops, &capdrops, (Pair){v, C[v].home}) < 0) { PyErr_NoMemory(); goto done; }
+            } else {
+                KE[-2 - C[v].T] = 0;   /* cut before its next use: never keep it at all */
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < L; i++) {
+        int cut = HI[i] && !KE[i] && NR[rank_of(i, W, B, head, rem)] != C[S[i]].home;
+        LA[i] = cut ? (uint8_t)(1 | LA[i]) : 0;
+    }
+    free(nxt); nxt = NULL;
+    for (Py_ssize_t h = 0; h < H; h++) { free(homes[h].v); homes[h].v = NULL; }
+    /* what each home holds at the end, and its drops, home by home */
+    {
+        dcuts_b = PyBytes_FromStringAndSize(NULL, (H + 1) * 8);
+        acuts_b = PyBytes_FromStringAndSize(NULL, (H + 1) * 8);
+        drops_b = PyBytes_FromStringAndSize(NULL, ndrops * 4);
+        if (!dcuts_b || !acuts_b || !drops_b) goto done;
+        int64_t *DC = (int64_t *)PyBytes_AS_STRING(dcuts_b), *AC = (int64_t *)PyBytes_AS_STRING(acuts_b);
+        int32_t *D = (int32_t *)PyBytes_AS_STRING(drops_b);
+        memset(DC, 0, (H + 1) * 8);
+        memset(AC, 0, (H + 1) * 8);
+        for (int64_t k = 0; k < ndrops; k++) DC[drops[k].h + 1]++;
+        for (Py_ssize_t s = 0; s < N; s++) AC[C[s].home + 1] += C[s].st == 1;
+        for (Py_ssize_t h = 0; h < H; h++) { DC[h + 1] += DC[h]; AC[h + 1] += AC[h]; }
+        for (int64_t k = 0; k < ndrops; k++) D[DC[drops[k].h]++] = drops[k].s;
+        for (Py_ssize_t h = H; h > 0; h--) DC[h] = DC[h - 1];
+        DC[0] = 0;
+        after_b = PyBytes_FromStringAndSize(NULL, AC[H] * 4);
+        asz_b = PyBytes_FromStringAndSize(NULL, AC[H] * 4);
+        if (!after_b || !asz_b) goto done;
+        int32_t *A = (int32_t *)PyBytes_AS_STRING(after_b), *AZ = (int32_t *)PyBytes_AS_STRING(asz_b);
+        for (Py_ssize_t s = 0; s < N; s++) {
+            if (C[s].st != 1) continue;
+            int64_t at = AC[C[s].home]++;
+            A[at] = (int32_t)s;
+            AZ[at] = C[s].Z;
+        }
+        for (Py_ssize_t h = H; h > 0; h--) AC[h] = AC[h - 1];
+        AC[0] = 0;
+    }
+    result = Py_BuildValue("(OOOOO)", drops_b, dcuts_b, after_b, asz_b, acuts_b);
+done:
+    Py_XDECREF(drops_b); Py_XDECREF(dcuts_b); Py_XDECREF(after_b); Py_XDECREF(asz_b); Py_XDECREF(acuts_b);
+    if (homes) for (Py_ssize_t h = 0; h < H; h++) free(homes[h].v);
+    free(homes); free(p.C); free(nxt); free(drops); free(later); free(p.victims);
+    PyBuffer_Release(&seq); PyBuffer_Release(&nord); PyBuffer_Release(&hom); PyBuffer_Release(&siz);
+    PyBuffer_Release(&caps); PyBuffer_Release(&rsb); PyBuffer_Release(&rzb); PyBuffer_Release(&rcb);
+    PyBuffer_Release(&nor); PyBuffer_Release(&hit); PyBuffer_Release(&keep); PyBuffer_Release(&late);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS,
      "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep[, admit]) -> "
@@ -375,6 +764,10 @@ static PyMethodDef methods[] = {
     {"next_uses", next_uses, METH_VARARGS, "next_uses(seq, nsamples, out) -> None"},
     {"group_accesses", group_accesses, METH_VARARGS, "group_accesses(seq, home_local, ngroups, nthis, order, lseq, cuts, this_cuts) -> None"},
     {"group_by", group_by, METH_VARARGS, "group_by(keys, ngroups, order[, place]) -> None"},
+    {"plan_homes", plan_homes, METH_VARARGS,
+     "plan_homes(seq, nsamples, next_order, next_full, next_rem, home, sizes, capacities, res_samples, res_sizes, res_cuts, "
+     "node_of_rank, batch, full, rem, hit, keep, late)"
+     " -> (drops, drop_cuts, after, after_sizes, after_cuts)"},
     {NULL, NULL, 0, NULL},
 };
 

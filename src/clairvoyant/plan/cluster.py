@@ -46,7 +46,7 @@ from .order import epoch_order
 from .partition import num_batches, padded_rest
 from . import residency
 from .residency import EpochResidency, first_positions, group_positions, next_use_positions, simulate_from
-from .residents import Residents
+from .residents import ClusterResidents, Residents
 
 __all__ = ["NodeLayout", "cluster_sequence", "home_nodes", "plan_cluster_epoch", "ClusterEpoch", "NodeView",
            "ClusterSummary"]
@@ -92,57 +92,91 @@ class NodeLayout:
         return out
 
 
+def _shape(num_samples: int, world_size: int, batch_size: int, drop_last: bool, position: int) -> tuple[int, int]:
+    """``(full, rem)`` of an epoch's cluster sequence from ``position``: ``full`` steps of whole
+    batches (W x B accesses each), then one step of ``rem`` samples per rank (0: none)."""
+    per_rank = -(-(num_samples - position) // world_size)
+    length = min(per_rank, num_batches(per_rank, batch_size, drop_last) * batch_size)
+    return divmod(length, batch_size)
+
+
+def _cluster_samples(num_samples: int, *, seed: int, epoch: int, batch_size: int, world_size: int,
+                     shuffle: bool, drop_last: bool, position: int = 0) -> tuple[np.ndarray, int, int]:
+    """The samples of ``cluster_sequence`` in the order's own dtype (int32 where it fits), and its
+    shape ``(full, rem)`` (``_shape``)."""
+    if batch_size < 1 or world_size < 1:
+        raise ConfigError(f"batch_size and world_size must be >= 1, got {batch_size}, {world_size}")
+    order = epoch_order(num_samples, seed, epoch, shuffle)
+    per_rank = padded_rest(order, world_size, position).reshape(-1, world_size).T   # a view, one row per rank
+    full, rem = _shape(num_samples, world_size, batch_size, drop_last, position)
+    head = per_rank[:, :full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
+    tail = per_rank[:, full * batch_size:full * batch_size + rem]
+    return np.concatenate([head.reshape(-1), tail.reshape(-1)]), full, rem
+
+
+def _rank_and_step(where: np.ndarray, world_size: int, batch_size: int, full: int,
+                   rem: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rank and step (int32) of accesses ``where`` of a cluster sequence of shape ``(full, rem)``."""
+    where = np.asarray(where, dtype=np.int64)
+    head = full * world_size * batch_size
+    in_head = where < head
+    rank = np.where(in_head, (where // batch_size) % world_size, (where - head) // max(rem, 1))
+    step = np.where(in_head, where // (world_size * batch_size), full)
+    return rank.astype(np.int32), step.astype(np.int32)
+
+
+def _positions_of(ranks: Sequence[int], world_size: int, batch_size: int, full: int, rem: int) -> np.ndarray:
+    """The accesses of ``ranks`` (ascending) in a cluster sequence of shape ``(full, rem)``, ascending:
+    step by step, rank by rank, place by place (the ranks' node sequence)."""
+    r = np.asarray(ranks, dtype=np.int64)
+    head = (np.arange(full, dtype=np.int64)[:, None, None] * (world_size * batch_size)
+            + r[None, :, None] * batch_size + np.arange(batch_size, dtype=np.int64)[None, None, :])
+    tail = full * world_size * batch_size + r[:, None] * rem + np.arange(rem, dtype=np.int64)[None, :]
+    return np.concatenate([head.reshape(-1), tail.reshape(-1)])
+
+
 def cluster_sequence(num_samples: int, *, seed: int, epoch: int, batch_size: int, world_size: int,
                      shuffle: bool = True, drop_last: bool = False,
                      position: int = 0, samples_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every access of the epoch from global ``position`` on, in cluster order (step, then rank,
     then place in the batch): ``(samples int64, rank int32, step int32)``. Steps count from
     ``position`` (step 0 is each rank's first batch from there), as in ``node_sequence``.
-    ``samples_only``: rank and step come back empty (the next epoch's look-ahead needs neither)."""
-    if batch_size < 1 or world_size < 1:
-        raise ConfigError(f"batch_size and world_size must be >= 1, got {batch_size}, {world_size}")
-    order = epoch_order(num_samples, seed, epoch, shuffle)
-    per_rank = padded_rest(order, world_size, position).reshape(-1, world_size).T   # a view, one row per rank
-    length = per_rank.shape[1]
-    length = min(length, num_batches(length, batch_size, drop_last) * batch_size)
-    full, rem = divmod(length, batch_size)
-    head = per_rank[:, :full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
-    samples = np.concatenate([head.reshape(-1), per_rank[:, full * batch_size:length].reshape(-1)])
+    ``samples_only``: rank and step come back empty."""
+    samples, full, rem = _cluster_samples(num_samples, seed=seed, epoch=epoch, batch_size=batch_size,
+                                          world_size=world_size, shuffle=shuffle, drop_last=drop_last,
+                                          position=position)
+    samples = samples.astype(np.int64, copy=False)
     if samples_only:
-        return samples.astype(np.int64, copy=False), np.zeros(0, np.int32), np.zeros(0, np.int32)
-    ranks = np.arange(world_size, dtype=np.int32)
-    rank = np.concatenate([np.broadcast_to(ranks[None, :, None], head.shape).reshape(-1), np.repeat(ranks, rem)])
-    step = np.concatenate([np.repeat(np.arange(full, dtype=np.int32), world_size * batch_size),
-                           np.full(world_size * rem, full, np.int32)])
-    return samples.astype(np.int64, copy=False), rank, step
+        return samples, np.zeros(0, np.int32), np.zeros(0, np.int32)
+    rank, step = _rank_and_step(np.arange(len(samples)), world_size, batch_size, full, rem)
+    return samples, rank, step
 
 
 def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout, shuffle: bool = True,
                drop_last: bool = False, first_epoch: int = 0) -> np.ndarray:
     """int32 per sample: the node that reads it first in the job's first epoch (from its start).
-    A sample that epoch leaves out (``drop_last``) goes to the node of the rank its place in the
-    order would have given it."""
-    samples, rank, _ = cluster_sequence(num_samples, seed=seed, epoch=first_epoch, batch_size=batch_size,
-                                        world_size=layout.world_size, shuffle=shuffle, drop_last=drop_last)
+
+    From the start of an epoch every sample at place j of the order is read by rank j mod W, and
+    that read is its first (a padded repeat of it comes in the epoch's last step), so the home is
+    the node of that rank; a sample the epoch leaves out (``drop_last``) goes to the same node."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    order = epoch_order(num_samples, seed, first_epoch, shuffle)
     node_of = layout.node_of_rank()
-    home = np.full(num_samples, -1, np.int32)
-    first = first_positions(samples, num_samples)   # the first access of each sample read
-    seen = np.flatnonzero(first != NEVER)
-    home[seen] = node_of[rank[first[seen]]]
-    missing = np.flatnonzero(home < 0)
-    if len(missing):
-        place = np.empty(num_samples, np.int64)
-        place[epoch_order(num_samples, seed, first_epoch, shuffle)] = np.arange(num_samples)
-        home[missing] = node_of[place[missing] % layout.world_size]
+    home = np.empty(num_samples, np.int32)
+    home[order] = np.tile(node_of, -(-num_samples // len(node_of)))[:num_samples]
     return home
 
 
 @functools.lru_cache(maxsize=2)
 def _homes(num_samples: int, layout: NodeLayout, first_epoch: int, seed: int, batch_size: int, shuffle: bool,
            drop_last: bool) -> np.ndarray:
-    """``home_nodes``, kept: every epoch's plan of a job asks for the same (read-only) answer."""
+    """``home_nodes``, kept: every epoch's plan of a job asks for the same (read-only) answer; int16
+    below 32,768 nodes (half the memory per sample)."""
     home = home_nodes(num_samples, seed=seed, batch_size=batch_size, layout=layout, shuffle=shuffle,
                       drop_last=drop_last, first_epoch=first_epoch)
+    if layout.num_nodes < 2**15:
+        home = home.astype(np.int16)
     home.setflags(write=False)
     return home
 
@@ -164,6 +198,7 @@ class NodeView:
     keep: np.ndarray
     drop_at_start: np.ndarray
     late_drops: np.ndarray
+    late_once: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     residents_after: Residents = field(default_factory=Residents)
 
     @property
@@ -196,35 +231,72 @@ class ClusterSummary:
 @dataclass(frozen=True, eq=False)
 class ClusterEpoch:
     """The cluster's plan for one epoch; arrays are per access in cluster order unless named per
-    sample or per node."""
+    sample or per node. Only what the plan decides is stored (the samples, hit and keep per
+    access); who reads an access (``rank``, ``step``, ``node``) follows from its place and is worked
+    out when asked, and so is ``served_by``."""
 
     epoch: int
     position: int
     layout: NodeLayout
-    samples: np.ndarray          # int64 per access
-    rank: np.ndarray             # int32 per access: the rank that reads it
-    step: np.ndarray             # int32 per access, from ``position``
-    node: np.ndarray             # int32 per access: the node of that rank
-    served_by: np.ndarray        # int32 per access: whose tier serves it, -1 the store
+    batch_size: int
+    samples: np.ndarray          # per access (int32 where the data set allows)
+    hit: np.ndarray              # bool per access: the sample's home holds it then (served from there)
     keep: np.ndarray             # bool per access: the sample's home keeps it after the access
-    home: np.ndarray             # int32 per sample
-    sizes: np.ndarray            # int64 per sample
+    home: np.ndarray             # per sample (int16 below 32,768 nodes, else int32)
+    sizes: np.ndarray            # bytes per sample
     drop_at_start: tuple[np.ndarray, ...]      # per node: int64 residents to delete at the start
     late_drops: tuple[np.ndarray, ...]         # per node: int64 rows (step, sample), by step
-    residents_after: tuple[Residents, ...]       # per node: sample -> bytes at the epoch's end
+    late_once: tuple[np.ndarray, ...]          # per node: bool per late drop, the epoch's only read
+    residents_after: ClusterResidents            # per node: sample -> bytes at the epoch's end
 
     def __len__(self) -> int:
         return len(self.samples)
 
+    @property
+    def _shape(self) -> tuple[int, int]:
+        return divmod(len(self.samples) // self.layout.world_size, self.batch_size)
+
+    @functools.cached_property
+    def _rank_step(self) -> tuple[np.ndarray, np.ndarray]:
+        rank, step = _rank_and_step(np.arange(len(self.samples)), self.layout.world_size, self.batch_size,
+                                    *self._shape)
+        rank.setflags(write=False)
+        step.setflags(write=False)
+        return rank, step
+
+    @property
+    def rank(self) -> np.ndarray:
+        """int32 per access: the rank that reads it."""
+        return self._rank_step[0]
+
+    @property
+    def step(self) -> np.ndarray:
+        """int32 per access, from ``position``."""
+        return self._rank_step[1]
+
+    @functools.cached_property
+    def node(self) -> np.ndarray:
+        """int32 per access: the node of the rank that reads it."""
+        return self.layout.node_of_rank()[self.rank]
+
+    @functools.cached_property
+    def served_by(self) -> np.ndarray:
+        """int32 per access: whose tier serves it (the sample's home), -1 the store."""
+        return np.where(self.hit, self.home[self.samples], -1).astype(np.int32)
+
     def for_node(self, n: int) -> NodeView:
         if not 0 <= n < self.layout.num_nodes:
             raise ConfigError(f"node {n} is outside the layout's {self.layout.num_nodes} nodes")
-        idx = np.flatnonzero(self.node == n)
-        samples, by = self.samples[idx], self.served_by[idx]
-        return NodeView(node=n, samples=samples, rank=self.rank[idx], step=self.step[idx], hit=by == n,
-                        peer=np.where(by == n, -1, by).astype(np.int32),
-                        keep=self.keep[idx] & (self.home[samples] == n), drop_at_start=self.drop_at_start[n],
-                        late_drops=self.late_drops[n], residents_after=self.residents_after[n])
+        idx = _positions_of(self.layout.nodes[n], self.layout.world_size, self.batch_size, *self._shape)
+        samples = self.samples[idx].astype(np.int64)
+        rank, step = _rank_and_step(idx, self.layout.world_size, self.batch_size, *self._shape)
+        mine = self.home[samples] == n
+        hit = self.hit[idx]
+        return NodeView(node=n, samples=samples, rank=rank, step=step, hit=hit & mine,
+                        peer=np.where(hit & ~mine, self.home[samples], -1).astype(np.int32),
+                        keep=self.keep[idx] & mine, drop_at_start=self.drop_at_start[n],
+                        late_drops=self.late_drops[n], late_once=self.late_once[n],
+                        residents_after=self.residents_after[n])
 
     def summary(self) -> ClusterSummary:
         nodes = self.layout.num_nodes
@@ -251,44 +323,94 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
     """The cluster plan of ``epoch`` from global ``position`` on.
 
     ``capacities``: bytes of each node's tier (one number: the same for all); ``sizes``: bytes per
-    sample; ``residents``: per node, sample -> bytes held when the epoch starts (the previous
-    epoch's ``residents_after``; residents homed elsewhere are dropped at the start); ``home``:
-    ``home_nodes(...)`` if already computed (else computed from ``first_epoch``); ``final``: no
-    epoch follows, so nothing is kept for one.
+    sample (int64, or int32); ``residents``: per node, sample -> bytes held when the epoch starts
+    (the previous epoch's ``residents_after``; residents homed elsewhere are dropped at the start);
+    ``home``: ``home_nodes(...)`` if already computed (else computed from ``first_epoch``);
+    ``final``: no epoch follows, so nothing is kept for one.
 
-    Everything is done on arrays, home by home only inside the C loop: at ImageNet-22k size
-    (14.2 M samples) on 1,024 nodes the plan of an epoch is a few seconds (benchmarks/plan_scale.py)."""
+    In C (``_belady.plan_homes``) every home runs at once in one pass over the epoch, with a few
+    bytes per sample: at ImageNet-22k size (14.2 M samples) on 1,024 nodes the plan of an epoch
+    takes a few seconds and well under 1 GiB (benchmarks/plan_scale.py). Without the helper, or
+    past its limits, home by home in Python (the reference, same decisions)."""
     nodes = layout.num_nodes
     caps = [int(capacities)] * nodes if np.ndim(capacities) == 0 else [int(c) for c in capacities]
-    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    sizes = np.asarray(sizes)
+    if sizes.dtype not in (np.int32, np.int64):
+        sizes = sizes.astype(np.int64)
+    sizes = np.ascontiguousarray(sizes)
     if len(caps) != nodes or min(caps) < 0:
         raise ConfigError(f"give one capacity >= 0 per node ({nodes} nodes), got {capacities!r}")
     if sizes.shape != (num_samples,):
         raise ConfigError(f"sizes holds {sizes.shape} entries for {num_samples} samples: give one per sample")
-    held = [Residents() for _ in range(nodes)] if residents is None else [Residents.of(r) for r in residents]
+    held = ClusterResidents.of([{}] * nodes if residents is None else residents)
     if len(held) != nodes:
         raise ConfigError(f"residents holds {len(held)} tiers for {nodes} nodes: give one dict per node")
     kw = dict(seed=seed, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     if home is None:
         home = _homes(num_samples, layout, first_epoch, seed, batch_size, shuffle, drop_last)
-    home = np.asarray(home, dtype=np.int32)
+    home = np.ascontiguousarray(home, dtype=home.dtype if home.dtype in (np.int16, np.int32) else np.int32)
     if home.shape != (num_samples,) or (num_samples and (home.min() < 0 or home.max() >= nodes)):
         raise ConfigError(f"home must give each of the {num_samples} samples a node in [0, {nodes})")
     world = layout.world_size
-    samples, rank, step = cluster_sequence(num_samples, epoch=epoch, world_size=world, position=position, **kw)
-    following = (np.zeros(0, np.int64) if final else
-                 cluster_sequence(num_samples, epoch=epoch + 1, world_size=world, samples_only=True, **kw)[0])
-    node = layout.node_of_rank()[rank]
-    L = len(samples)
+    samples, full, rem = _cluster_samples(num_samples, epoch=epoch, world_size=world, position=position, **kw)
+    fits = (2 * len(samples) + 2 < 2**31 and num_samples < 2**31 - 2 and nodes <= 65536
+            and (not num_samples or int(sizes.max()) < 2**31) and int(held.sizes.max(initial=0)) < 2**31
+            and int(held.samples.max(initial=0)) < 2**31 and int(held.samples.min(initial=0)) >= 0)
+    if use_c and residency._c_plan_homes is not None and fits:
+        following = np.zeros(0, np.int32) if final else epoch_order(num_samples, seed, epoch + 1, shuffle)
+        hit, keep, late, drops, afters = _plan_homes_c(samples, following, home, sizes, caps, held, layout,
+                                                       batch_size, drop_last, full, rem)
+    else:
+        following = (np.zeros(0, np.int64) if final else
+                     _cluster_samples(num_samples, epoch=epoch + 1, world_size=world, **kw)[0])
+        hit, keep, late, drops, afters = _plan_homes_py(samples, following, home, sizes, caps, held, layout,
+                                                        batch_size, full, rem, use_c)
+    del following
+    late_pos = np.flatnonzero(late & 1)
+    late_samples = samples[late_pos].astype(np.int64)
+    owner = home[late_samples]
+    by = np.argsort(owner, kind="stable")          # per home; positions, so steps, ascend within each
+    _, step = _rank_and_step(late_pos[by], world, batch_size, full, rem)
+    rows = np.stack([step.astype(np.int64), late_samples[by]], axis=1)
+    once = (late[late_pos[by]] & 2) != 0
+    late_cuts = np.searchsorted(owner[by], np.arange(nodes + 1))
+    lates = tuple(rows[late_cuts[n]:late_cuts[n + 1]] for n in range(nodes))
+    onces = tuple(once[late_cuts[n]:late_cuts[n + 1]] for n in range(nodes))
+    for a in (samples, hit, keep):
+        a.setflags(write=False)
+    return ClusterEpoch(epoch=epoch, position=position, layout=layout, batch_size=batch_size, samples=samples,
+                        hit=hit, keep=keep, home=home, sizes=sizes, drop_at_start=tuple(drops), late_drops=lates,
+                        late_once=onces, residents_after=afters)
 
-    # This epoch's accesses then the next epoch's, grouped by the sample's home (in order within
-    # each home): the sequence each home's simulation runs over, in the home's local indices.
+
+def _plan_homes_c(samples, next_order, home, sizes, caps, held, layout, batch_size, drop_last, full, rem):
+    """Every home's farthest-next-use in one C pass (``_belady.plan_homes``); residents homed
+    elsewhere are dropped first. The next epoch is looked ahead into from its order."""
+    n, nodes, world, L = len(home), layout.num_nodes, layout.world_size, len(samples)
+    next_full, next_rem = _shape(n, world, batch_size, drop_last, 0)
+    hit, keep, late = np.empty(L, np.uint8), np.empty(L, np.uint8), np.empty(L, np.uint8)
+    out = residency._c_plan_homes(np.ascontiguousarray(samples, np.int32), n,
+                                  np.ascontiguousarray(next_order, np.int32), next_full, next_rem,
+                                  home if home.dtype in (np.int16, np.int32) else home.astype(np.int32), sizes,
+                                  np.asarray(caps, np.int64), np.ascontiguousarray(held.samples, np.int32),
+                                  np.ascontiguousarray(held.sizes, np.int32), held.cuts, layout.node_of_rank(),
+                                  batch_size, full, rem, hit, keep, late)
+    d, dc, a, az, ac = (np.frombuffer(b, t) for b, t in zip(out, (np.int32, np.int64, np.int32, np.int32, np.int64)))
+    drops = [d[dc[h]:dc[h + 1]].astype(np.int64) for h in range(nodes)]
+    return hit.view(bool), keep.view(bool), late, drops, ClusterResidents(a, az, ac)
+
+
+def _plan_homes_py(samples, following, home, sizes, caps, held, layout, batch_size, full, rem, use_c):
+    """Home by home: the accesses to each home's samples (this epoch's, then the next epoch's),
+    in the home's local indices, through ``residency.simulate_from`` with a miss admitted only
+    where the home itself reads. The reference for ``_plan_homes_c``."""
+    nodes, L = layout.num_nodes, len(samples)
+    samples = samples.astype(np.int64)
     members_order, member_cuts, local = group_positions(home, nodes, use_c)   # a sample's index at its home
     order, cuts, this_cuts, lseq = _group_accesses(samples, following, home, local, nodes, use_c)
-    del following
     this_pos = order[order < L].astype(np.int64)   # this epoch's accesses (each home's first), home by home
-    del order
-    reader = node[this_pos]                        # the node that makes each of those accesses
+    rank, _ = _rank_and_step(this_pos, layout.world_size, batch_size, full, rem)
+    reader = layout.node_of_rank()[rank]           # the node that makes each of those accesses
     hits, keeps, drops, afters = [], [], [], []
     for n in range(nodes):
         a, b = int(this_cuts[n]), int(this_cuts[n + 1])
@@ -299,25 +421,17 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
         keeps.append(r.keep)
         drops.append(drop)
         afters.append(Residents(mine[r.residents_after.samples], r.residents_after.sizes))
-    del lseq
-    hit = np.concatenate(hits) if hits else np.zeros(0, bool)
-    kept = np.concatenate(keeps) if keeps else np.zeros(0, bool)
+    afters = ClusterResidents.of(afters)
     owner = np.repeat(np.arange(nodes, dtype=np.int32), np.diff(this_cuts))   # the home of each access
-    served_by = np.full(L, -1, np.int32)
-    served_by[this_pos[hit]] = owner[hit]
-    keep = np.zeros(L, bool)
-    keep[this_pos] = kept
-    cut = hit & ~kept & (reader != owner)          # held for a peer's read, then cut: late drops
-    late_pos = this_pos[cut]
-    rows = np.stack([step[late_pos].astype(np.int64), samples[late_pos]], axis=1)
-    late_cuts = np.searchsorted(owner[cut], np.arange(nodes + 1))
-    # per home, by step (positions ascend within a home, so steps do too)
-    lates = [rows[late_cuts[n]:late_cuts[n + 1]] for n in range(nodes)]
-    for a in (samples, rank, step, node, served_by, keep):
-        a.setflags(write=False)
-    return ClusterEpoch(epoch=epoch, position=position, layout=layout, samples=samples, rank=rank, step=step,
-                        node=node, served_by=served_by, keep=keep, home=home, sizes=sizes,
-                        drop_at_start=tuple(drops), late_drops=tuple(lates), residents_after=tuple(afters))
+    hit, keep = np.zeros(L, bool), np.zeros(L, bool)
+    hit[this_pos] = np.concatenate(hits) if hits else np.zeros(0, bool)
+    keep[this_pos] = np.concatenate(keeps) if keeps else np.zeros(0, bool)
+    late = np.zeros(L, np.uint8)
+    cut = hit[this_pos] & ~keep[this_pos] & (reader != owner)   # held for a peer's read, then cut
+    late[this_pos[cut]] = 1
+    once = np.bincount(samples, minlength=len(home))[samples] == 1
+    late[(late == 1) & once] |= 2
+    return hit, keep, late, drops, afters
 
 
 def _group_accesses(samples: np.ndarray, following: np.ndarray, home: np.ndarray, local: np.ndarray, nodes: int,

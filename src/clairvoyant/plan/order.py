@@ -13,14 +13,15 @@ _LOCK = Lock()
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """Every index in ``range(num_samples)`` exactly once, in the order of this epoch (read-only).
+    """Every index in ``range(num_samples)`` exactly once, in the order of this epoch (read-only;
+    int32 below 2**31 samples).
 
     The same (seed, epoch) gives the same order in every process and on every node. The last two
     orders drawn are kept: planning epoch e needs e and e + 1, and epoch e + 1's plan needs e + 1
     again (a permutation of ImageNet-22k's 14.2 M samples takes most of a second).
     """
     if not shuffle:
-        out = np.arange(num_samples, dtype=np.int64)
+        out = np.arange(num_samples, dtype=np.int32 if num_samples < 2**31 else np.int64)
         out.setflags(write=False)
         return out
     key = (int(num_samples), int(seed), int(epoch))
@@ -30,7 +31,10 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -
             _RECENT.move_to_end(key)
             return hit
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
-    out = rng.permutation(num_samples).astype(np.int64, copy=False)
+    # shuffling an arange is what Generator.permutation does; in int32 the same draws give the same
+    # order at half the memory (14.2 M samples: 57 MB, and faster)
+    out = np.arange(num_samples, dtype=np.int32 if num_samples < 2**31 else np.int64)
+    rng.shuffle(out)
     out.setflags(write=False)
     with _LOCK:
         _RECENT[key] = out

@@ -163,12 +163,12 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: Layout, epoch: i
                               drop_last=c.drop_last, position=position,
                               residents=list(cluster.residents) or None)
     view = plan.for_node(cluster.node)
-    R = len(t.node)
-    late = tuple((int(k), int(s)) for k, s in view.late_drops.reshape(-1, 2) if int(s) % R == t.node.index(t.rank))
+    R, me = len(t.node), t.node.index(t.rank)
+    mine = (view.late_drops[:, 1] % R) == me if len(view.late_drops) else np.zeros(0, bool)
+    late = tuple((int(k), int(s)) for k, s in view.late_drops[mine])
     # a late drop whose sample the epoch reads once can go as soon as its peer has been served (the
     # step lag is then only the fallback for a peer that never asks); a padded twin waits for it
-    lates = np.fromiter((s for _, s in late), np.int64, len(late))
-    once = lates[np.bincount(plan.samples, minlength=c.num_samples)[lates] == 1] if len(lates) else lates
+    once = view.late_drops[mine & view.late_once, 1] if len(view.late_drops) else np.zeros(0, np.int64)
     return _for_rank(c, t, epoch, position, view.samples, view.hit, view.keep, view.drop_at_start,
                      view.residents_after, view.peer, late_drops=late, late_on_serve=frozenset(once.tolist()),
                      cluster_residents=tuple(plan.residents_after))

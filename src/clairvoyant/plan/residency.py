@@ -36,9 +36,10 @@ try:
     from ._belady import group_accesses as _c_group_accesses
     from ._belady import group_by as _c_group_by
     from ._belady import next_uses as _c_next_uses
+    from ._belady import plan_homes as _c_plan_homes
     from ._belady import simulate as _c_simulate
 except ImportError:
-    _c_simulate = _c_next_uses = _c_group_by = _c_group_accesses = None
+    _c_simulate = _c_next_uses = _c_group_by = _c_group_accesses = _c_plan_homes = None
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
 from .residents import Residents
@@ -162,9 +163,9 @@ def simulate_from(seq: np.ndarray, nxt: np.ndarray, sizes: np.ndarray, capacity:
         if admit.shape != seq.shape:
             raise ValueError(f"admit holds {admit.shape} flags for {seq.shape} accesses: give one per access")
     by = soonest_first(first)   # residents.samples ascending: ties stay by sample
-    rs = np.ascontiguousarray(residents.samples[by])
+    rs = np.ascontiguousarray(residents.samples[by], dtype=np.int64)
     rf = np.ascontiguousarray(np.asarray(first, np.int64)[by])
-    rz = np.ascontiguousarray(residents.sizes[by])
+    rz = np.ascontiguousarray(residents.sizes[by], dtype=np.int64)
     if use_c and _c_simulate is not None:
         hit = np.zeros(len(seq), dtype=np.uint8)
         keep = np.zeros(len(seq), dtype=np.uint8)

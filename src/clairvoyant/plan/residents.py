@@ -8,19 +8,26 @@ the same items, and any mapping converts to it (``Residents.of``).
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 
+def _ints(a: np.ndarray | None) -> np.ndarray:
+    """int32 or int64 as given (a plan over millions of samples keeps them at 4 bytes), else int64."""
+    if a is None:
+        return np.zeros(0, np.int64)
+    a = np.asarray(a)
+    return a if a.dtype in (np.int32, np.int64) else a.astype(np.int64)
+
+
 class Residents(Mapping[int, int]):
-    """Samples (ascending, unique) and the bytes each takes in the tier."""
+    """Samples (ascending, unique) and the bytes each takes in the tier (int32 or int64 arrays)."""
 
     __slots__ = ("samples", "sizes")
 
     def __init__(self, samples: np.ndarray | None = None, sizes: np.ndarray | None = None) -> None:
-        s = np.zeros(0, np.int64) if samples is None else np.asarray(samples, dtype=np.int64)
-        z = np.zeros(0, np.int64) if sizes is None else np.asarray(sizes, dtype=np.int64)
+        s, z = _ints(samples), _ints(sizes)
         if s.shape != z.shape or s.ndim != 1:
             raise ValueError(f"give one size per sample: {s.shape} samples, {z.shape} sizes")
         if len(s) > 1 and not (s[1:] > s[:-1]).all():
@@ -75,3 +82,42 @@ class Residents(Mapping[int, int]):
     @property
     def nbytes(self) -> int:
         return int(self.sizes.sum())
+
+
+class ClusterResidents(Sequence[Residents]):
+    """Every node's residents as one pair of arrays, node by node (``cuts[n]:cuts[n + 1]``): what
+    the cluster plan hands from one epoch to the next without a copy per node. Indexing gives
+    node n's ``Residents`` (views)."""
+
+    __slots__ = ("samples", "sizes", "cuts")
+
+    def __init__(self, samples: np.ndarray, sizes: np.ndarray, cuts: np.ndarray) -> None:
+        self.samples, self.sizes = _ints(samples), _ints(sizes)
+        self.cuts = np.asarray(cuts, dtype=np.int64)
+        if self.samples.shape != self.sizes.shape or len(self.cuts) < 1 or self.cuts[0] != 0 \
+                or self.cuts[-1] != len(self.samples) or (np.diff(self.cuts) < 0).any():
+            raise ValueError("cuts must run from 0 to the number of residents, ascending, one size per sample")
+
+    @classmethod
+    def of(cls, per_node: Sequence[Mapping[int, int]]) -> ClusterResidents:
+        if isinstance(per_node, ClusterResidents):
+            return per_node
+        parts = [Residents.of(r) for r in per_node]
+        cuts = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([len(r) for r in parts], out=cuts[1:])
+        if not parts:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), cuts)
+        return cls(np.concatenate([r.samples for r in parts]), np.concatenate([r.sizes for r in parts]), cuts)
+
+    def __len__(self) -> int:
+        return len(self.cuts) - 1
+
+    def __getitem__(self, n):   # type: ignore[override]
+        if isinstance(n, slice):
+            return tuple(self[i] for i in range(*n.indices(len(self))))
+        n = range(len(self))[n]
+        a, b = int(self.cuts[n]), int(self.cuts[n + 1])
+        return Residents(self.samples[a:b], self.sizes[a:b])
+
+    def __repr__(self) -> str:
+        return f"ClusterResidents({len(self)} nodes, {len(self.samples)} samples)"
