@@ -61,14 +61,15 @@ def test_node_sequences_are_the_runtimes_node_sequence(n, nodes, gpus, batch, dr
     assert not np.array_equal(other.seq[0], ref0)
 
 
-def test_a_node_renumbered_takes_the_same_decisions():
+@pytest.mark.parametrize("unread", [0, 20_000])   # renumbered through a mask / by sorting (a small share)
+def test_a_node_renumbered_takes_the_same_decisions(unread):
     """node_tier_epoch runs simulate_epoch over the node's samples renumbered: the same hits, keeps
     and residents as over global indices, with residents carried in; a different capacity (the
-    control) changes them."""
-    sizes = dataset_sizes(400, 3000, sigma=0.6, seed=3) + OVERHEAD
+    control) changes them. ``unread``: samples the sequences never touch, appended to the sizes."""
+    sizes = np.concatenate([dataset_sizes(400, 3000, sigma=0.6, seed=3) + OVERHEAD, np.full(unread, 5000)])
     kw = dict(seed=0, world_size=4, ranks=range(0, 2), batch_size=5)
     seq0, seq1, seq2 = (node_sequence(400, epoch=e, **kw) for e in (0, 1, 2))
-    cap = int(0.3 * sizes.sum())
+    cap = int(0.3 * sizes[seq0].sum())
     ref = simulate_epoch(seq0, seq1, sizes, cap, {})
     got, after = node_tier_epoch(seq0, seq1, sizes, cap, {})
     assert np.array_equal(ref.hit, got.hit) and np.array_equal(ref.keep, got.keep)

@@ -140,10 +140,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ratios = [float(x) for x in args.sweep_ratios.split(",")]
         out["dataset_sweep"] = report.sweep_dataset(job, sizes, hw, ratios, policies, overhead=overhead,
                                                     progress=say)
+    if args.sweep == "step":
+        times = [float(x) for x in args.sweep_step_times.split(",")]
+        out["step_sweep"] = report.sweep_step_times(job, sizes, hw, times, policies, overhead=overhead,
+                                                    progress=say)
     if not args.sweep:
         sim = simulate(job, sizes, hw, policies, overhead=overhead)
         out = sim.to_dict()
-    if args.plot and args.sweep:
+    if args.plot and args.sweep in ("nodes", "dataset", "both"):
         report.plot_sweeps(args.plot, out.get("nodes_sweep"), out.get("dataset_sweep"),
                            title=f"{len(sizes):,} samples, {job.gpus} GPU(s) per node, batch {job.batch_size}, "
                                  f"step {job.step_time:g} s, {job.epochs} epochs")
@@ -157,7 +161,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(report.format_sweep(out["nodes_sweep"], "nodes"))
     if "dataset_sweep" in out:
         print(report.format_sweep(out["dataset_sweep"], "ratio"))
-    if args.plot and args.sweep:
+    if "step_sweep" in out:
+        print(report.format_sweep(out["step_sweep"], "step_time"))
+    if "plot" in out:
         print(f"plot: {args.plot}")
     return 0
 
@@ -230,12 +236,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="store readers per GPU for the store-only policy (default 4)")
     o = p.add_argument_group("what to run and print")
     o.add_argument("--policies", default="all", help="store-only,staging,node,cluster,no-io or all (default all)")
-    o.add_argument("--sweep", choices=("nodes", "dataset", "both"), help="sweep nodes, or the data set "
-                   "against a node's tier (NoPFS's regimes), instead of one configuration")
+    o.add_argument("--sweep", choices=("nodes", "dataset", "both", "step"), help="sweep nodes, or the data set "
+                   "against a node's tier (NoPFS's regimes), or both; or the step time (planned once, timed at "
+                   "each), instead of one configuration")
     o.add_argument("--sweep-nodes", default="1,2,4,8,16,32,64,128,256,512,1024",
                    help="nodes for --sweep nodes (default 1,2,4,...,1024)")
     o.add_argument("--sweep-ratios", default="0.25,0.5,1,2,4,8,16,32,64",
                    help="data set / one node's tier for --sweep dataset (default 0.25,...,64)")
+    o.add_argument("--sweep-step-times", default="0.2,0.05,0.01,0",
+                   help="step times for --sweep step, seconds (default 0.2,0.05,0.01,0; 0: the loading alone)")
     o.add_argument("--plot", help="with --sweep: draw it into this PNG (matplotlib)")
     o.add_argument("--json", action="store_true")
     return p

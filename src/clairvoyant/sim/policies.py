@@ -231,8 +231,17 @@ def node_tier_epoch(seq: np.ndarray, following: np.ndarray, entry_sizes: np.ndar
     (ascending, so ties fall as with global indices). Returns the result (per access of ``seq``)
     and the residents at the epoch's end in global indices."""
     held = Residents.of(residents)
-    universe = np.unique(np.concatenate([seq, following, held.samples]))
-    local = lambda a: np.searchsorted(universe, a)   # noqa: E731
+    n = len(entry_sizes)
+    if 16 * (len(seq) + len(following) + len(held)) < n:   # a small share of the data set: sort it
+        universe = np.unique(np.concatenate([seq, following, held.samples]))
+        local = lambda a: np.searchsorted(universe, a)   # noqa: E731
+    else:                                               # a large share: one pass over a mask
+        mask = np.zeros(n, bool)
+        mask[seq] = mask[following] = mask[held.samples] = True
+        universe = np.flatnonzero(mask)
+        index = np.empty(n, np.int64)
+        index[universe] = np.arange(len(universe))
+        local = lambda a: index[a]   # noqa: E731
     res = simulate_epoch(local(seq), local(following), entry_sizes[universe], int(capacity),
                          Residents(local(held.samples), held.sizes))
     after = res.residents_after

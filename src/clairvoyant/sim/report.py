@@ -20,7 +20,9 @@ import numpy as np
 
 from ..units import format_bytes
 from . import Simulation, simulate
+from .engine import run_policy
 from .model import Hardware, Job
+from .policies import make_policy
 
 LABELS = {"store-only": "shared store only", "staging": "staging window only", "node": "per-node tiers",
           "cluster": "cluster cache", "no-io": "no I/O (bound)"}
@@ -84,6 +86,29 @@ def sweep_dataset(job: Job, sizes: np.ndarray, hw: Hardware, ratios: Sequence[fl
             progress(f"data set = {x:g} x a node's tier")
         sim = simulate(job, sizes, hw.with_(local_capacity=int(total / float(x))), policies, overhead=overhead)
         out.append({"ratio": float(x), "regime": regime(float(x), job.nodes), **sim.to_dict()})
+    return out
+
+
+def sweep_step_times(job: Job, sizes: np.ndarray, hw: Hardware, step_times: Sequence[float],
+                     policies: Sequence[str], *, overhead: int = 32,
+                     progress: Callable[[str], None] | None = None) -> list[dict]:
+    """The same job at each step time (how fast the GPUs consume): the traffic of each policy is
+    planned once and timed at every step time (step time 0: the loading alone)."""
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    traffic = {}
+    for p in policies:
+        if progress:
+            progress(f"planning {p}")
+        traffic[p] = list(make_policy(p, job, sizes, hw, overhead=overhead).epochs())
+        for t in traffic[p]:
+            t.check()
+    out = []
+    for st in step_times:
+        j = replace(job, step_time=float(st))
+        runs = [run_policy(traffic[p], hw, j, dataset_bytes=total, num_samples=len(sizes), check=False)
+                for p in policies]
+        out.append({"step_time": float(st), **Simulation(j, hw, len(sizes), total, runs).to_dict()})
     return out
 
 
