@@ -141,7 +141,8 @@ def test_the_cluster_counts_through_the_stable_views_agree():
     fast = list(ClusterPolicy(job, sizes, hw).epochs())
     views = list(ClusterPolicy(job, sizes, hw, per_node_views=True).epochs())
     for a, b in zip(fast, views):
-        for k in ("samples", "local_n", "local_b", "peer_n", "peer_b", "sent_n", "sent_b", "store_n", "store_b"):
+        for k in ("samples", "local_n", "local_b", "peer_n", "peer_b", "sent_n", "sent_b", "store_n", "store_b",
+                  "write_n", "write_b"):
             assert np.array_equal(getattr(a, k), getattr(b, k)), k
 
 
@@ -172,7 +173,7 @@ class DropsTheLastStep(StorePolicy):
     def epochs(self):
         for t in super().epochs():
             for k in ("samples", "bytes", "local_n", "local_b", "peer_n", "peer_b", "sent_n", "sent_b",
-                      "store_n", "store_b"):
+                      "store_n", "store_b", "write_n", "write_b"):
                 setattr(t, k, getattr(t, k)[:-1])
             yield t
 
@@ -245,7 +246,7 @@ def runtime_counts(sizes: np.ndarray, job: Job, capacity: int, cluster: bool) ->
     held_cluster = None
     out = []
     for e in range(job.epochs):
-        row = {"own": [0] * job.nodes, "peer": [0] * job.nodes, "store": [0] * job.nodes}
+        row = {"own": [0] * job.nodes, "peer": [0] * job.nodes, "store": [0] * job.nodes, "write": [0] * job.nodes}
         nxt_node, nxt_cluster = list(held_node), held_cluster
         for n, ranks in enumerate(nodes):
             for r in ranks:
@@ -259,6 +260,7 @@ def runtime_counts(sizes: np.ndarray, job: Job, capacity: int, cluster: bool) ->
                 row["own"][n] += int(hit.sum())
                 row["peer"][n] += int((~hit & (peer >= 0)).sum())
                 row["store"][n] += int((~hit & (peer < 0)).sum())
+                row["write"][n] += int((np.concatenate(p.keep) & ~hit & (peer < 0)).sum())
                 nxt_node[n] = p.residents_after
                 nxt_cluster = p.cluster_residents
         held_node, held_cluster = nxt_node, nxt_cluster
@@ -268,8 +270,8 @@ def runtime_counts(sizes: np.ndarray, job: Job, capacity: int, cluster: bool) ->
 
 def sim_counts(policy_cls, sizes, job, capacity) -> list[dict[str, list[int]]]:
     hw = hw_for(sizes, 0).with_(local_capacity=capacity)
-    return [{"own": t.local_n.sum(0).tolist(), "peer": t.peer_n.sum(0).tolist(), "store": t.store_n.sum(0).tolist()}
-            for t in policy_cls(job, sizes, hw).epochs()]
+    return [{"own": t.local_n.sum(0).tolist(), "peer": t.peer_n.sum(0).tolist(), "store": t.store_n.sum(0).tolist(),
+             "write": t.write_n.sum(0).tolist()} for t in policy_cls(job, sizes, hw).epochs()]
 
 
 @pytest.mark.parametrize("cluster", [False, True])

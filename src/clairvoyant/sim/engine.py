@@ -7,7 +7,8 @@ ready. Each node's loading is a two-stage pipeline per step:
 1. **fetch**: the step's samples from the store, from peers and from the local
    tier, the three at once (separate threads and devices), so the step's fetch
    takes the longest of the three (sim/model.py prices each);
-2. **decode**: the node's cores turn the samples into tensors.
+2. **decode**: the node's cores turn the samples into tensors (and write the
+   entries the tier keeps: checksum, create, rename).
 
 Each stage serves steps in order, one after the other. Fetching step ``s`` may
 start once step ``s - L`` has started training (``L``: the policy's lookahead
@@ -75,8 +76,8 @@ def step_times(t: EpochTraffic, hw: Hardware, nodes_reading: int | None = None) 
     store_step = hw.store.service_time(n_all, b_all, np.maximum(active, 1) * t.readers)
     store = np.where(t.store_n > 0, store_step[:, None], 0.0)
     peers = hw.link_time(t.peer_n, t.peer_b, t.sent_b)
-    local = hw.local_time(t.local_b)
-    decode = hw.decode_time(t.samples)
+    local = hw.local_time(t.local_b, t.write_b)
+    decode = hw.decode_time(t.samples, t.write_n)
     return {"store": store, "peers": peers, "local": local, "decode": decode}
 
 

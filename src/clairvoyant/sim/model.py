@@ -16,7 +16,8 @@ decides *what* is read, only what it costs:
 - **the interconnect**: a latency per message and a bandwidth per node and
   direction (a node receiving ``r`` and sending ``s`` bytes is busy
   ``max(r, s) / bandwidth``, plus one round trip per request over its threads);
-- **decoding**: samples per second per core, and the cores of a node;
+- **the node's cores**: decoding (samples per second per core) and writing the
+  entries the tier keeps (entries per second per core), over the node's cores;
 - **the step**: seconds of compute per batch.
 
 All rates are bytes (or samples) per second; all numbers are per node unless
@@ -144,7 +145,9 @@ class Hardware:
     ``local_capacity``: the node's cache tier (the runtime's local tier: SSD); ``window``: the
     staging window (the runtime's RAM tier: misses wait there for their batch; it is not a cache);
     ``ssd_bandwidth``: reads from the local tier; ``link_*``: the interconnect; ``decode_rate``:
-    samples/s per core, over ``cores`` per node (0: decoding costs nothing); ``stage_threads``:
+    samples/s per core, over ``cores`` per node (0: decoding costs nothing); ``write_rate``: cache
+    entries a core writes per second (checksum, file create, rename; 0: only the SSD's bandwidth
+    is charged for them); ``stage_threads``:
     store readers per node (the stager); ``loader_workers``: readers per GPU of a plain
     DataLoader (the store-only policy); ``lookahead``: the most batches staging runs ahead."""
 
@@ -156,6 +159,7 @@ class Hardware:
     link_bandwidth: float = 12_500 * MB
     link_latency: float = 2e-6
     decode_rate: float = 0.0
+    write_rate: float = 0.0
     cores: float = 16
     stage_threads: int = 16
     loader_workers: int = 4
@@ -169,8 +173,8 @@ class Hardware:
         for name in ("ssd_bandwidth", "ram_bandwidth", "link_bandwidth"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 bytes/s, got {getattr(self, name)}")
-        if self.link_latency < 0 or self.decode_rate < 0:
-            raise ConfigError("link_latency and decode_rate must be >= 0")
+        if self.link_latency < 0 or self.decode_rate < 0 or self.write_rate < 0:
+            raise ConfigError("link_latency, decode_rate and write_rate must be >= 0")
         if self.cores <= 0:
             raise ConfigError(f"cores must be > 0 (a share of a core is allowed), got {self.cores}")
         for name in ("stage_threads", "loader_workers", "lookahead", "jobs"):
@@ -182,8 +186,9 @@ class Hardware:
 
     # -- seconds per step, vectorised over nodes ------------------------------------------------
 
-    def local_time(self, nbytes: np.ndarray) -> np.ndarray:
-        return np.asarray(nbytes, dtype=np.float64) / self.ssd_bandwidth
+    def local_time(self, nbytes: np.ndarray, written: np.ndarray | int = 0) -> np.ndarray:
+        """The local tier's device: entries read and written share its bandwidth."""
+        return (np.asarray(nbytes, dtype=np.float64) + np.asarray(written, dtype=np.float64)) / self.ssd_bandwidth
 
     def link_time(self, recv_n: np.ndarray, recv_bytes: np.ndarray, sent_bytes: np.ndarray) -> np.ndarray:
         """A node's interconnect: the larger direction over the bandwidth, plus one round trip per
@@ -192,10 +197,14 @@ class Hardware:
         busy = np.maximum(np.asarray(recv_bytes, np.float64), np.asarray(sent_bytes, np.float64)) / self.link_bandwidth
         return busy + np.ceil(rn / self.stage_threads) * 2 * self.link_latency
 
-    def decode_time(self, samples: np.ndarray) -> np.ndarray:
-        if self.decode_rate <= 0:
-            return np.zeros(np.shape(samples))
-        return np.asarray(samples, dtype=np.float64) / (self.decode_rate * self.cores)
+    def decode_time(self, samples: np.ndarray, writes: np.ndarray | int = 0) -> np.ndarray:
+        """The node's cores: decoding every sample, and writing the entries the tier keeps."""
+        t = np.zeros(np.shape(samples))
+        if self.decode_rate > 0:
+            t = t + np.asarray(samples, dtype=np.float64) / (self.decode_rate * self.cores)
+        if self.write_rate > 0:
+            t = t + np.asarray(writes, dtype=np.float64) / (self.write_rate * self.cores)
+        return t
 
     def to_dict(self) -> dict:
         d = asdict(self)

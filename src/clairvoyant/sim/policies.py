@@ -66,6 +66,14 @@ class EpochTraffic:
     bytes: np.ndarray          # (steps, nodes): bytes of every access, whoever serves it
     lookahead: int
     readers: int
+    write_n: np.ndarray | None = None   # (steps, nodes): store reads the node's tier keeps (entries written)
+    write_b: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.write_n is None:
+            self.write_n = np.zeros_like(self.samples)
+        if self.write_b is None:
+            self.write_b = np.zeros_like(self.samples)
 
     @property
     def steps(self) -> int:
@@ -96,9 +104,12 @@ class EpochTraffic:
         if int(self.peer_n.sum()) != int(self.sent_n.sum()) or int(self.peer_b.sum()) != int(self.sent_b.sum()):
             raise AssertionError(f"{self.policy} epoch {self.epoch}: peers received {int(self.peer_b.sum())} bytes "
                                  f"but sent {int(self.sent_b.sum())}")
-        for k in COUNTS:
+        for k in COUNTS + ("write_n", "write_b"):
             if (getattr(self, k) < 0).any():
                 raise AssertionError(f"{self.policy} epoch {self.epoch}: negative {k}")
+        if (self.write_n > self.store_n).any() or (self.write_b > self.store_b).any():
+            raise AssertionError(f"{self.policy} epoch {self.epoch}: a tier writes entries it did not read from "
+                                 "the store")
 
 
 def _grid(step: np.ndarray, node: np.ndarray | int, steps: int, nodes: int,
@@ -264,16 +275,20 @@ class NodeTierPolicy(Policy):
             step = this.step
             z = self.sizes[this.seq]
             hits = np.zeros(this.seq.shape, bool)
+            writes = np.zeros(this.seq.shape, bool)
             for n in range(j.nodes):
                 res, held[n] = node_tier_epoch(this.seq[n], following.seq[n], self.entry_sizes,
                                                hw.local_capacity, held[n])
                 hits[n] = res.hit
+                writes[n] = res.keep & ~res.hit   # a miss the tier keeps: an entry written
             t.samples[:] = np.bincount(step, minlength=self.steps)[:, None]
             t.bytes[:] = _per_step(z, step, self.steps)
             t.local_n[:] = _per_step(hits, step, self.steps)
             t.local_b[:] = _per_step(np.where(hits, z, 0), step, self.steps)
             t.store_n[:] = t.samples - t.local_n
             t.store_b[:] = t.bytes - t.local_b
+            t.write_n[:] = _per_step(writes, step, self.steps)
+            t.write_b[:] = _per_step(np.where(writes, z, 0), step, self.steps)
             yield t
 
 
@@ -299,18 +314,24 @@ class ClusterPolicy(Policy):
                                       sizes=self.entry_sizes, residents=residents, **self._kw())
             residents = list(plan.residents_after)
             t = self._empty(e, look, hw.stage_threads)
-            if not self.per_node_views and all(hasattr(plan, a) for a in ("samples", "node", "step", "served_by")):
-                self._count_arrays(t, plan.samples, plan.step, plan.node, plan.served_by)
-            else:
+            fast = not self.per_node_views and all(hasattr(plan, a) for a in
+                                                   ("samples", "node", "step", "served_by", "keep", "home"))
+            if fast:   # the plan's per-access arrays, where it has them: one pass for every node
+                node = np.asarray(plan.node)
+                write = np.asarray(plan.keep) & (np.asarray(plan.served_by) < 0) & (plan.home[plan.samples] == node)
+                self._count_arrays(t, plan.samples, plan.step, node, plan.served_by, write)
+            else:      # the stable API: each node's view
                 for n in range(j.nodes):
                     v = plan.for_node(n)
                     by = np.where(v.hit, n, v.peer).astype(np.int64)
-                    self._count_arrays(t, v.samples, v.step, np.full(len(v.samples), n, np.int64), by, add=True)
+                    write = v.keep & ~v.hit & (v.peer < 0)
+                    self._count_arrays(t, v.samples, v.step, np.full(len(v.samples), n, np.int64), by, write,
+                                       add=True)
             self.last_plan = plan
             yield t
 
     def _count_arrays(self, t: EpochTraffic, samples: np.ndarray, step: np.ndarray, node: np.ndarray,
-                      served_by: np.ndarray, add: bool = False) -> None:
+                      served_by: np.ndarray, write: np.ndarray, add: bool = False) -> None:
         S, N = self.steps, self.job.nodes
         z = self.sizes[samples].astype(np.float64)
         own = served_by == node
@@ -324,6 +345,8 @@ class ClusterPolicy(Policy):
             "sent_b": _grid(step[peer], served_by[peer], S, N, z[peer]),
             "store_n": _grid(step[store], node[store], S, N),
             "store_b": _grid(step[store], node[store], S, N, z[store]),
+            "write_n": _grid(step[write], node[write], S, N),
+            "write_b": _grid(step[write], node[write], S, N, z[write]),
         }
         for k, v in parts.items():
             if add:
