@@ -14,15 +14,17 @@ The CPU of the loading path (staging, checksums, the readers' pipe, collation) i
 four processes share this machine's two cores; the simulator's core stage stands for it: reading
 costs ``--cpu-rate`` samples/s per core and writing the entries the tiers keep ``--write-rate``
 entries/s per core, over ``min(--cores / N, 1)`` cores per node (a rank's staging threads share
-one interpreter lock: about one core a rank). By default both rates are fitted (bisection) on two
-epochs of the largest run with the cluster cache on: the read rate on its last epoch (nothing
-from the store, nothing written: the read path alone), then the write rate on its first (every
-sample from the store, each written once). Those two epochs are marked "(fitted)"; every other
-epoch is a prediction.
+one interpreter lock: about one core a rank). By default both rates are fitted (bisection) on
+the largest run with the cluster cache on: the read rate on its later epochs together (they read
+nothing from the store and write nothing: the read path alone), then the write rate on its first
+(every sample from the store, each written once). Those epochs are marked "(fitted)"; every
+other epoch is a prediction. Each configuration runs ``--repeats`` times, interleaved; the
+medians are compared and the range is shown.
 
     python benchmarks/simulate_validation.py                      # 1,600 images, 30% per node, 4 epochs
-    python benchmarks/simulate_validation.py --images 400 --epochs 2 --nodes 1,2   # a smoke run
+    python benchmarks/simulate_validation.py --images 400 --epochs 2 --nodes 1,2 --repeats 1   # a smoke run
     python benchmarks/simulate_validation.py --json out/sim_validation.json
+    python benchmarks/simulate_validation.py --measured out/sim_validation.json --write-rate 0   # refit only
 """
 
 from __future__ import annotations
@@ -111,18 +113,19 @@ def predict(measured: dict, nodes: int, cluster: str, epochs: int, batch: int, c
              "bound_by": e.bound_by} for e in run.epochs]
 
 
-def fit(run: dict, args: argparse.Namespace, epoch: int, **fixed) -> float:
+def fit(run: dict, args: argparse.Namespace, epochs: list[int], **fixed) -> float:
     """The one free rate (``cpu_rate`` or ``write_rate``, the other given in ``fixed``) at which the
-    simulator's ``epoch`` of ``run`` lasts as long as the measured one: bisection on a log scale
-    (the epoch's time falls as the rate grows). 1e7 where even that is too slow: that cost does
+    simulator's ``epochs`` of ``run`` last as long, in sum, as the measured medians: bisection on a
+    log scale (the time falls as the rate grows). 1e7 where even that is too slow: that cost does
     not bind there."""
-    want = run["measured"]["rows"][epoch]["seconds"]
+    want = sum(run["measured"]["rows"][e]["seconds"] for e in epochs)
     name = "write_rate" if "cpu_rate" in fixed else "cpu_rate"
 
     def seconds(rate: float) -> float:
         kw = dict(fixed, **{name: rate})
-        return predict(run["measured"], run["nodes"], run["cluster"], args.epochs, args.batch_size,
-                       kw["cpu_rate"], args.cores, args.stage_threads, kw.get("write_rate", 0.0))[epoch]["seconds"]
+        got = predict(run["measured"], run["nodes"], run["cluster"], args.epochs, args.batch_size,
+                      kw["cpu_rate"], args.cores, args.stage_threads, kw.get("write_rate", 0.0))
+        return sum(got[e]["seconds"] for e in epochs)
 
     lo, hi = 1.0, 1e7
     if seconds(hi) >= want:
@@ -131,6 +134,34 @@ def fit(run: dict, args: argparse.Namespace, epoch: int, **fixed) -> float:
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if seconds(mid) > want else (lo, mid)
     return (lo * hi) ** 0.5
+
+
+def measure_all(args: argparse.Namespace) -> tuple[list[dict], list[int]]:
+    """Every configuration ``--repeats`` times, interleaved (so that a busy spell of the machine
+    does not fall on one configuration only); per epoch the median seconds and the spread."""
+    from clairvoyant.testing import make_dataset
+    data = args.data or make_dataset(os.path.join(tempfile.gettempdir(), f"cv-cluster-data-{args.images}"),
+                                     args.images, num_classes=10, size=128)
+    grid = [int(n) for n in args.nodes.split(",")]
+    configs = [(n, c) for n in grid for c in (("off", "on") if n > 1 else ("off",))]
+    got: dict = {c: [] for c in configs}
+    for rep in range(args.repeats):
+        for n, cluster in configs:
+            m = measure(data, n, args.capacity, cluster, args.epochs, args.batch_size, args.stage_threads)
+            got[(n, cluster)].append(m)
+            print(f"measured {n} node(s), cluster {cluster}, repeat {rep}: "
+                  f"{[round(r['seconds'], 3) for r in m['rows']]} s", file=sys.stderr)
+    runs = []
+    for (n, cluster), ms in got.items():
+        rows = []
+        for e in range(args.epochs):
+            secs = sorted(m["rows"][e]["seconds"] for m in ms)
+            store = sorted(m["rows"][e]["store_bytes"] for m in ms)
+            rows.append({"epoch": e, "seconds": secs[len(secs) // 2], "seconds_all": secs,
+                         "store_bytes": store[len(store) // 2], "store_bytes_all": store})
+        runs.append({"nodes": n, "cluster": cluster,
+                     "measured": {"rows": rows, "capacities": ms[0]["capacities"], "sizes": ms[0]["sizes"]}})
+    return runs, grid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,43 +180,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-rate", type=float, help="cache entries written per second per core (default: fitted)")
     p.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
                    help="cores shared by the ranks (default: this machine's)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each configuration; medians compared "
+                   "(default 3)")
+    p.add_argument("--measured", help="predict again over the runs of an earlier --json (no new runs)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.rank:
         rank_main(args)
         return 0
-    from clairvoyant.testing import make_dataset
-    data = args.data or make_dataset(os.path.join(tempfile.gettempdir(), f"cv-cluster-data-{args.images}"),
-                                     args.images, num_classes=10, size=128)
-    grid = [int(n) for n in args.nodes.split(",")]
-    runs = []
-    for n in grid:
-        for cluster in (("off", "on") if n > 1 else ("off",)):
-            t0 = time.perf_counter()
-            m = measure(data, n, args.capacity, cluster, args.epochs, args.batch_size, args.stage_threads)
-            runs.append({"nodes": n, "cluster": cluster, "measured": m, "wall": time.perf_counter() - t0})
-            print(f"measured {n} node(s), cluster {cluster}: "
-                  f"{[round(r['seconds'], 3) for r in m['rows']]} s", file=sys.stderr)
-    # Two rates fitted on two epochs of one run, the largest with the cluster cache on (else the
-    # smallest): the CPU per sample read on its last epoch (nothing from the store, nothing written),
-    # then the CPU per entry written on its first (every sample read from the store and kept once).
+    if args.measured:   # predictions again over runs measured before (their JSON, with --keep-sizes)
+        with open(args.measured) as f:
+            runs = json.load(f)["runs"]
+        grid = sorted({r["nodes"] for r in runs})
+    else:
+        runs, grid = measure_all(args)
+    # Two rates fitted on one run, the largest with the cluster cache on (else the smallest): the CPU
+    # per sample read on its later epochs (nothing from the store, nothing written), then the CPU per
+    # entry written on its first (every sample read from the store and kept once).
     on = [r for r in runs if r["cluster"] == "on"]
     base = max(on, key=lambda r: r["nodes"]) if on else min(runs, key=lambda r: r["nodes"])
     calibrated = set()
     cpu_rate, write_rate = args.cpu_rate, args.write_rate
+    later = list(range(1, args.epochs)) if args.epochs > 1 else [0]
     if cpu_rate is None:
-        cpu_rate = fit(base, args, args.epochs - 1, write_rate=0.0)
-        calibrated.add((base["nodes"], base["cluster"], args.epochs - 1))
-    if write_rate is None:
-        write_rate = fit(base, args, 0, cpu_rate=cpu_rate)
+        cpu_rate = fit(base, args, later, write_rate=0.0)
+        calibrated.update((base["nodes"], base["cluster"], e) for e in later)
+    if write_rate is None and args.epochs > 1:
+        write_rate = fit(base, args, [0], cpu_rate=cpu_rate)
         calibrated.add((base["nodes"], base["cluster"], 0))
+    write_rate = write_rate or 0.0
     misses = []
     lines = [f"{args.images} images, batch {args.batch_size}, {args.capacity} per node, {args.epochs} epochs; emulated "
              f"store {OPEN_MS:g}+{READ_MS:g} ms, {MBS:g} MB/s, {INFLIGHT} in flight, {args.stage_threads} staging "
              f"threads a rank; CPU: {cpu_rate:,.0f} samples read and {write_rate:,.0f} entries written per second "
              f"per core, min({args.cores:g} / nodes, {CORES_PER_RANK:g}) cores a node; fitted on "
              f"{sorted(calibrated) if calibrated else 'nothing (given)'} (nodes, cluster, epoch)",
-             "", "| nodes | cluster | epoch | store bytes measured | predicted | error | seconds measured | predicted "
+             "", "| nodes | cluster | epoch | store bytes measured (median) | predicted | error | seconds measured, median "
+             "(range) | predicted "
              "| error | bound by (predicted) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         pred = predict(r["measured"], r["nodes"], r["cluster"], args.epochs, args.batch_size, cpu_rate, args.cores,
@@ -199,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             ok_t = abs(et) <= 0.25
             if not (ok_b and ok_t) and not tag:
                 misses.append((r["nodes"], r["cluster"], got["epoch"], "bytes" if not ok_b else "time"))
+            spread = want.get("seconds_all", [want["seconds"]])
             lines.append(f"| {r['nodes']} | {r['cluster']} | {got['epoch']} | {want['store_bytes']:,} | "
-                         f"{got['store_bytes']:,} | {eb:+.1%}{'' if ok_b else ' MISS'} | {want['seconds']:.3f} | "
+                         f"{got['store_bytes']:,} | {eb:+.1%}{'' if ok_b else ' MISS'} | {want['seconds']:.3f} "
+                         f"({min(spread):.2f}-{max(spread):.2f}) | "
                          f"{got['seconds']:.3f} | {et:+.0%}{'' if ok_t else ' MISS'}{tag} | {got['bound_by']} |")
     lines.append("")
     lines.append(f"outside the targets (5% bytes, or 0.5% of the data set where an epoch reads ~0; 25% time): "
@@ -209,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        for r in runs:
-            r["measured"] = {k: v for k, v in r["measured"].items() if k != "sizes"}
         with open(args.json, "w") as f:
             json.dump({"images": args.images, "capacity": args.capacity, "epochs": args.epochs,
                        "cpu_rate": cpu_rate, "write_rate": write_rate, "fitted_on": sorted(calibrated),
