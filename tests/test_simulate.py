@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 
 from clairvoyant.cli.main import main
-from clairvoyant.plan.cluster import NodeLayout
 from clairvoyant.plan.order import epoch_order
 from clairvoyant.plan.partition import padded_rest
 from clairvoyant.plan.rank_plan import ClusterSpec, Layout, PlanConfig, plan_rank_epoch
 from clairvoyant.plan.residency import node_sequence, simulate_epoch
 from clairvoyant.sim import Hardware, Job, StoreModel, dataset_sizes, simulate
-from clairvoyant.sim.engine import run_policy, simulate_epoch_time
+from clairvoyant.sim.engine import run_policy
 from clairvoyant.sim.policies import (ClusterPolicy, NodeTierPolicy, POLICIES, StorePolicy, make_policy,
                                       node_sequences, node_tier_epoch)
 

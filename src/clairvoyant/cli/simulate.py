@@ -253,7 +253,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate N nodes x G GPUs with the loader's own plan: store bytes, "
                        "epoch time, stall, per policy",
-                       description=__doc__)
+                       description="Simulate a training job of N nodes x G GPUs with the loader's own plan "
+                       "functions and models of the shared store, local tiers, interconnect, cores and GPU step: "
+                       "per policy (shared store only, staging window only, per-node tiers, the cluster cache, "
+                       "no I/O), the epoch time, the GPUs' stall, the p99 wait, the shared store's bytes per "
+                       "epoch and per job, the interconnect's bytes, and what binds. See docs/simulator.md.")
     add_arguments(p)
     p.set_defaults(fn=cmd_simulate)
     return p
