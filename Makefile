@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/balance.py
 	$(PY) benchmarks/cluster.py
 	$(PY) benchmarks/plan_scale.py
+	$(PY) benchmarks/simulate_validation.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -95,11 +95,21 @@ def faults(dataset: str, work: str, cap: str, scenario: str) -> None:
         out["yielded"].append(got)
         out["expected"].append(share(ld, dataset, e, rank, size))
     out["finished_at"] = time.time()
+    if scenario == "kill":   # the next epoch needs every rank: a clear error, not a hang or a raw MPI one
+        ld.set_epoch(2)
+        try:
+            next(iter(ld))
+            out["next_epoch"] = "started"
+        except Exception as e:   # noqa: BLE001 - the test checks which
+            out["next_epoch"] = f"{type(e).__name__}: {e}"
+        print(f"rank {rank}: next epoch: {out['next_epoch'][:40]}", file=sys.stderr, flush=True)
     stats = ld.stats()
     out.update(epochs={str(k): v for k, v in stats["epochs"].items()}, tiers=stats["tiers"],
                cluster=stats.get("cluster"))
     wait_all(survivors)   # no one stops serving while another survivor still reads
     ld.close()
+    if scenario == "kill":
+        print(f"rank {rank}: closed", file=sys.stderr, flush=True)
     path = os.path.join(work, "out", f"rank-{rank}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(out, f, default=str)

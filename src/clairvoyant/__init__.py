@@ -6,7 +6,7 @@ node-local storage while reader processes build batches from the local copy.
 """
 
 from .errors import (CacheError, ClairvoyantError, ConfigError, DecodeError, EmptySourceError,
-                     LocalDirNotWritable, LocalStorageFull, ManifestError, SampleReadError, SourceChanged,
+                     LocalDirNotWritable, LocalStorageFull, ManifestError, PeerLost, SampleReadError, SourceChanged,
                      SourceError, SourceNotFound, WorkerDied, WorkerError)
 from .load.loader import Loader
 from .load.seeding import ReaderInfo, get_worker_info
@@ -20,5 +20,5 @@ __all__ = [
     "get_worker_info", "ReaderInfo",
     "ClairvoyantError", "ConfigError", "SourceError", "SourceNotFound", "EmptySourceError",
     "SampleReadError", "SourceChanged", "ManifestError", "CacheError", "LocalDirNotWritable",
-    "LocalStorageFull", "DecodeError", "WorkerError", "WorkerDied",
+    "LocalStorageFull", "DecodeError", "WorkerError", "WorkerDied", "PeerLost",
 ]

@@ -66,3 +66,9 @@ class WorkerDied(WorkerError):
 
 class CorruptEntry(CacheError):
     """A cached entry fails its checksum or is truncated (it is discarded and fetched again)."""
+
+
+class PeerLost(ClairvoyantError, RuntimeError):
+    """A rank of the job is gone (killed, crashed, its node lost) where every rank must take part:
+    the cluster cache's exchange at the start of an epoch. Within an epoch a lost peer costs only
+    reads from the shared store; starting the next one needs every rank."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerLost
 from . import peers
 
 log = logging.getLogger("clairvoyant")
@@ -95,6 +96,7 @@ class Cluster:
                     "each node numbered consecutively (Open MPI's default --map-by slot, not --map-by node), "
                     "or pass cluster=False")
         self.nodes: tuple[range, ...] = tuple(range(g[0], g[0] + len(g)) for g in groups)
+        self._coll = self.comm.Dup()   # the epochs' exchanges: revocable without touching the caller's
         self.node = next(i for i, g in enumerate(self.nodes) if self.rank in g)
         self.timeout = timeout
         self.capacities: tuple[int, ...] = ()
@@ -102,15 +104,72 @@ class Cluster:
 
     def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
-        caps = self._allgather_int(int(capacity))
+        caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
         self.capacities = tuple(int(caps[g.start]) for g in self.nodes)
         self._service = peers.PeerService(self.comm, serve)
         self._service.start()
 
-    def _allgather_int(self, value: int) -> np.ndarray:
+    def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:
         out = np.zeros(self.world_size, dtype=np.int64)
-        self.comm.Allgather(np.array([value], dtype=np.int64), out)
+        self._collective(what, "Iallgather", np.array([value], dtype=np.int64), out)
         return out
+
+    def _collective(self, what: str, name: str, *args: object) -> None:
+        """A non-blocking MPI collective over the whole job (on a communicator of its own), waited
+        for while watching for lost ranks: a rank that knows of one (its peer service met the death,
+        or MPI's failure detector did) revokes the communicator, so that every rank's collective ends
+        at once instead of hanging (ULFM, ``mpirun --with-ft ulfm``; plain MPI ends the job), and each
+        raises ``PeerLost`` saying what to do."""
+        from mpi4py import MPI
+        req, revoked_at = None, None
+        dead = self._known_dead()
+        if dead:   # known already (the peer service met it): start nothing that cannot finish
+            raise self._lost(what, dead, "")
+        try:
+            req = getattr(self._coll, name)(*args)
+            pause = 0.0005
+            while not req.Test():
+                if revoked_at is None and self._known_dead():
+                    self._revoke()   # the others' collectives end too; this one ends with an error
+                    revoked_at = time.monotonic()
+                elif revoked_at is not None and time.monotonic() - revoked_at > 10.0:
+                    break            # abandoned: MPI never ended it
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+        except MPI.Exception as e:
+            self._revoke()
+            raise self._lost(what, self._known_dead(), e.Get_error_string().strip()) from e
+        if revoked_at is not None:
+            raise self._lost(what, self._known_dead(), "")
+
+    def _known_dead(self) -> list[int]:
+        """Ranks this rank knows are gone: those its peer service met, and MPI's own list (ULFM)."""
+        dead = set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()
+        try:
+            from mpi4py import MPI
+            failed, mine = self._coll.Get_failed(), self._coll.Get_group()
+            if failed.Get_size():
+                ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
+                dead |= {r for r in ranks if r != MPI.UNDEFINED}
+            failed.Free()
+            mine.Free()
+        except Exception:   # noqa: BLE001 - no ULFM in this MPI: only the peer service's knowledge
+            pass
+        return sorted(dead)
+
+    def _revoke(self) -> None:
+        try:
+            self._coll.Revoke()
+        except Exception:   # noqa: BLE001 - no ULFM, or revoked already
+            pass
+
+    def _lost(self, what: str, dead: list[int], detail: str) -> PeerLost:
+        who = f"rank(s) {dead}" if dead else "a rank"
+        return PeerLost(
+            f"{who} of this job's {self.world_size} can no longer take part in {what} on rank {self.rank}"
+            f"{f' (MPI: {detail})' if detail else ''}: the cluster cache plans every epoch with every rank. "
+            "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
+            "left (the loader resumes elastically at its position), or pass cluster=False to run node by node")
 
     def all_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank (collective)."""
@@ -121,13 +180,14 @@ class Cluster:
         first = self.rank == self.nodes[self.node].start
         idx = np.fromiter(mine.keys(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
         val = np.fromiter(mine.values(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
-        counts = self._allgather_int(len(idx))
+        counts = self._allgather_int(len(idx), "the exchange of every node's residents")
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
         all_idx = np.zeros(int(counts.sum()), dtype=np.int64)
         all_val = np.zeros(int(counts.sum()), dtype=np.int64)
         from mpi4py import MPI
-        self.comm.Allgatherv(idx, [all_idx, counts, displs, MPI.INT64_T])
-        self.comm.Allgatherv(val, [all_val, counts, displs, MPI.INT64_T])
+        what = "the exchange of every node's residents"
+        self._collective(what, "Iallgatherv", idx, [all_idx, counts, displs, MPI.INT64_T])
+        self._collective(what, "Iallgatherv", val, [all_val, counts, displs, MPI.INT64_T])
         out = []
         for g in self.nodes:
             a, n = int(displs[g.start]), int(counts[g.start])
@@ -149,3 +209,11 @@ class Cluster:
     def close(self) -> None:
         if self._service is not None:
             self._service.close()
+        if self._coll is None:
+            return
+        try:
+            if not self._known_dead():
+                self._coll.Free()
+        except Exception:   # noqa: BLE001 - MPI finalized, or the communicator revoked
+            pass
+        self._coll = None
