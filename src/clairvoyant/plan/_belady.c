@@ -592,7 +592,7 @@ static PyObject *plan_homes(PyObject *self, PyObject *args) {
     int home16 = hom.len == N * 2, size64 = siz.len == N * 8;
     if (N < 0 || (!home16 && hom.len != N * 4) || (!size64 && siz.len != N * 4) || (nord.len && nord.len != N * 4) || rzb.len != rsb.len ||
         rcb.len != (H + 1) * 8 || hit.len != L || keep.len != L || late.len != L || W < 1 || B < 1 || H < 1 ||
-        H > 65536 || (double)2 * L + 2 >= (double)NEVER32 || N >= NEVER32 || head + (Py_ssize_t)rem * W != L ||
+        H > 65536 || (double)L + (double)N + (double)W + 2 >= (double)NEVER32 || head + (Py_ssize_t)rem * W != L ||
         (nord.len && (Py_ssize_t)(nfull * B + nrem) * W > ((N + W - 1) / W) * W) || RC[0] != 0 || RC[H] != R) {
         PyErr_SetString(PyExc_ValueError, "plan_homes: buffer sizes do not match");
         goto done;

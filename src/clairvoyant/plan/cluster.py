@@ -353,7 +353,7 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
         raise ConfigError(f"home must give each of the {num_samples} samples a node in [0, {nodes})")
     world = layout.world_size
     samples, full, rem = _cluster_samples(num_samples, epoch=epoch, world_size=world, position=position, **kw)
-    fits = (2 * len(samples) + 2 < 2**31 and num_samples < 2**31 - 2 and nodes <= 65536
+    fits = (len(samples) + num_samples + world < 2**31 - 2 and nodes <= 65536   # positions as int32
             and (not num_samples or int(sizes.max()) < 2**31) and int(held.sizes.max(initial=0)) < 2**31
             and int(held.samples.max(initial=0)) < 2**31 and int(held.samples.min(initial=0)) >= 0)
     if use_c and residency._c_plan_homes is not None and fits:
