@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .simulate import add_parser as add_simulate
     add_simulate(sub)
 
+    from .pack import add_parser as add_pack
+    add_pack(sub)
+
     pr = sub.add_parser("probe", help="measure the storage: latency, throughput vs. readers (never writes there)")
     pr.add_argument("path", help="the data set's directory")
     pr.add_argument("--readers", default="1,2,4,8,16,32,64", help="concurrent readers to try")

@@ -9,16 +9,21 @@ from ..errors import ConfigError
 from .base import Source
 from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
 from .posix import PosixSource
+from .shards import TarShardSource, is_shard_dir
 
-__all__ = ["Source", "PosixSource", "ListedSource", "DatasetPort", "as_source", "is_dataset", "list_file_source"]
+__all__ = ["Source", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "as_source", "is_dataset",
+           "list_file_source"]
 
 
 def as_source(obj: Any) -> Source:
     """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
-    :class:`ListedSource`; a source object is returned as is."""
+    :class:`ListedSource`, a path (or glob) ending in .tar or a directory of nothing but .tar files
+    a :class:`TarShardSource`; a source object is returned as is."""
     if isinstance(obj, (str, os.PathLike)):
         if os.fspath(obj).endswith(LIST_SUFFIXES) and not os.path.isdir(obj):
             return list_file_source(obj)
+        if (os.fspath(obj).endswith(".tar") and not os.path.isdir(obj)) or is_shard_dir(os.fspath(obj)):
+            return TarShardSource(obj)
         return PosixSource(obj)
     if isinstance(obj, Source):
         return obj

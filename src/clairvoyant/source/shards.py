@@ -1,0 +1,673 @@
+"""Packed tar shards (WebDataset layout) as a source: each sample read by its byte range.
+
+A shard is an uncompressed tar. Its members are grouped into samples by the
+member path up to the first dot of its last component (``class0/img001.jpg``
+and ``class0/img001.cls`` are one sample); the part after that dot is the
+member's field. A sample's bytes are its data member: the first of
+:data:`DATA_EXTENSIONS` it has (or the field ``data_key=``). Its label is the
+integer text of its ``cls`` member; where no sample has one, labels follow
+ImageFolder (the first path component, classes sorted), else -1. A ``json``
+member can travel with the sample as its fields (``fields=True``).
+
+A sample's key is its data member's path (``class0/img001.jpg``), not the bare
+WebDataset key: a tree of files and its pack (``clairvoyant pack``) then have
+the same keys, so the same sorted manifest and, for a seed, the same batches.
+
+Where each sample lies (shard, offset, length) is found once by reading only
+the tar headers (data is seeked over; only ``cls`` and ``json`` members are
+read) and persisted under ``cache_home()/shards`` (see :class:`ShardIndex`),
+checked against each shard's size and modification time, so a later run
+reads no headers; a changed shard is read again, the others are not. Reads are
+``os.pread`` on descriptors kept open per process (:class:`FdCache`).
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tarfile
+import threading
+from collections import OrderedDict
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError, SourceNotFound
+from ..fileio import pid, write_all, write_atomically
+from ..paths import cache_home
+
+# data members, in order of preference (lower case; a field ending in one of them, e.g.
+# ``v2.jpg``, counts where no field is exactly one)
+DATA_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm")
+LABEL_FIELD, FIELDS_FIELD = "cls", "json"
+DEFAULT_GAP = 64 * 1024        # read_many: neighbours closer than this share one pread
+MAX_SPAN = 16 * 1024 * 1024    # read_many: no single pread longer than this (unless one sample is)
+MAX_OPEN = 64                  # shard descriptors kept open per process
+_NO_CLS = np.iinfo(np.int64).min
+_SMALL = 1 << 20               # cls/json members larger than this are not read into the index
+
+
+class ShardError(SourceError):
+    """A shard is not a readable tar, is truncated, or holds malformed samples."""
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """``('class0/img001', 'jpg')`` for ``class0/img001.jpg``: the sample key runs to the first dot
+    of the last path component, the field is the rest (lower case; '' when there is no dot)."""
+    head, sep, base = name.rpartition("/")
+    stem, dot, field = base.partition(".")
+    return head + sep + stem, field.lower() if dot else ""
+
+
+def _data_field(fields: Sequence[str], data_key: str | None) -> str | None:
+    if data_key is not None:
+        return data_key if data_key in fields else None
+    for ext in DATA_EXTENSIONS:
+        if ext in fields:
+            return ext
+    tail = sorted((DATA_EXTENSIONS.index(f.rsplit(".", 1)[-1]), f) for f in fields
+                  if f.rsplit(".", 1)[-1] in DATA_EXTENSIONS)
+    return tail[0][1] if tail else None
+
+
+# -- the index: header scan, persisted form, lookups ------------------------------------------
+
+_MAGIC = b"\x89CVYTAR\n"
+_PREFIX = struct.Struct("<8sII")   # magic, version, header length
+_VERSION, _ALIGN = 1, 64
+_SECTIONS = {"shard": "<u4", "offset": "<i8", "length": "<i8", "cls": "<i8", "label": "<i8",
+             "key_offsets": "<u8", "keys": "|u1", "json_offsets": "<u8", "json": "|u1"}
+
+
+def _scan_shard(path: str, data_key: str | None) -> list[tuple[str, int, int, int, bytes]]:
+    """``(key, offset, length, cls, json)`` of every sample of one shard, from its headers."""
+    try:
+        f = open(path, "rb", buffering=4096)   # small: a header read pulls no sample data with it
+    except FileNotFoundError:
+        raise SourceNotFound(f"shard {path} is gone: check the path, or list the shards again") from None
+    except OSError as e:
+        raise ShardError(f"cannot open shard {path}: {e.strerror or e}; check it and its permissions") from e
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            tf = tarfile.open(fileobj=f, mode="r:", encoding="utf-8", errors="strict")
+        except (tarfile.ReadError, UnicodeDecodeError) as e:
+            raise ShardError(f"shard {path} is not an uncompressed tar ({e}): shards must be plain .tar "
+                             "files (a .tar.gz cannot be read by range); re-create it, e.g. with "
+                             "`clairvoyant pack`") from None
+        samples: dict[str, dict[str, tuple[int, int, str]]] = {}
+        small: dict[tuple[str, str], bytes] = {}
+        while True:
+            try:
+                ti = tf.next()
+            except (tarfile.ReadError, UnicodeDecodeError) as e:
+                raise _truncated(path, size, f"after offset {tf.offset}: {e}") from None
+            if ti is None:
+                break
+            if not ti.isreg():
+                continue
+            if ti.offset_data + ti.size > size:
+                raise _truncated(path, size, f"member {ti.name!r} needs bytes up to {ti.offset_data + ti.size}")
+            name = ti.name[2:] if ti.name.startswith("./") else ti.name
+            skey, field = split_member(name)
+            if not field or skey.endswith("/") or not skey:
+                continue   # no sample of its own (no extension, or a dot-file)
+            members = samples.setdefault(skey, {})
+            if field in members:
+                raise ShardError(f"shard {path} holds {name!r} twice: a sample may have each field once; "
+                                 "re-create the shard")
+            members[field] = (ti.offset_data, ti.size, name)
+            if field in (LABEL_FIELD, FIELDS_FIELD) and ti.size <= _SMALL:
+                f.seek(ti.offset_data)   # within the buffer the header read filled, mostly
+                small[skey, field] = f.read(ti.size)
+        f.seek(tf.offset)   # a complete tar ends with zero blocks; a cut one does not
+        end = f.read(tarfile.BLOCKSIZE)
+        if end != tarfile.NUL * tarfile.BLOCKSIZE:
+            raise _truncated(path, size, f"no end-of-archive block at offset {tf.offset}")
+    rows = []
+    for skey, members in samples.items():
+        data = _data_field(list(members), data_key)
+        if data is None:
+            want = f"a {data_key!r} member" if data_key else f"one of {', '.join(DATA_EXTENSIONS)}"
+            raise ShardError(f"sample {skey!r} of shard {path} has no data member (it has "
+                             f"{', '.join(sorted(members))}; wanted {want}): pass data_key= the field that "
+                             "holds its data, or remove the sample")
+        offset, length, name = members[data]
+        cls = _NO_CLS
+        if (skey, LABEL_FIELD) in small:
+            text = small[skey, LABEL_FIELD]
+            try:
+                cls = int(text.decode().strip())
+            except (UnicodeDecodeError, ValueError):
+                raise ShardError(f"sample {skey!r} of shard {path}: its cls member holds {text[:40]!r}, not "
+                                 "an integer: fix the shard") from None
+        rows.append((name, offset, length, cls, small.get((skey, FIELDS_FIELD), b"")))
+    return rows
+
+
+def _truncated(path: str, size: int, why: str) -> ShardError:
+    return ShardError(f"shard {path} ({size} bytes) is truncated or damaged ({why}): copy it again, or "
+                      "re-create it with `clairvoyant pack`")
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class ShardIndex:
+    """Every sample's key (sorted), shard, offset, length, label and fields, with each shard's
+    ``(path, size, mtime_ns)`` at the time its headers were read.
+
+    On disk: ``magic | version u32 | header length u32 | header JSON | pad to 64``, then the
+    sections of :data:`_SECTIONS` as raw little-endian arrays at multiples of 64 (keys: UTF-8,
+    each followed by a NUL byte; json: the json members' bytes, concatenated). Written atomically,
+    mapped when read, never unpickled."""
+
+    def __init__(self, shards: list[tuple[str, int, int]], arrays: dict[str, Any], classes: tuple[str, ...],
+                 data_key: str | None) -> None:
+        self.shards, self.classes, self.data_key = shards, tuple(classes), data_key
+        self.shard, self.offset, self.length = arrays["shard"], arrays["offset"], arrays["length"]
+        self.cls, self.label = arrays["cls"], arrays["label"]
+        self._keys, self._koff = arrays["keys"], memoryview(np.ascontiguousarray(arrays["key_offsets"]))
+        self._json, self._joff = arrays["json"], memoryview(np.ascontiguousarray(arrays["json_offsets"]))
+        self._arrays = arrays
+        self.count = len(self.shard)
+
+    @property
+    def stamp(self) -> str:
+        return _stamp(self.shards, self.data_key)
+
+    def key(self, i: int) -> str:
+        return bytes(self._keys[self._koff[i]:self._koff[i + 1] - 1]).decode()
+
+    def keys(self) -> Iterator[str]:
+        for i in range(self.count):
+            yield self.key(i)
+
+    def find(self, key: str) -> int:
+        """The row of ``key``, or -1 (a binary search over the sorted keys: no per-key dict)."""
+        k, blob, off = key.encode(), self._keys, self._koff
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if bytes(blob[off[mid]:off[mid + 1] - 1]) < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if lo < self.count and bytes(blob[off[lo]:off[lo + 1] - 1]) == k else -1
+
+    def json_of(self, i: int) -> bytes:
+        return bytes(self._json[self._joff[i]:self._joff[i + 1]])
+
+    def has_json(self) -> bool:
+        return len(self._json) > 0
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, shards: list[tuple[str, int, int]], data_key: str | None,
+              reuse: "ShardIndex | None" = None) -> "ShardIndex":
+        """Read the headers of every shard, except those ``reuse`` holds unchanged."""
+        kept = {}
+        if reuse is not None and reuse.data_key == data_key:
+            old = {s: j for j, s in enumerate(reuse.shards)}
+            kept = {sid: old[s] for sid, s in enumerate(shards) if s in old}
+        rows: list[tuple[str, int, int, int, int, bytes]] = []
+        for sid, (path, _, _) in enumerate(shards):
+            if sid in kept:
+                j = kept[sid]
+                rows += [(reuse.key(i), sid, int(reuse.offset[i]), int(reuse.length[i]), int(reuse.cls[i]),
+                          reuse.json_of(i)) for i in np.flatnonzero(reuse.shard == j).tolist()]
+            else:
+                rows += [(k, sid, o, n, c, js) for k, o, n, c, js in _scan_shard(path, data_key)]
+        rows.sort()
+        owner: dict[str, int] = {}
+        for key, sid, *_ in rows:
+            skey = split_member(key)[0]
+            prev = owner.setdefault(skey, sid)   # within a shard, _scan_shard made each sample once
+            if prev != sid:
+                raise ShardError(f"sample {skey!r} is in two shards, {shards[prev][0]} and {shards[sid][0]}: "
+                                 "each sample must be in one shard; remove one copy or pass the shards "
+                                 "of one data set only")
+        return cls.from_rows(shards, rows, data_key)
+
+    @classmethod
+    def from_rows(cls, shards, rows, data_key) -> "ShardIndex":
+        n = len(rows)
+        keys = [r[0].encode() for r in rows]
+        koff = np.zeros(n + 1, dtype="<u8")
+        np.cumsum([len(k) + 1 for k in keys], out=koff[1:])
+        js = [r[5] for r in rows]
+        joff = np.zeros(n + 1, dtype="<u8")
+        np.cumsum([len(j) for j in js], out=joff[1:])
+        arrays = {
+            "shard": np.array([r[1] for r in rows], dtype="<u4"),
+            "offset": np.array([r[2] for r in rows], dtype="<i8"),
+            "length": np.array([r[3] for r in rows], dtype="<i8"),
+            "cls": np.array([r[4] for r in rows], dtype="<i8"),
+            "key_offsets": koff, "keys": np.frombuffer(b"\0".join(keys) + b"\0" if keys else b"", dtype="|u1"),
+            "json_offsets": joff, "json": np.frombuffer(b"".join(js), dtype="|u1"),
+        }
+        arrays["label"], classes = _labels([r[0] for r in rows], arrays["cls"])
+        return cls(shards, arrays, classes, data_key)
+
+    # -- persisting -------------------------------------------------------------------------
+
+    def save(self, path: str) -> None:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        table, pos = {}, 0
+        for name, dtype in _SECTIONS.items():
+            nbytes = self._arrays[name].nbytes
+            table[name] = {"offset": pos, "nbytes": nbytes, "dtype": dtype}
+            pos = _align(pos + nbytes)
+        header = json.dumps({"format": "clairvoyant-shard-index", "version": _VERSION, "count": self.count,
+                             "shards": [list(s) for s in self.shards], "data_key": self.data_key,
+                             "classes": list(self.classes), "sections": table}, separators=(",", ":")).encode()
+        head = _PREFIX.pack(_MAGIC, _VERSION, len(header)) + header
+
+        def fill(fd: int) -> int:
+            n = write_all(fd, head + b"\0" * (_align(len(head)) - len(head)))
+            for name in _SECTIONS:
+                view = memoryview(np.ascontiguousarray(self._arrays[name])).cast("B")
+                n += write_all(fd, bytes(view) + b"\0" * (_align(len(view)) - len(view)))
+            return n
+
+        write_atomically(path, os.path.join(directory, f".{os.path.basename(path)}.{pid()}.tmp"), fill)
+
+    @classmethod
+    def load(cls, path: str) -> "ShardIndex":
+        """Raise ValueError (or OSError) where the file is not a whole index of this version."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            magic, version, hlen = _PREFIX.unpack(f.read(_PREFIX.size).ljust(_PREFIX.size, b"\0"))
+            if magic != _MAGIC or version != _VERSION or _PREFIX.size + hlen > size:
+                raise ValueError("not a shard index of this version")
+            doc = json.loads(f.read(hlen))
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        base, n = _align(_PREFIX.size + hlen), int(doc["count"])
+        arrays = {}
+        for name, dtype in _SECTIONS.items():
+            s = doc["sections"][name]
+            start, nbytes, dt = base + int(s["offset"]), int(s["nbytes"]), np.dtype(dtype)
+            if s["dtype"] != dtype or start + nbytes > size or nbytes % dt.itemsize:
+                raise ValueError(f"section {name} does not fit")
+            arrays[name] = np.frombuffer(mm, dtype=dt, count=nbytes // dt.itemsize, offset=start)
+        for name in ("shard", "offset", "length", "cls", "label"):
+            if len(arrays[name]) != n:
+                raise ValueError(f"section {name} has {len(arrays[name])} values for {n} samples")
+        for name, blob in (("key_offsets", "keys"), ("json_offsets", "json")):
+            off = arrays[name]
+            if len(off) != n + 1 or (n and (int(off[0]) != 0 or int(off[-1]) != len(arrays[blob])
+                                            or bool(np.any(off[1:] < off[:-1])))):
+                raise ValueError(f"section {name} is inconsistent")
+        shards = [(str(p), int(s), int(m)) for p, s, m in doc["shards"]]
+        if n and (int(arrays["shard"].max()) >= len(shards) or int(arrays["offset"].min()) < 0
+                  or bool(np.any(arrays["offset"] + arrays["length"] >
+                                 np.array([s[1] for s in shards], dtype=np.int64)[arrays["shard"]]))):
+            raise ValueError("a range lies outside its shard")
+        return cls(shards, arrays, tuple(doc["classes"]), doc["data_key"])
+
+
+def _labels(keys: list[str], cls: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+    """cls labels where any sample has one (-1 where absent), else ImageFolder's, else -1; the
+    classes of ImageFolder where they agree with the labels."""
+    folder = classes = None
+    if keys and all("/" in k for k in keys):
+        top = [k.split("/", 1)[0] for k in keys]
+        classes = tuple(sorted(set(top)))
+        index = {c: i for i, c in enumerate(classes)}
+        folder = np.fromiter((index[t] for t in top), dtype="<i8", count=len(keys))
+    if bool(np.any(cls != _NO_CLS)):
+        labels = np.where(cls == _NO_CLS, -1, cls).astype("<i8")
+        return labels, classes if folder is not None and np.array_equal(folder, labels) else ()
+    if folder is not None:
+        return folder, classes
+    return np.full(len(keys), -1, dtype="<i8"), ()
+
+
+def _stamp(shards: list[tuple[str, int, int]], data_key: str | None) -> str:
+    h = hashlib.sha1(json.dumps([data_key, shards]).encode())
+    return h.hexdigest()[:20]
+
+
+def index_path(paths: Sequence[str], data_key: str | None) -> str:
+    """Where the index of these shards is kept: per user, named by the shards' paths (the sizes and
+    modification times are checked against its header, so a changed shard replaces it)."""
+    h = hashlib.sha1(json.dumps([data_key, list(paths)]).encode()).hexdigest()[:20]
+    return os.path.join(cache_home(), "shards", f"{h}.index")
+
+
+# -- open descriptors, per process ------------------------------------------------------------
+
+def _open_shard(path: str) -> int:
+    return os.open(path, os.O_RDONLY)
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    data = os.pread(fd, n, offset)
+    while len(data) < n:   # a short read: a large range, or a network file system
+        more = os.pread(fd, n - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+class FdCache:
+    """At most ``limit`` shard descriptors open in this process (least recently used closed
+    first, never one a thread is reading through). A forked child closes its parent's and opens
+    its own: the pid is checked on each use."""
+
+    def __init__(self, limit: int = MAX_OPEN) -> None:
+        self.limit = limit
+        self._pid = pid()
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, list[int]] = OrderedDict()   # shard id -> [fd, readers]
+
+    def _after_fork(self) -> None:
+        for fd, _ in self._open.values():   # the child's copies; the parent keeps its own
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._open, self._lock, self._pid = OrderedDict(), threading.Lock(), pid()
+
+    def acquire(self, sid: int, path: str) -> int:
+        if self._pid != pid():
+            self._after_fork()
+        with self._lock:
+            e = self._open.get(sid)
+            if e is not None:
+                e[1] += 1
+                self._open.move_to_end(sid)
+                return e[0]
+        fd = _open_shard(path)   # outside the lock: an open on a shared file system is slow
+        with self._lock:
+            e = self._open.get(sid)
+            if e is None:
+                self._open[sid] = [fd, 1]
+                self._trim()
+                return fd
+            e[1] += 1
+        os.close(fd)   # another thread opened it meanwhile
+        return e[0]
+
+    def release(self, sid: int) -> None:
+        with self._lock:
+            e = self._open.get(sid)
+            if e is not None:
+                e[1] -= 1
+                self._trim()
+
+    def _trim(self) -> None:
+        if len(self._open) <= self.limit:
+            return
+        for sid in [s for s, (_, users) in self._open.items() if users == 0][:len(self._open) - self.limit]:
+            os.close(self._open.pop(sid)[0])
+
+    def close(self) -> None:
+        if self._pid == pid():
+            with self._lock:
+                while self._open:
+                    os.close(self._open.popitem()[1][0])
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+# -- the source -------------------------------------------------------------------------------
+
+class TarShardSource:
+    """The samples of a directory of ``.tar`` shards, a list of shard paths, or a glob."""
+
+    def __init__(self, shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                 data_key: str | None = None, fields: bool | Sequence[str] = False,
+                 max_open: int = MAX_OPEN) -> None:
+        if data_key is not None and (not isinstance(data_key, str) or not data_key):
+            raise ConfigError(f"data_key={data_key!r}: give the field (extension) of the data member, e.g. 'npy'")
+        if not isinstance(max_open, int) or max_open < 1:
+            raise ConfigError(f"max_open must be an integer >= 1, got {max_open!r}")
+        self.paths, self.uri = _resolve(shards)
+        if data_key is not None:
+            data_key = data_key.lower().lstrip(".")
+            self.uri += f"?data={data_key}"
+        self.data_key, self.max_open, self._want_fields = data_key, max_open, fields
+        self._fds = FdCache(max_open)
+        self._index: ShardIndex | None = None
+        self._index_file: str | None = None   # where the index was loaded from or saved to
+        self._load_index()
+
+    def __repr__(self) -> str:
+        return f"TarShardSource({self.uri!r}, {len(self.paths)} shards)"
+
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        d["_fds"] = None
+        d["_index"] = None
+        d["_stamp"] = self._index.stamp if self._index is not None else None
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        stamp = d.pop("_stamp", None)
+        self.__dict__.update(d)
+        self._fds = FdCache(self.max_open)
+        if stamp is not None and self._index_file is not None:   # checked by the pickling process
+            try:
+                index = ShardIndex.load(self._index_file)
+                if index.stamp == stamp:
+                    self._index = index
+                    return
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        self._load_index()
+
+    # -- the index ---------------------------------------------------------------------------
+
+    def _load_index(self) -> None:
+        shards = []
+        for p in self.paths:
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                raise SourceNotFound(f"shard {p} does not exist: check the path (is the file system "
+                                     "mounted?)") from None
+            shards.append((p, st.st_size, st.st_mtime_ns))
+        path = index_path(self.paths, self.data_key)
+        old = None
+        try:
+            old = ShardIndex.load(path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError):
+            old = None   # damaged or of another version: it is rebuilt
+        if old is not None and old.shards == shards and old.data_key == self.data_key:
+            self._index, self._index_file = old, path
+            return
+        index = ShardIndex.build(shards, self.data_key, reuse=old)
+        if index.count == 0:
+            raise EmptySourceError(f"the shards of {self.uri} hold no samples: check the paths")
+        try:
+            index.save(path)
+            self._index_file = path
+        except OSError:
+            self._index_file = None   # a read-only cache home costs a header scan next time
+        self._index = index
+
+    @property
+    def index(self) -> ShardIndex:
+        if self._index is None:
+            self._load_index()
+        return self._index
+
+    @property
+    def labels(self) -> dict[str, int]:
+        """Each sample's label (what the manifest records)."""
+        ix = self.index
+        return dict(zip(ix.keys(), ix.label.tolist()))
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.index.classes
+
+    @property
+    def has_fields(self) -> bool:
+        return bool(self._want_fields) and self.index.has_json()
+
+    def locate(self, key: str) -> tuple[str, int, int]:
+        """``(shard path, offset, length)`` of sample ``key``."""
+        ix, i = self.index, self._row(key)
+        return ix.shards[int(ix.shard[i])][0], int(ix.offset[i]), int(ix.length[i])
+
+    def _row(self, key: str) -> int:
+        i = self.index.find(key)
+        if i < 0:
+            raise SampleReadError(f"sample {key!r} is not in the shards of {self.uri}: they changed since the "
+                                  "manifest was made; run `clairvoyant index --force` on them, or pass reindex=True")
+        return i
+
+    # -- the Source protocol -----------------------------------------------------------------
+
+    def scan(self) -> Iterator[tuple[str, int]]:
+        ix = self.index
+        for i, key in enumerate(ix.keys()):
+            yield key, int(ix.length[i])
+
+    def read(self, key: str) -> bytes:
+        ix = self.index
+        i = self._row(key)
+        return self._read_range(int(ix.shard[i]), int(ix.offset[i]), int(ix.length[i]), key)
+
+    def read_versioned(self, key: str) -> tuple[bytes, int]:
+        """The bytes and the shard's modification time (ns) when its headers were read."""
+        ix = self.index
+        i = self._row(key)
+        sid = int(ix.shard[i])
+        return self._read_range(sid, int(ix.offset[i]), int(ix.length[i]), key), ix.shards[sid][2]
+
+    def version(self, key: str) -> tuple[int, int]:
+        """``(size, modification time in ns of its shard)`` now: one stat."""
+        ix = self.index
+        i = self._row(key)
+        path = ix.shards[int(ix.shard[i])][0]
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise self.read_error(key, path, e) from e
+        return int(ix.length[i]), st.st_mtime_ns
+
+    def fields_of(self, key: str) -> dict:
+        """The sample's json member, parsed (its keys restricted to ``fields=`` when a list)."""
+        raw = self.index.json_of(self._row(key))
+        try:
+            doc = json.loads(raw) if raw else {}
+        except (UnicodeDecodeError, ValueError) as e:
+            raise SampleReadError(f"the json member of sample {key!r} in {self.uri} is not JSON ({e}): fix the "
+                                  "shard") from e
+        doc = doc if isinstance(doc, dict) else {"json": doc}
+        if isinstance(self._want_fields, (list, tuple)):
+            return {n: doc.get(n) for n in self._want_fields}
+        return doc
+
+    def read_many(self, keys: Sequence[str], gap: int = DEFAULT_GAP, max_span: int = MAX_SPAN) -> list[bytes]:
+        """The bytes of each of ``keys``, in order. Ranges of one shard that lie within ``gap`` bytes
+        of each other are read by one pread (no longer than ``max_span`` unless one sample is)."""
+        ix = self.index
+        spans = []
+        for pos, key in enumerate(keys):
+            i = self._row(key)
+            spans.append((int(ix.shard[i]), int(ix.offset[i]), int(ix.length[i]), pos))
+        spans.sort()
+        out: list[bytes] = [b""] * len(keys)
+        run: list[tuple[int, int, int, int]] = []
+        end = 0
+        for s in spans:
+            sid, off, n, _ = s
+            if run and (sid != run[0][0] or off - end > gap or max(end, off + n) - run[0][1] > max_span):
+                self._read_run(run, end, out, keys)
+                run = []
+            end = max(end, off + n) if run else off + n
+            run.append(s)
+        if run:
+            self._read_run(run, end, out, keys)
+        return out
+
+    def _read_run(self, run, end: int, out: list[bytes], keys: Sequence[str]) -> None:
+        sid, start = run[0][0], run[0][1]
+        what = keys[run[0][3]] if len(run) == 1 else f"{len(run)} samples from {keys[run[0][3]]!r}"
+        buf = memoryview(self._read_range(sid, start, end - start, what))
+        for _, off, n, pos in run:
+            out[pos] = bytes(buf[off - start:off - start + n])
+
+    def _read_range(self, sid: int, offset: int, n: int, what: str) -> bytes:
+        path = self.index.shards[sid][0]
+        try:
+            fd = self._fds.acquire(sid, path)
+        except OSError as e:
+            raise self.read_error(what, path, e) from e
+        try:
+            data = _pread(fd, n, offset)
+        except OSError as e:
+            raise self.read_error(what, path, e) from e
+        finally:
+            self._fds.release(sid)
+        if len(data) != n:
+            raise SampleReadError(f"sample {what!r}: shard {path} ends before its bytes {offset}..{offset + n}: "
+                                  "it changed or was cut since it was indexed; copy it again (a new run "
+                                  "re-reads its headers)")
+        return data
+
+    def read_error(self, key: str, path: str, e: OSError) -> SampleReadError:
+        if isinstance(e, FileNotFoundError):
+            return SampleReadError(f"sample {key!r}: shard {path} is gone: the shards changed since they were "
+                                   "indexed; run `clairvoyant index --force` on them, or pass reindex=True")
+        return SampleReadError(f"cannot read sample {key!r} from shard {path}: {e.strerror or e}; check the "
+                               "file and its permissions")
+
+    def close(self) -> None:
+        """Close this process's shard descriptors (they reopen on the next read)."""
+        self._fds.close()
+
+
+def _resolve(shards) -> tuple[list[str], str]:
+    """The shard paths (absolute, sorted) and the source's uri."""
+    if isinstance(shards, (str, os.PathLike)):
+        spec = os.fspath(shards)
+        if os.path.isdir(spec):
+            root = os.path.abspath(spec)
+            paths = sorted(os.path.join(root, n) for n in os.listdir(root)
+                           if n.endswith(".tar") and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
+            if not paths:
+                raise EmptySourceError(f"directory {root} holds no .tar shards: point at the directory of the "
+                                       "shards, or make them with `clairvoyant pack`")
+            return paths, "tar+file://" + root
+        if os.path.isfile(spec):
+            return [os.path.abspath(spec)], "tar+file://" + os.path.abspath(spec)
+        if globmod.has_magic(spec):
+            paths = sorted(os.path.abspath(p) for p in globmod.glob(spec) if os.path.isfile(p))
+            if not paths:
+                raise SourceNotFound(f"no shard matches {spec!r}: check the pattern")
+        else:
+            raise SourceNotFound(f"shards {spec!r} do not exist: check the path (is the file system mounted?)")
+    else:
+        paths = sorted(os.path.abspath(os.fspath(p)) for p in shards)
+        if not paths:
+            raise ConfigError("the list of shards is empty: give at least one .tar path")
+        if len(set(paths)) != len(paths):
+            raise ConfigError("the list of shards names a shard twice: name each once")
+    common = os.path.commonpath([os.path.dirname(p) for p in paths])
+    digest = hashlib.sha1("\0".join(paths).encode()).hexdigest()[:16]
+    return paths, f"tar+file://{common}#{digest}"
+
+
+def is_shard_dir(path: str) -> bool:
+    """A directory whose visible entries are all ``.tar`` files (at least one)."""
+    try:
+        names = [n for n in os.listdir(path) if not n.startswith(".")]
+    except OSError:
+        return False
+    return bool(names) and all(n.endswith(".tar") and os.path.isfile(os.path.join(path, n)) for n in names)
