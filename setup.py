@@ -15,4 +15,5 @@ ext = [] if sys.platform != "linux" else [
     Extension("clairvoyant.plan._belady", ["src/clairvoyant/plan/_belady.c"], optional=True,
               extra_compile_args=["-O2"]),
 ]
-setup(ext_modules=ext)
+# the FUSE store's daemon is compiled from its source on first use (clairvoyant.testing.fusestore)
+setup(ext_modules=ext, package_data={"clairvoyant.testing": ["emufs.c"]})

@@ -45,6 +45,7 @@ class Counters:
     bytes: int
     listings: int
     peak_inflight: int
+    getattrs: int = 0  # FuseStore only: stat calls that reached the daemon (the kernel caches the rest)
 
 
 class EmulatedStore(PosixSource):
