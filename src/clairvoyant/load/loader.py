@@ -63,7 +63,9 @@ class Loader:
         source: a directory path; a list file (``.csv``/``.tsv``/``.jsonl``: path, label[, more]); a
             torchvision-style dataset (``ImageFolder(root, transform=t)``: its files, classes, transform
             and target_transform are used as they are); or a source object (e.g.
-            ``clairvoyant.testing.EmulatedStore``, ``clairvoyant.ListedSource``).
+            ``clairvoyant.testing.EmulatedStore``, ``clairvoyant.ListedSource``); or an object store
+            URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``: docs/object-stores.md).
+        storage_options: with a URL source, the fsspec file system's options (credentials, endpoint_url).
         batch_size: samples per batch on this rank.
         local_dir: node-local staging directory, shared by the ranks of a node; defaults to a
             per-user directory under ``$TMPDIR`` created with mode 0700.
@@ -120,7 +122,8 @@ class Loader:
                  ram_dir: str | os.PathLike[str] | None = None, local_world_size: int | None = None,
                  balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None,
                  transform: Callable | None = None, target_transform: Callable | None = None,
-                 worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto") -> None:
+                 worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto",
+                 storage_options: dict | None = None) -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
             self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
@@ -166,8 +169,10 @@ class Loader:
         else:
             lws = int(local_world_size or 1)
             self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
-        self.source = as_source(source)
+        self.source = as_source(source, storage_options)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
+        if hasattr(self.source, "use_manifest"):   # an object store reads exactly the listed sizes
+            self.source.use_manifest(self.manifest)
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
         self._cluster: Cluster | None = None

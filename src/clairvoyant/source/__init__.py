@@ -10,15 +10,24 @@ from .base import Source
 from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
 from .posix import PosixSource
 from .shards import TarShardSource, is_shard_dir
+from .remote import RemoteSource, is_url
 
-__all__ = ["Source", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "as_source", "is_dataset",
-           "list_file_source"]
+__all__ = ["Source", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource", "as_source",
+           "is_dataset", "list_file_source"]
 
 
-def as_source(obj: Any) -> Source:
+def as_source(obj: Any, storage_options: dict | None = None) -> Source:
     """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
     :class:`ListedSource`, a path (or glob) ending in .tar or a directory of nothing but .tar files
-    a :class:`TarShardSource`; a source object is returned as is."""
+    a :class:`TarShardSource`; a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
+    :class:`RemoteSource` with ``storage_options``; a source object is returned as is."""
+    if is_url(obj):
+        return RemoteSource(obj, storage_options)
+    if storage_options is not None:
+        raise ConfigError(f"storage_options is given but the source {obj!r} is not an object store URL: "
+                          "pass storage_options only with s3://, gs://, https://... sources")
+    if isinstance(obj, str) and obj[:7].lower() == "file://":
+        obj = obj[7:]
     if isinstance(obj, (str, os.PathLike)):
         if os.fspath(obj).endswith(LIST_SUFFIXES) and not os.path.isdir(obj):
             return list_file_source(obj)
