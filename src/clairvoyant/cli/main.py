@@ -14,7 +14,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     from .. import manifest as manifest_mod
     from ..source import as_source
 
-    source = as_source(args.source)
+    source = as_source(args.source, _storage_options(args))
     path = args.output or manifest_mod.default_manifest_path(source.uri)
     found = None if args.force else manifest_mod.existing(source.uri, args.output)
     if found is not None:
@@ -179,8 +179,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         source = EmulatedStore(args.path, open_latency=open_ms / 1e3, read_latency=read_ms / 1e3,
                                bandwidth=mbs * 1e6)
     else:
-        source = as_source(args.path)
+        source = as_source(args.path, _storage_options(args))
     man, _ = manifest_mod.obtain(source)
+    if hasattr(source, "use_manifest"):   # an object store: reads of exactly the listed sizes
+        source.use_manifest(man)
     readers = tuple(int(r) for r in args.readers.split(","))
     quiet = args.json or not sys.stderr.isatty()
     res = probe(source, man, readers=readers, seconds=args.seconds, local_dir=args.local_dir,
@@ -214,6 +216,20 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_options(args: argparse.Namespace) -> dict | None:
+    """``--storage-options JSON`` as a dict (None when not given)."""
+    if args.storage_options is None:
+        return None
+    try:
+        opts = json.loads(args.storage_options)
+    except ValueError as e:   # the message would quote the text, which may hold a secret
+        raise ConfigError(f"--storage-options is not valid JSON (at character {e.pos}): give a JSON object, "
+                          "e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'") from None
+    if not isinstance(opts, dict):
+        raise ConfigError("--storage-options must be a JSON object of the fsspec file system's options")
+    return opts
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from ..tune.report import draw, load
 
@@ -234,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     ix = sub.add_parser("index", help="list a source once and persist its manifest")
-    ix.add_argument("source", help="directory of the data set")
+    ix.add_argument("source", help="directory of the data set, or an object store URL (s3://bucket/prefix, ...)")
+    ix.add_argument("--storage-options", metavar="JSON",
+                    help="with a URL: the fsspec file system's options as a JSON object (endpoint_url, key...)")
     ix.add_argument("-o", "--output", help="manifest path (default: the per-user cache)")
     ix.add_argument("--force", action="store_true", help="walk the source again even if indexed")
     ix.add_argument("--json", action="store_true")
@@ -265,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_pack(sub)
 
     pr = sub.add_parser("probe", help="measure the storage: latency, throughput vs. readers (never writes there)")
-    pr.add_argument("path", help="the data set's directory")
+    pr.add_argument("path", help="the data set's directory, or an object store URL (s3://bucket/prefix, ...)")
+    pr.add_argument("--storage-options", metavar="JSON",
+                    help="with a URL: the fsspec file system's options as a JSON object (endpoint_url, key...)")
     pr.add_argument("--readers", default="1,2,4,8,16,32,64", help="concurrent readers to try")
     pr.add_argument("--seconds", type=float, default=1.0, help="time per number of readers")
     pr.add_argument("--local-dir", help="also measure this node-local directory (files are created and removed)")

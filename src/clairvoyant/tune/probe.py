@@ -89,7 +89,8 @@ def _pct(xs: list[float], qs=(50, 90, 99)) -> dict:
 
 
 def _stat_once(source, key: str) -> None:
-    version = getattr(source, "version", None)
+    # a file's version (a stat), an object's size (a HEAD request: RemoteSource.head)
+    version = getattr(source, "version", None) or getattr(source, "head", None)
     if version is not None:
         version(key)
     else:
