@@ -34,7 +34,7 @@ import xxhash
 from ..cache.entry import entry_size, unseal
 from ..errors import CorruptEntry
 from ..fileio import read_file
-from . import seeding
+from . import direct, seeding
 from .collate import default_collate
 from .transport import Slot, pack
 
@@ -108,9 +108,30 @@ def _die_with_parent() -> None:
         pass
 
 
+# glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_heap(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
+    """Serve large allocations from a heap that is kept between batches (glibc only).
+
+    A decoded 256x256 image is 196 KB, above glibc's default threshold for a private ``mmap``,
+    so every decode would map fresh pages and fault them in, and every free unmap them: about
+    60-130 us of kernel time per image here, a sixth of the decode itself. With the thresholds
+    raised, a reader reuses the same pages batch after batch. True if glibc took the settings.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and \
+            bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    except (OSError, AttributeError):   # not glibc
+        return False
+
+
 def worker_main(wid: int, conn, slots: list[Slot], spec: ReaderSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
     _die_with_parent()
+    keep_heap()
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)   # as PyTorch's workers: readers are the parallelism
@@ -156,6 +177,40 @@ def _read(item: Item, source) -> tuple[bytes, str | None, str]:
 
 
 def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
+    if spec.collate_fn is None and direct.eligible(spec):
+        out = _load_direct(job, slots[job.slot], spec)
+        if out is not None:
+            return out
+    return _load_general(job, slots, spec, collate)
+
+
+def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | Failed | None:
+    """The default decoder's batch of same-sized JPEGs, each decoded straight into its place in the
+    slot: no decoded copy to allocate and collate. None (nothing sent) if the batch does not
+    qualify or anything goes wrong: the general path then does the batch, with its error handling."""
+    clock = time.perf_counter
+    t0 = clock()
+    blobs, whys, wheres = [], [], []
+    for item in job.items:
+        try:
+            data, why, where = _read(item, spec.source)
+        except Exception:
+            return None
+        blobs.append(data)
+        whys.append(why)
+        wheres.append(where)
+    t1 = clock()
+    packed = direct.decode_batch(blobs, [item.label for item in job.items], slot, digests=spec.digests)
+    if packed is None:
+        return None
+    spec_, size, leaves = packed
+    repaired = [(j, why) for j, why in enumerate(whys) if why is not None]
+    served = ([(j, wheres[j], xxhash.xxh3_64_intdigest(b)) for j, b in enumerate(blobs)]
+              if spec.digests else None)
+    return Loaded(job.batch, job.slot, spec_, size, [], repaired, (t1 - t0, clock() - t1, 0.0), served, leaves)
+
+
+def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
     samples, skipped, repaired = [], [], []
     served: list[tuple[int, str, int]] | None = [] if spec.digests else None
     fields_of = spec.source.fields_of if getattr(spec.source, "has_fields", False) else None
