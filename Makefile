@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed-0.1
 .PHONY: demo test bench clean
 
 $(STAMP): pyproject.toml setup.py
+	sh scripts/install-sysdeps.sh
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch==2.13.0 is pinned: it resolves to the local CPU build; an unpinned torch pulls CUDA.
@@ -31,6 +32,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/cluster.py
 	$(PY) benchmarks/plan_scale.py
 	$(PY) benchmarks/simulate_validation.py
+	$(PY) benchmarks/kernel_path.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -62,3 +62,16 @@ def test_simulate_validation_tiny(tmp_path):
     out = run("simulate_validation.py", "--images", "200", "--epochs", "2", "--nodes", "1,2", "--repeats", "1",
               "--json", str(tmp_path / "v.json"))
     assert (tmp_path / "v.json").exists() and "store" in out
+
+
+def test_kernel_path_tiny(tmp_path):
+    """Issue 11's measurement through a FUSE mount, at a smoke size."""
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE store unavailable: {why}")
+    out = run("kernel_path.py", "--tiny", "--out", str(tmp_path))
+    assert "clairvoyant epoch 0" in out and "DataLoader on the mount" in out and "decode limit" in out
+    assert (tmp_path / "kernel_path.json").exists()

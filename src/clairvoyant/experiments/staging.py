@@ -63,14 +63,14 @@ class _ReadDataset:
         return self.decode(self.read(self.keys[i])), int(self.labels[i])
 
 
-def _local_reader(root: str):
+def file_reader(root: str):
     def read(key: str) -> bytes:
         with open(os.path.join(root, key), "rb") as f:
             return f.read()
     return read
 
 
-def _time_batches(it, n_batches: int, progress) -> tuple[float, float, list[float], int]:
+def time_batches(it, n_batches: int, progress) -> tuple[float, float, list[float], int]:
     t0 = time.perf_counter()
     times, images = [], 0
     for batch in it:
@@ -107,12 +107,27 @@ def run_dataloader(read, keys, labels, *, workers: int, batch_size: int, n_batch
         dl = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, generator=g)
         it = iter(dl)
         try:
-            return _time_batches(it, n_batches, bar)
+            return time_batches(it, n_batches, bar)
         finally:
             getattr(it, "_shutdown_workers", lambda: None)()  # reap workers now, not at GC
             del it
             if bar is not None:
                 bar.close()
+
+
+def dataloader_sweep(read, keys, labels, workers_grid, *, name: str, label: str, batch_size: int, n_batches: int,
+                     seed: int, progress: bool, decode=decode_image, reset=None,
+                     source_bytes=lambda: 0) -> list[RunResult]:
+    """One :func:`run_dataloader` per worker count, named ``f"{name}{w}"`` and labelled
+    ``label.format(w=w)``; ``reset()`` before each run, ``source_bytes()`` after it."""
+    out = []
+    for w in workers_grid:
+        if reset is not None:
+            reset()
+        secs, first, times, n = run_dataloader(read, keys, labels, workers=w, batch_size=batch_size,
+                                               n_batches=n_batches, seed=seed, progress=progress, decode=decode)
+        out.append(RunResult(f"{name}{w}", label.format(w=w), n, secs, first, times, w, source_bytes()))
+    return out
 
 
 def copy_all(store: EmulatedStore, keys, dest: str, threads: int) -> float:
@@ -151,23 +166,15 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
     work = tempfile.mkdtemp(prefix="clairvoyant-demo-", dir=work_dir)
     results: list[RunResult] = []
     try:
-        for w in workers_grid:
-            store.reset()
-            secs, first, times, n = run_dataloader(store.read, keys, labels, workers=w, batch_size=batch_size,
-                                                   n_batches=batches, seed=seed, progress=progress,
-                                                   decode=decode)
-            results.append(RunResult(f"a{w}", f"(a) DataLoader on store, {w} workers", n, secs, first, times, w,
-                                     store.counters().bytes))
+        sweep = dict(batch_size=batch_size, n_batches=batches, seed=seed, progress=progress, decode=decode)
+        results += dataloader_sweep(store.read, keys, labels, workers_grid, name="a",
+                                    label="(a) DataLoader on store, {w} workers", reset=store.reset,
+                                    source_bytes=lambda: store.counters().bytes, **sweep)
         copy_dir = os.path.join(work, "copy")
         store.reset()
         copy_s = copy_all(store, keys, copy_dir, stage_threads)
-        b_grid = []
-        for w in workers_grid:
-            secs, first, times, n = run_dataloader(_local_reader(copy_dir), keys, labels, workers=w,
-                                                   batch_size=batch_size, n_batches=batches, seed=seed,
-                                                   progress=progress, decode=decode)
-            b_grid.append(RunResult(f"b{w}", f"(b) DataLoader on local copy, {w} workers", n, secs, first, times,
-                                    w, 0))
+        b_grid = dataloader_sweep(file_reader(copy_dir), keys, labels, workers_grid, name="b",
+                                  label="(b) DataLoader on local copy, {w} workers", **sweep)
         best_w = max(b_grid, key=lambda r: r.images_per_s).workers
         # the copy stays until the end: deleting thousands of files just before (d) would make
         # the file system slower at creating (d)'s files (ext4 skips recently deleted inodes)
@@ -177,7 +184,7 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
         for rep in range(repeats):
             # (b) at its best worker count and (d) cold, interleaved, so that both see the same machine
             if rep > 0:
-                secs, first, times, n = run_dataloader(_local_reader(copy_dir), keys, labels, workers=best_w,
+                secs, first, times, n = run_dataloader(file_reader(copy_dir), keys, labels, workers=best_w,
                                                        batch_size=batch_size, n_batches=batches, seed=seed,
                                                        progress=progress, decode=decode)
                 b_runs.append(RunResult(f"b{best_w}", f"(b) DataLoader on local copy, {best_w} workers", n,
@@ -192,7 +199,7 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
                     loader.set_epoch(epoch)
                     store.reset()
                     bar = _bar(batches, f"clairvoyant epoch {epoch}", progress)
-                    secs, first, times, n = _time_batches(iter(loader), batches, bar)
+                    secs, first, times, n = time_batches(iter(loader), batches, bar)
                     if bar is not None:
                         bar.close()
                     label = ("(d) clairvoyant, cold local_dir" if epoch == 0
@@ -315,4 +322,5 @@ def write(summary: dict[str, Any], out_dir: str) -> tuple[str, str]:
     return jpath, ppath
 
 
-__all__ = ["run", "summarize", "format_table", "plot", "write", "RunResult"]
+__all__ = ["run", "summarize", "format_table", "plot", "write", "RunResult", "run_dataloader", "dataloader_sweep",
+           "file_reader", "time_batches"]
