@@ -20,7 +20,6 @@ shared file system an open costs milliseconds, so one thread would be slow.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -62,20 +61,28 @@ def shard_name(i: int) -> str:
     return f"shard-{i:06d}.tar"
 
 
+def _header(name: str, size: int) -> bytes:
+    """The member's header: one block, or a PAX header first where the name is long or not ASCII."""
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+
+
 def _member_bytes(name: str, size: int) -> int:
-    """What a member takes in the tar: header, data padded to a block, a PAX header for a long name."""
-    n = _BLOCK + -(-size // _BLOCK) * _BLOCK
+    """What a member takes in the shard: its header(s) and its data padded to a whole block."""
     raw = name.encode()
-    return n + (3 * _BLOCK if len(raw) > 100 or not raw.isascii() else 0)
+    head = _BLOCK if len(raw) <= 100 and raw.isascii() else len(_header(name, size))
+    return head + -(-size // _BLOCK) * _BLOCK
 
 
 def plan_shards(names: list[str], sizes: list[int], has_label: list[bool], shard_size: int) -> list[tuple[int, int]]:
-    """``(first, end)`` sample ranges of each shard: consecutive, each shard closed before it would
-    pass ``shard_size`` (the two end blocks and the padding to a whole tar record counted)."""
+    """``(first, end)`` sample ranges of each shard: consecutive, each shard closed before its file
+    would pass ``shard_size`` (the sizes are exact: the end-of-archive blocks are counted, and the
+    shards are not padded to whole tar records)."""
     out, start, used = [], 0, 2 * _BLOCK
     for i, (name, size) in enumerate(zip(names, sizes)):
         n = _member_bytes(name, size) + (2 * _BLOCK if has_label[i] else 0)
-        if i > start and -(-(used + n) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE > shard_size:
+        if i > start and used + n > shard_size:
             out.append((start, i))
             start, used = i, 2 * _BLOCK
         used += n
@@ -111,12 +118,6 @@ def member_names(keys) -> tuple[list[str], str | None]:
     raise ConfigError(f"the samples' extensions ({', '.join(sorted(fields)[:6])}) mix images and other kinds "
                       f"({', '.join(other[:3])}): a reader of the shards finds an image member by itself, or "
                       "one data_key= for all; pack one kind of file at a time")
-
-
-def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
-    ti = tarfile.TarInfo(name)
-    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
-    return ti
 
 
 def _prepare(dst: str, state: dict) -> None:
@@ -172,16 +173,18 @@ def _write_state(dst: str, state: dict) -> None:
 
 
 class _ShardWriter:
-    """A tar written to a hidden temporary name, renamed to ``final`` once closed and synced."""
+    """A tar written to a hidden temporary name, renamed to ``final`` once whole and synced. The
+    members are written as they come (header, data, padding to a block), then two zero blocks."""
 
     def __init__(self, final: str) -> None:
         self.final = final
         self.tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{pid()}.tmp")
         self._f = open(self.tmp, "wb")
-        self._tar = tarfile.open(fileobj=self._f, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8")
 
     def add(self, name: str, data: bytes) -> None:
-        self._tar.addfile(_tarinfo(name, len(data)), io.BytesIO(data))
+        self._f.write(_header(name, len(data)))
+        self._f.write(data)
+        self._f.write(tarfile.NUL * (-len(data) % _BLOCK))
 
     def __enter__(self) -> "_ShardWriter":
         return self
@@ -189,7 +192,7 @@ class _ShardWriter:
     def __exit__(self, kind, exc, tb) -> None:
         try:
             if kind is None:
-                self._tar.close()   # the end blocks
+                self._f.write(tarfile.NUL * (2 * _BLOCK))   # end of archive
                 self._f.flush()
                 os.fsync(self._f.fileno())
                 self._f.close()
