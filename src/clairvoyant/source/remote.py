@@ -83,7 +83,7 @@ class RemoteSource:
         storage_options: keyword arguments of the fsspec file system (``key``, ``secret``,
             ``endpoint_url``, ``token``, ``client_kwargs``...).
         max_retries: retries of one read or listing before it fails.
-        retry_timeout: seconds one read or listing may spend retrying, in all.
+        retry_timeout: seconds one read or listing may spend retrying (from its first failure).
         backoff: the first wait in seconds; each retry doubles it (up to 20 s), with jitter.
     """
 
@@ -219,7 +219,7 @@ class RemoteSource:
     # -- retries and errors --------------------------------------------------------------------
 
     def _retrying(self, op: Callable[[Any], T], key: str | None) -> T:
-        start = time.monotonic()
+        start = 0.0    # the first failure: the retry budget counts from there
         attempt = 0
         while True:
             try:
@@ -227,6 +227,7 @@ class RemoteSource:
             except SourceChanged:
                 raise
             except Exception as e:   # noqa: BLE001 (classified below; anything else goes up as is)
+                start = start or time.monotonic()
                 if not transient(e):
                     if not _is_storage_error(e):
                         raise
