@@ -24,10 +24,10 @@ from clairvoyant.source import shards as shards_mod
 from clairvoyant.source.shards import ShardError, split_member
 
 
-def write_tar(path, members, end=True):
+def write_tar(path, members, end=True, format=tarfile.PAX_FORMAT):
     """members: (name, bytes) in order; ``end=False`` leaves out the end-of-archive blocks."""
     buf = io.BytesIO()
-    tf = tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT)
+    tf = tarfile.open(fileobj=buf, mode="w", format=format)
     for name, data in members:
         ti = tarfile.TarInfo(name)
         if data is None:
@@ -99,6 +99,44 @@ def test_index_offsets_read_back_exactly_the_member_bytes(tmp_path):
     # negative control: an offset one byte off is caught
     shifted = dict(offsets, **{"c0/img001.jpg": (offsets["c0/img001.jpg"][0] + 1, offsets["c0/img001.jpg"][1])})
     assert not ranges_match(str(path), src, shifted)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_the_header_reader_agrees_with_tarfile(tmp_path, fmt):
+    """Long names (a ustar prefix, a GNU long name, a PAX path), non-ASCII names (GNU, PAX),
+    a symbolic link and a directory between the samples."""
+    names = ["a/" + "d" * 60 + "/" + "e" * 60 + f"/{i}.jpg" for i in range(3)] + ["b/x.png", "b/y.jpeg"]
+    if fmt != tarfile.USTAR_FORMAT:
+        names += ["c/ü.webp", "c/" + "f" * 120 + ".jpg"]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for i, n in enumerate(names):
+            ti = tarfile.TarInfo(n)
+            ti.size = 300 * i
+            tf.addfile(ti, io.BytesIO(blob(i, ti.size)))
+            if i == 1:
+                link = tarfile.TarInfo("a/link.jpg")
+                link.type, link.linkname = tarfile.SYMTYPE, "x" * (50 if fmt == tarfile.USTAR_FORMAT else 150)
+                tf.addfile(link)
+                folder = tarfile.TarInfo("a/dir")
+                folder.type = tarfile.DIRTYPE
+                tf.addfile(folder)
+    (tmp_path / "f.tar").write_bytes(buf.getvalue())
+    src = TarShardSource(tmp_path / "f.tar")
+    with tarfile.open(tmp_path / "f.tar") as tf:
+        want = {m.name: (m.offset_data, m.size) for m in tf.getmembers() if m.isreg()}
+    assert {k: src.locate(k)[1:] for k, _ in src.scan()} == want
+    # negative control: the reader's view differs from one shifted by a block
+    assert {k: (o + 512, n) for k, (o, n) in want.items()} != want
+
+
+def test_a_compressed_shard_is_refused(tmp_path):
+    import gzip
+    write_tar(tmp_path / "plain.tar", [("a/1.jpg", blob(1))])
+    (tmp_path / "z.tar").write_bytes(gzip.compress((tmp_path / "plain.tar").read_bytes()))
+    with pytest.raises(ShardError, match=r"z\.tar is not an uncompressed tar.*\.tar\.gz cannot be read by range"):
+        TarShardSource(tmp_path / "z.tar")
+    assert TarShardSource(tmp_path / "plain.tar").read("a/1.jpg") == blob(1)
 
 
 def test_labels_fall_back_to_imagefolder_then_to_minus_one(tmp_path):

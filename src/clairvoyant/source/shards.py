@@ -29,9 +29,9 @@ import json
 import mmap
 import os
 import struct
-import tarfile
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -49,6 +49,8 @@ MAX_SPAN = 16 * 1024 * 1024    # read_many: no single pread longer than this (un
 MAX_OPEN = 64                  # shard descriptors kept open per process
 _NO_CLS = np.iinfo(np.int64).min
 _SMALL = 1 << 20               # cls/json members larger than this are not read into the index
+_BLOCK = 512
+_ZERO = bytes(_BLOCK)
 
 
 class ShardError(SourceError):
@@ -83,51 +85,131 @@ _SECTIONS = {"shard": "<u4", "offset": "<i8", "length": "<i8", "cls": "<i8", "la
              "key_offsets": "<u8", "keys": "|u1", "json_offsets": "<u8", "json": "|u1"}
 
 
+class _Reader:
+    """Reads of one shard through a small window: a header read pulls 4 KiB, which mostly holds
+    the small members after it (a cls, the next header) too, and no sample data beyond."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.at, self.buf = fd, 0, b""
+
+    def get(self, pos: int, n: int) -> bytes:
+        if not (self.at <= pos and pos + n <= self.at + len(self.buf)):
+            self.buf, self.at = os.pread(self.fd, max(n, 4096), pos), pos
+        return self.buf[pos - self.at:pos - self.at + n]
+
+
+def _number(field: bytes) -> int:
+    """A header's numeric field: octal text, or base-256 where the first byte has its high bit."""
+    if field[:1] and field[0] & 0x80:
+        n = int.from_bytes(field[1:], "big")
+        return n - (1 << (8 * len(field) - 8)) if field[0] & 0x40 else n
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """``length key=value\n`` records."""
+    out, pos = {}, 0
+    while pos < len(data) and data[pos:pos + 1] not in (b"\0", b""):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        out[key.decode()] = value.decode()
+        pos += length
+    return out
+
+
+class _NotTar(ValueError):
+    pass
+
+
+def _checksum_ok(h: bytes) -> bool:
+    try:
+        stored = _number(h[148:156])
+    except ValueError:
+        return False
+    if stored == sum(h[:148]) + 256 + sum(h[156:]):
+        return True
+    return stored == 256 + sum(b - 256 if b > 127 else b for b in h[:148] + h[156:])   # signed, old tars
+
+
+def _members(r: _Reader, size: int) -> Iterator[tuple[str, int, int]]:
+    """``(name, data offset, size)`` of each regular member, from its headers (POSIX ustar, PAX
+    and GNU long names); raises _NotTar where the first block is no header, ValueError where the
+    bytes are not a whole tar."""
+    pos, long_name, pax = 0, None, {}
+    while True:
+        h = r.get(pos, _BLOCK)
+        if len(h) < _BLOCK:
+            if pos == 0:
+                raise _NotTar(f"{size} bytes, shorter than a tar header")
+            raise ValueError(f"no end-of-archive block: the file ends at {size}, inside or after the member "
+                             f"header at {pos}")
+        if h == _ZERO:
+            return
+        if not _checksum_ok(h):
+            raise (_NotTar if pos == 0 else ValueError)(f"the block at offset {pos} is no tar header (bad checksum)")
+        kind, n = h[156:157], _number(h[124:136])
+        if "size" in pax:
+            n = int(pax["size"])
+        data = pos + _BLOCK
+        if data + n > size:
+            raise ValueError(f"the member at offset {pos} needs bytes up to {data + n}, the file has {size}")
+        pos = data + -(-n // _BLOCK) * _BLOCK
+        if kind == b"x":
+            pax = _pax(r.get(data, n))
+            continue
+        if kind in (b"g", b"K"):   # PAX global header, GNU long link name
+            continue
+        if kind == b"L":
+            long_name = r.get(data, n).split(b"\0", 1)[0].decode()
+            continue
+        if kind in (b"0", b"\0", b"7"):
+            name = pax.get("path") or long_name
+            if name is None:
+                name = h[:100].split(b"\0", 1)[0].decode()
+                prefix = h[345:500].split(b"\0", 1)[0]
+                if h[257:263] == b"ustar\0" and prefix:
+                    name = prefix.decode() + "/" + name
+            yield name, data, n
+        long_name, pax = None, {}
+
+
 def _scan_shard(path: str, data_key: str | None) -> list[tuple[str, int, int, int, bytes]]:
     """``(key, offset, length, cls, json)`` of every sample of one shard, from its headers."""
     try:
-        f = open(path, "rb", buffering=4096)   # small: a header read pulls no sample data with it
+        fd = _open_shard(path)
     except FileNotFoundError:
         raise SourceNotFound(f"shard {path} is gone: check the path, or list the shards again") from None
     except OSError as e:
         raise ShardError(f"cannot open shard {path}: {e.strerror or e}; check it and its permissions") from e
-    with f:
-        size = os.fstat(f.fileno()).st_size
+    samples: dict[str, dict[str, tuple[int, int, str]]] = {}
+    small: dict[tuple[str, str], bytes] = {}
+    try:
+        size = os.fstat(fd).st_size
+        r = _Reader(fd)
         try:
-            tf = tarfile.open(fileobj=f, mode="r:", encoding="utf-8", errors="strict")
-        except (tarfile.ReadError, UnicodeDecodeError) as e:
+            for name, offset, n in _members(r, size):
+                name = name[2:] if name.startswith("./") else name
+                skey, field = split_member(name)
+                if not field or skey.endswith("/") or not skey:
+                    continue   # no sample of its own (no extension, or a dot-file)
+                members = samples.setdefault(skey, {})
+                if field in members:
+                    raise ShardError(f"shard {path} holds {name!r} twice: a sample may have each field once; "
+                                     "re-create the shard")
+                members[field] = (offset, n, name)
+                if field in (LABEL_FIELD, FIELDS_FIELD) and n <= _SMALL:
+                    small[skey, field] = r.get(offset, n)
+        except _NotTar as e:
             raise ShardError(f"shard {path} is not an uncompressed tar ({e}): shards must be plain .tar "
                              "files (a .tar.gz cannot be read by range); re-create it, e.g. with "
                              "`clairvoyant pack`") from None
-        samples: dict[str, dict[str, tuple[int, int, str]]] = {}
-        small: dict[tuple[str, str], bytes] = {}
-        while True:
-            try:
-                ti = tf.next()
-            except (tarfile.ReadError, UnicodeDecodeError) as e:
-                raise _truncated(path, size, f"after offset {tf.offset}: {e}") from None
-            if ti is None:
-                break
-            if not ti.isreg():
-                continue
-            if ti.offset_data + ti.size > size:
-                raise _truncated(path, size, f"member {ti.name!r} needs bytes up to {ti.offset_data + ti.size}")
-            name = ti.name[2:] if ti.name.startswith("./") else ti.name
-            skey, field = split_member(name)
-            if not field or skey.endswith("/") or not skey:
-                continue   # no sample of its own (no extension, or a dot-file)
-            members = samples.setdefault(skey, {})
-            if field in members:
-                raise ShardError(f"shard {path} holds {name!r} twice: a sample may have each field once; "
-                                 "re-create the shard")
-            members[field] = (ti.offset_data, ti.size, name)
-            if field in (LABEL_FIELD, FIELDS_FIELD) and ti.size <= _SMALL:
-                f.seek(ti.offset_data)   # within the buffer the header read filled, mostly
-                small[skey, field] = f.read(ti.size)
-        f.seek(tf.offset)   # a complete tar ends with zero blocks; a cut one does not
-        end = f.read(tarfile.BLOCKSIZE)
-        if end != tarfile.NUL * tarfile.BLOCKSIZE:
-            raise _truncated(path, size, f"no end-of-archive block at offset {tf.offset}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ShardError(f"shard {path} ({size} bytes) is truncated or damaged ({e}): copy it again, or "
+                             "re-create it with `clairvoyant pack`") from None
+    finally:
+        os.close(fd)
     rows = []
     for skey, members in samples.items():
         data = _data_field(list(members), data_key)
@@ -149,11 +231,6 @@ def _scan_shard(path: str, data_key: str | None) -> list[tuple[str, int, int, in
     return rows
 
 
-def _truncated(path: str, size: int, why: str) -> ShardError:
-    return ShardError(f"shard {path} ({size} bytes) is truncated or damaged ({why}): copy it again, or "
-                      "re-create it with `clairvoyant pack`")
-
-
 def _align(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
@@ -168,11 +245,13 @@ class ShardIndex:
     mapped when read, never unpickled."""
 
     def __init__(self, shards: list[tuple[str, int, int]], arrays: dict[str, Any], classes: tuple[str, ...],
-                 data_key: str | None) -> None:
+                 data_key: str | None, keys_at: tuple[Any, int] | None = None) -> None:
         self.shards, self.classes, self.data_key = shards, tuple(classes), data_key
         self.shard, self.offset, self.length = arrays["shard"], arrays["offset"], arrays["length"]
         self.cls, self.label = arrays["cls"], arrays["label"]
-        self._keys, self._koff = arrays["keys"], memoryview(np.ascontiguousarray(arrays["key_offsets"]))
+        # the keys' bytes as a buffer that slices to bytes (the mapped file, or bytes) and where they start
+        self._kbuf, self._kbase = keys_at or (arrays["keys"].tobytes(), 0)
+        self._koff = memoryview(np.ascontiguousarray(arrays["key_offsets"]))
         self._json, self._joff = arrays["json"], memoryview(np.ascontiguousarray(arrays["json_offsets"]))
         self._arrays = arrays
         self.count = len(self.shard)
@@ -182,7 +261,8 @@ class ShardIndex:
         return _stamp(self.shards, self.data_key)
 
     def key(self, i: int) -> str:
-        return bytes(self._keys[self._koff[i]:self._koff[i + 1] - 1]).decode()
+        b = self._kbase
+        return self._kbuf[b + self._koff[i]:b + self._koff[i + 1] - 1].decode()
 
     def keys(self) -> Iterator[str]:
         for i in range(self.count):
@@ -190,15 +270,15 @@ class ShardIndex:
 
     def find(self, key: str) -> int:
         """The row of ``key``, or -1 (a binary search over the sorted keys: no per-key dict)."""
-        k, blob, off = key.encode(), self._keys, self._koff
+        k, buf, b, off = key.encode(), self._kbuf, self._kbase, self._koff
         lo, hi = 0, self.count
         while lo < hi:
             mid = (lo + hi) // 2
-            if bytes(blob[off[mid]:off[mid + 1] - 1]) < k:
+            if buf[b + off[mid]:b + off[mid + 1] - 1] < k:
                 lo = mid + 1
             else:
                 hi = mid
-        return lo if lo < self.count and bytes(blob[off[lo]:off[lo + 1] - 1]) == k else -1
+        return lo if lo < self.count and buf[b + off[lo]:b + off[lo + 1] - 1] == k else -1
 
     def json_of(self, i: int) -> bytes:
         return bytes(self._json[self._joff[i]:self._joff[i + 1]])
@@ -210,20 +290,22 @@ class ShardIndex:
 
     @classmethod
     def build(cls, shards: list[tuple[str, int, int]], data_key: str | None,
-              reuse: "ShardIndex | None" = None) -> "ShardIndex":
-        """Read the headers of every shard, except those ``reuse`` holds unchanged."""
+              reuse: "ShardIndex | None" = None, threads: int = 16) -> "ShardIndex":
+        """Read the headers of every shard, except those ``reuse`` holds unchanged, on ``threads``
+        threads."""
         kept = {}
         if reuse is not None and reuse.data_key == data_key:
             old = {s: j for j, s in enumerate(reuse.shards)}
             kept = {sid: old[s] for sid, s in enumerate(shards) if s in old}
         rows: list[tuple[str, int, int, int, int, bytes]] = []
-        for sid, (path, _, _) in enumerate(shards):
-            if sid in kept:
-                j = kept[sid]
-                rows += [(reuse.key(i), sid, int(reuse.offset[i]), int(reuse.length[i]), int(reuse.cls[i]),
-                          reuse.json_of(i)) for i in np.flatnonzero(reuse.shard == j).tolist()]
-            else:
-                rows += [(k, sid, o, n, c, js) for k, o, n, c, js in _scan_shard(path, data_key)]
+        for sid, j in kept.items():
+            rows += [(reuse.key(i), sid, int(reuse.offset[i]), int(reuse.length[i]), int(reuse.cls[i]),
+                      reuse.json_of(i)) for i in np.flatnonzero(reuse.shard == j).tolist()]
+        todo = [sid for sid in range(len(shards)) if sid not in kept]
+        # several shards at once: on a shared file system each header read waits for the network
+        with ThreadPoolExecutor(min(threads, max(1, len(todo))), thread_name_prefix="clairvoyant-index") as pool:
+            for sid, found in zip(todo, pool.map(lambda s: _scan_shard(shards[s][0], data_key), todo)):
+                rows += [(k, sid, o, n, c, js) for k, o, n, c, js in found]
         rows.sort()
         owner: dict[str, int] = {}
         for key, sid, *_ in rows:
@@ -310,7 +392,8 @@ class ShardIndex:
                   or bool(np.any(arrays["offset"] + arrays["length"] >
                                  np.array([s[1] for s in shards], dtype=np.int64)[arrays["shard"]]))):
             raise ValueError("a range lies outside its shard")
-        return cls(shards, arrays, tuple(doc["classes"]), doc["data_key"])
+        return cls(shards, arrays, tuple(doc["classes"]), doc["data_key"],
+                   keys_at=(mm, base + int(doc["sections"]["keys"]["offset"])))
 
 
 def _labels(keys: list[str], cls: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
