@@ -50,7 +50,7 @@ def blob(i: int, n: int = 700) -> bytes:
     return hashlib.sha256(str(i).encode()).digest() * (n // 32) + bytes([i % 256]) * (n % 32)
 
 
-def ranges_match(path: str, src: TarShardSource, offsets: dict) -> bool:
+def ranges_match(path: str, offsets: dict) -> bool:
     """Do the ranges ``offsets[key] = (offset, length)`` read back each data member's bytes?"""
     with tarfile.open(path) as tf, open(path, "rb") as f:
         for key, (off, n) in offsets.items():
@@ -90,7 +90,7 @@ def test_index_offsets_read_back_exactly_the_member_bytes(tmp_path):
     keys = [k for k, _ in src.scan()]
     assert keys == sorted(["c0/img001.jpg", "c1/img.v2.jpg", "c1/nodata.jpg", long, "c0/zero.jpg"])
     offsets = {k: src.locate(k)[1:] for k in keys}
-    assert ranges_match(str(path), src, offsets)
+    assert ranges_match(str(path), offsets)
     with tarfile.open(path) as tf:
         assert all(src.read(k) == tf.extractfile(k).read() for k in keys if k != "c1/img.v2.jpg")
     assert dict(src.scan())[long] == 1500 and src.read("c0/zero.jpg") == b""
@@ -98,7 +98,7 @@ def test_index_offsets_read_back_exactly_the_member_bytes(tmp_path):
     assert src.has_fields and src.fields_of("c1/nodata.jpg") == {"w": 1} and src.fields_of("c0/img001.jpg") == {}
     # negative control: an offset one byte off is caught
     shifted = dict(offsets, **{"c0/img001.jpg": (offsets["c0/img001.jpg"][0] + 1, offsets["c0/img001.jpg"][1])})
-    assert not ranges_match(str(path), src, shifted)
+    assert not ranges_match(str(path), shifted)
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
@@ -212,7 +212,7 @@ def test_read_many_equals_read_per_key_and_coalesces(packed, monkeypatch):
     assert len(preads) == 8
 
 
-def _child_read(src, key, out, opened):
+def _child_read(src, key, out):
     calls = []
     real = shards_mod._open_shard
     shards_mod._open_shard = lambda p: calls.append(p) or real(p)
@@ -230,7 +230,7 @@ def test_reads_after_fork_use_descriptors_of_their_own(packed, monkeypatch):
     assert len(opens) == 1
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    p = ctx.Process(target=_child_read, args=(src, keys[1], q, None))
+    p = ctx.Process(target=_child_read, args=(src, keys[1], q))
     p.start()
     data, many, child_opens, child_fds = q.get(timeout=30)
     p.join(30)
