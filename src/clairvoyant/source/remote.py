@@ -188,6 +188,8 @@ class RemoteSource:
             if size is None:   # a web server's listing may not say: ask (one HEAD)
                 size = self._retrying(lambda fs, n=name: fs.size(n), key)
             entries.append((key, int(size)))
+        fs = self.fs
+        fs.invalidate_cache()   # the listing stays in the manifest, not in the client's memory
         if not entries:
             raise EmptySourceError(f"data source {self.uri} holds no objects: check the URL (bucket and prefix) "
                                    "and that the credentials may list it")
@@ -214,7 +216,11 @@ class RemoteSource:
     def head(self, key: str) -> int:
         """The size of object ``key`` now: one metadata request (what ``clairvoyant probe`` times)."""
         path = self._path(key)
-        return int(self._retrying(lambda fs: fs.size(path), key))
+
+        def once(fs: Any) -> int:
+            fs.invalidate_cache(path)   # a request, not the client's memory of a listing
+            return int(fs.size(path))
+        return self._retrying(once, key)
 
     # -- retries and errors --------------------------------------------------------------------
 
