@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
+# the peers of benchmarks/packed_peers.py (see the bench extra in pyproject.toml for why two are --no-deps)
+$(VENV)/.bench-installed: $(STAMP) pyproject.toml
+	$(PY) -m pip install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0
+	$(PY) -m pip install -q -e '.[bench]' torch==2.13.0
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/clairvoyant demo $(DEMO_ARGS)
 	# the bounded cache: half the data set fits; hit rate per epoch vs. the offline optimum and LRU
@@ -25,7 +31,7 @@ test: $(STAMP)
 	# again without the C helper, so that its pure-Python fallback keeps working
 	CLAIRVOYANT_NO_CEXT=1 timeout -k 10 900 $(PY) -m pytest -q tests/test_cache.py tests/test_loader.py tests/test_errors.py tests/test_residency.py tests/test_elastic.py tests/test_guard.py tests/test_rank_plan.py tests/test_cluster_plan.py
 
-bench: $(STAMP)
+bench: $(STAMP) $(VENV)/.bench-installed
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
 	$(PY) benchmarks/caching.py --throughput
 	$(PY) benchmarks/balance.py
@@ -33,6 +39,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/plan_scale.py
 	$(PY) benchmarks/simulate_validation.py
 	$(PY) benchmarks/kernel_path.py
+	$(PY) benchmarks/packed_peers.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -75,3 +75,28 @@ def test_kernel_path_tiny(tmp_path):
     out = run("kernel_path.py", "--tiny", "--out", str(tmp_path))
     assert "clairvoyant epoch 0" in out and "DataLoader on the mount" in out and "decode limit" in out
     assert (tmp_path / "kernel_path.json").exists()
+
+
+def test_packed_peers_tiny(tmp_path):
+    """Clairvoyant on tar shards against LitData, Streaming and WebDataset through FUSE, at a smoke size."""
+    import importlib.util
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE store unavailable: {why}")
+    missing = [m for m in ("litdata", "streaming", "webdataset") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"peers not installed ({', '.join(missing)}): `make .venv/.bench-installed` installs them")
+    out = run("packed_peers.py", "--tiny", "--out", str(tmp_path))
+    assert "failed" not in out and "skipped" not in out
+    for name in ("clairvoyant on the tar shards", "litdata (in place)", "streaming (remote + local)",
+                 "webdataset (pipe:cat)", "clairvoyant on tar shards / best LitData, epoch 2"):
+        assert name in out
+    summary = json.loads((tmp_path / "packed_peers.json").read_text())
+    cv = next(r for r in summary["rows"] if r["name"] == "clairvoyant on the tar shards")
+    assert [e["images"] for e in cv["epochs"]] == [48, 48] and cv["shards_per_batch"] >= 1
+    assert all(e["images"] == 48 for r in summary["rows"] for e in r["epochs"])
