@@ -8,7 +8,7 @@ it; the time to build a ``clairvoyant.Loader`` over an (empty) directory source 
 (``manifest=``; everything the constructor does, tiers included); ``plan_rank_epoch`` for rank 0
 of a cluster of ``--nodes`` x ``--ranks`` ranks (``--capacity`` per node) for epoch 0 and epoch 1
 (epoch 1 from epoch 0's ``cluster_residents``); the lookup of cache entry names (what the first
-epoch's residents cost, ``Manifest.find_entries``); the peak resident memory after each step
+epoch's residents cost, ``Manifest.find_digests``); the peak resident memory after each step
 (``ru_maxrss``; the current RSS split into anonymous and file-backed pages, the manifest's pages
 being file-backed and shared by the ranks of a node).
 
@@ -72,7 +72,7 @@ def child(args: argparse.Namespace) -> None:
     from clairvoyant import Loader
     from clairvoyant import manifest as manifest_mod
     from clairvoyant.cache.entry import entry_size
-    from clairvoyant.cache.local import digest
+    from clairvoyant.cache.extents import key_digest
     from clairvoyant.plan.rank_plan import ClusterSpec, Layout, PlanConfig, plan_rank_epoch
     res: dict = {"after_imports": memory()}
     t = time.perf_counter()
@@ -107,10 +107,11 @@ def child(args: argparse.Namespace) -> None:
         held = plan.cluster_residents
         del plan
     del held
-    names = [digest(man.keys[int(i)])   # names of cache entries (cache/local.py)
-             for i in np.random.default_rng(1).choice(len(man), size=min(args.lookups, len(man)), replace=False)]
+    names = np.array([key_digest(man.keys[int(i)])   # the local tier index's keys (cache/extents.py)
+                      for i in np.random.default_rng(1).choice(len(man), size=min(args.lookups, len(man)),
+                                                               replace=False)], dtype=np.uint64)
     t = time.perf_counter()
-    found = man.find_entries(names)
+    found = man.find_digests(names)
     res["lookup_s"] = time.perf_counter() - t
     res["lookups"] = len(names)
     assert bool(np.all(found >= 0))

@@ -44,13 +44,32 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-def tmp_files(local_dir: str) -> list[str]:
-    """Files in the cache's temporary area (writes in progress or orphans)."""
+def orphan_extents(local_dir: str) -> list[str]:
+    """Extent files of the local tier that no entry of its index uses (what a killed or failed
+    writer would leave behind; a live store's current extent counts too, so call it after close)."""
+    from clairvoyant.cache.extents import Index
     out = []
-    for root, _dirs, files in os.walk(local_dir):
-        if "tmp" in os.path.relpath(root, local_dir).split(os.sep):
-            out += [os.path.join(root, f) for f in files]
+    for root, dirs, files in os.walk(local_dir):
+        if "index" in files and "ext" in dirs:
+            index = Index(os.path.join(root, "index"))
+            try:
+                live = {str(int(e)) for e in index.present()["extent"]}
+            finally:
+                index.close()
+            out += [os.path.join(root, "ext", n) for n in os.listdir(os.path.join(root, "ext")) if n not in live]
     return out
+
+
+def entry_count(local_dir: str) -> int:
+    """Entries the local tiers under ``local_dir`` hold, from their indexes."""
+    from clairvoyant.cache.extents import Index
+    n = 0
+    for root, dirs, files in os.walk(local_dir):
+        if "index" in files and "ext" in dirs:
+            index = Index(os.path.join(root, "index"))
+            n += len(index.present())
+            index.close()
+    return n
 
 
 @pytest.fixture

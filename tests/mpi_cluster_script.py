@@ -139,11 +139,12 @@ def main() -> None:
         ld.set_epoch(e)
         mine = [bytes(row).hex() for x, _ in ld for row in np.asarray(x)]
         if scenario == "corrupt-entry" and e == 0:   # flip a byte in every entry this node keeps
-            for name in ld.store.entries():
-                path = os.path.join(ld.store.data_dir, name[:2], name)
+            for row in ld.store.index.present():
+                path = ld.store.extent_path(int(row["extent"]))
                 with open(path, "r+b") as f:
+                    f.seek(int(row["offset"]))
                     b = f.read(1)
-                    f.seek(0)
+                    f.seek(int(row["offset"]))
                     f.write(bytes([b[0] ^ 0x40]))
         comm.Barrier()
         opens.append(store.counters().opens)

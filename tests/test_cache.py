@@ -16,15 +16,17 @@ import numpy as np
 import pytest
 
 from clairvoyant import ConfigError, Loader
+from clairvoyant.errors import CorruptEntry
 from clairvoyant.cache import publish as publish_mod
 from clairvoyant.cache.crashpoints import POINTS
-from clairvoyant.cache.entry import check_file, entry_size
+from clairvoyant.cache.entry import check_entry, entry_size, unseal
+from clairvoyant.cache.extents import key_digest, read_entry
 from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.verify import verify
 from clairvoyant.testing import EmulatedStore
 from clairvoyant.testing.faults import disk_full_after
 
-from conftest import tmp_files
+from conftest import orphan_extents
 
 
 def md5(b: bytes) -> np.ndarray:
@@ -53,34 +55,39 @@ def served_digests(ld: Loader) -> collections.Counter:
 
 def entries_match_source(store: LocalStore, source_root: str, keys) -> list[str]:
     """Keys whose entry is corrupt or differs from the source (an entry must be whole or absent)."""
-    by_digest = {hashlib.sha1(k.encode()).hexdigest(): k for k in keys}
+    by_digest = {f"{key_digest(k):016x}": k for k in keys}
     bad = []
     for name in store.entries():
-        path = os.path.join(store.data_dir, name[:2], name)
-        key = by_digest[name.split(".")[0]]
-        with open(path, "rb") as f, open(os.path.join(source_root, key), "rb") as g:
-            if check_file(path) is not None or f.read()[:-entry_size(0)] != g.read():
+        key = by_digest[name]
+        loc = store.find(key)
+        with open(os.path.join(source_root, key), "rb") as g:
+            if check_entry(loc) is not None or read_entry(loc)[:-entry_size(0)] != g.read():
                 bad.append(key)
     return bad
+
+
+def flip_byte(loc, at: int = 10) -> None:
+    """Flip one byte of the sample's bytes in its entry."""
+    with open(loc.path, "r+b") as f:
+        f.seek(loc.offset + at)
+        b = f.read(1)
+        f.seek(loc.offset + at)
+        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def test_entries_equal_the_source_and_a_corrupt_one_is_never_served(dataset, tmp_path, no_leaks):
     with Loader(dataset, batch_size=32, local_dir=tmp_path, num_workers=1, decode=md5, output="numpy") as ld:
         assert served_digests(ld) == source_digests(dataset)
         assert len(ld.store.entries()) == 96 and entries_match_source(ld.store, dataset, ld.manifest.keys) == []
-        victim = ld.store.path_for(ld.manifest.keys[0])
-        with open(victim, "r+b") as f:   # flip one byte of the sample's bytes
-            f.seek(10)
-            b = f.read(1)
-            f.seek(10)
-            f.write(bytes([b[0] ^ 0xFF]))
+        flip_byte(ld.store.find(ld.manifest.keys[0]))
         assert entries_match_source(ld.store, dataset, ld.manifest.keys) == [ld.manifest.keys[0]]  # control
         ld.set_epoch(1)
         assert served_digests(ld) == source_digests(dataset)     # read from the source instead
         assert ld.stats()["tiers"]["corrupt"] == 1
         assert entries_match_source(ld.store, dataset, ld.manifest.keys) == []   # discarded, fetched again
-        with open(ld.store.path_for(ld.manifest.keys[1]), "r+b") as f:
-            f.truncate(100)
+        loc = ld.store.find(ld.manifest.keys[1])
+        with open(loc.path, "r+b") as f:   # the extent ends inside the entry (and cuts off later ones)
+            f.truncate(loc.offset + 100)
         ld.set_epoch(2)
         assert served_digests(ld) == source_digests(dataset)
 
@@ -88,16 +95,19 @@ def test_entries_equal_the_source_and_a_corrupt_one_is_never_served(dataset, tmp
 def test_a_watcher_never_sees_a_partial_entry(tmp_path):
     store = LocalStore(str(tmp_path), "mem://watch")
     payload = os.urandom(8 << 20)
-    final = store.path_for("big")
     seen, stop = [], threading.Event()
 
     def watch():
         while not stop.is_set():
-            try:
-                with open(final, "rb") as f:
-                    seen.append(len(f.read()))
-            except FileNotFoundError:
-                pass
+            loc = store.find("big")
+            if loc is None:
+                continue
+            try:   # the index names it only once its bytes are all there
+                seen.append(len(unseal(read_entry(loc), len(payload), "big")))
+            except CorruptEntry:
+                if store.find("big") == loc:   # still the current entry: a partial one was seen
+                    seen.append(-1)
+                # else replaced (and its place freed) while we read: not a partial entry
 
     t = threading.Thread(target=watch)
     t.start()
@@ -105,50 +115,47 @@ def test_a_watcher_never_sees_a_partial_entry(tmp_path):
         store.put("big", payload, 0, 1 << 40)
     stop.set()
     t.join()
-    assert seen and set(seen) == {entry_size(len(payload))}
+    assert seen and set(seen) == {len(payload)}
+    assert store.ledger.read()[0] == entry_size(len(payload))   # each put replaced the one before
     store.close()
 
 
-def test_publish_failure_leaves_no_temporary_file_and_gives_the_bytes_back(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_nothing_and_gives_the_bytes_back(tmp_path, monkeypatch):
     store = LocalStore(str(tmp_path), "mem://fail")
 
-    def failing(fd, data, trailer):
-        os.write(fd, b"half")
+    def failing(fd, data, trailer, offset):
+        os.pwrite(fd, b"half", offset)
         raise RuntimeError("crash in the middle")
 
-    monkeypatch.setattr(publish_mod, "_c_write_publish", None)   # the Python steps
-    monkeypatch.setattr(publish_mod, "write_entry", failing)
+    monkeypatch.setattr(publish_mod, "write_at", failing)
     with pytest.raises(RuntimeError):
         store.put("k", b"0123456789", 0, 1 << 20)
-    assert not os.path.exists(store.path_for("k")) and tmp_files(str(tmp_path)) == []
-    assert store.ledger.read()[0] == 0
+    assert store.find("k") is None and store.ledger.read()[0] == 0
+    monkeypatch.undo()
+    store.put("j", b"0123456789", 0, 1 << 20)   # control: a write that works is found
+    assert store.find("j") is not None
     store.close()
+    assert orphan_extents(str(tmp_path)) == []
 
 
-@pytest.mark.parametrize("c_helper", [True, False])
-def test_a_failed_rename_leaves_nothing_and_a_spare_is_reused(tmp_path, monkeypatch, c_helper):
-    if not c_helper:
-        monkeypatch.setattr(publish_mod, "_c_write_publish", None)
-    elif publish_mod._c_write_publish is None:
-        pytest.skip("the C helper is not built (or CLAIRVOYANT_NO_CEXT is set)")
-    store = LocalStore(str(tmp_path), "mem://fail")
-    shard = os.path.dirname(store.path_for("k"))
-    os.rename(shard, shard + ".away")                 # the rename into place fails (ENOENT)
-    with pytest.raises(OSError):
-        store.put("k", b"0123456789", 0, 1 << 20)
-    os.rename(shard + ".away", shard)
-    assert tmp_files(str(tmp_path)) == [] and store.ledger.read()[0] == 0
-    # an evicted entry's file is emptied, kept as a spare and rewritten by the next put
-    store.put("a", b"x" * 1000, 0, 1 << 20)
-    inode = os.stat(store.path_for("a")).st_ino
-    assert store.delete("a") == entry_size(1000) and store.ledger.read()[0] == 0
-    assert [os.path.getsize(f) for f in tmp_files(str(tmp_path))] == [0]
-    store.put("b", b"y" * 10, 0, 1 << 20)
-    assert os.stat(store.path_for("b")).st_ino == inode and tmp_files(str(tmp_path)) == []
-    assert check_file(store.path_for("b")) is None and store.ledger.read()[0] == entry_size(10)
-    store.delete("b")
+def test_eviction_frees_the_blocks_and_an_emptied_extent_goes(tmp_path, monkeypatch):
+    monkeypatch.setattr("clairvoyant.cache.local.EXTENT_BYTES", 1 << 20)
+    store = LocalStore(str(tmp_path), "mem://evict")
+    for i in range(12):   # 100 KB each: two extents of 1 MiB and a third begun
+        store.put(f"k{i}", os.urandom(100_000), 0, 1 << 30)
+    exts = sorted(os.listdir(store.ext_dir), key=int)
+    assert len(exts) == 2 and store.ledger.read()[0] == 12 * entry_size(100_000)
+    first = os.path.join(store.ext_dir, exts[0])
+    blocks = os.stat(first).st_blocks
+    assert store.delete("k0") == entry_size(100_000)
+    assert os.stat(first).st_blocks <= blocks - 100_000 // 512   # the hole is punched
+    assert store.find("k0") is None and store.find("k1") is not None   # control: a neighbour stays
+    for i in range(1, 10):
+        store.delete(f"k{i}")
+    assert exts[0] not in os.listdir(store.ext_dir)   # sealed and emptied: gone
+    assert store.ledger.read()[0] == 2 * entry_size(100_000)
     store.close()
-    assert tmp_files(str(tmp_path)) == []            # spares go with the store
+    assert orphan_extents(str(tmp_path)) == []
 
 
 CRASH_SCRIPT = textwrap.dedent("""
@@ -179,7 +186,7 @@ def test_sigkill_at_each_named_point_then_restart_is_consistent(point, dataset, 
         store = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=emu)
         with Loader(store, batch_size=8, local_dir=local, num_workers=1, local_capacity="50%",
                     decode=md5, output="numpy") as ld:    # the restart
-            assert tmp_files(local) == []
+            assert orphan_extents(local) == []   # what the killed writer left is gone
             used, _ = ld.tiers.local.ledger.read()
             assert used == sum(ld.store.entries().values()) <= ld.tiers.local_capacity
             assert served_digests(ld) == source_digests(dataset)
@@ -192,17 +199,19 @@ def test_sigkill_at_each_named_point_then_restart_is_consistent(point, dataset, 
 def test_verify_reports_what_is_wrong(dataset, tmp_path):
     with Loader(dataset, batch_size=8, local_dir=tmp_path, num_workers=1, output="numpy") as ld:
         list(ld)
-        victim = ld.store.path_for(ld.manifest.keys[3])
+        victim = ld.store.find(ld.manifest.keys[3])
     [ok] = verify(str(tmp_path))
     assert ok.consistent and ok.entries == 96
-    with open(victim, "ab") as f:
-        f.write(b"x")
-    orphan = os.path.join(ok.root, "tmp", "00", "999999999.deadbeef.0")
-    open(orphan, "wb").close()
+    flip_byte(victim)
+    orphan = os.path.join(ok.root, "ext", "99999")
+    with open(orphan, "wb") as f:
+        f.write(b"left by a killed writer")
     [bad] = verify(str(tmp_path))
-    assert not bad.consistent and [p for p, _ in bad.corrupt] == [victim] and bad.orphans == [orphan]
+    assert not bad.consistent and [p for p, _ in bad.corrupt] == [f"{victim.path}@{victim.offset}"]
+    assert bad.orphans == [orphan]
     [fixed] = verify(str(tmp_path), repair=True)
-    assert fixed.consistent and fixed.entries == 95 and not os.path.exists(victim)
+    assert fixed.consistent and fixed.entries == 95 and not os.path.exists(orphan)
+    assert verify(str(tmp_path))[0].entries == 95
 
 
 def test_disk_full_warns_once_and_keeps_training_from_the_source(dataset, tmp_path, caplog, no_leaks):
@@ -212,7 +221,8 @@ def test_disk_full_warns_once_and_keeps_training_from_the_source(dataset, tmp_pa
         warnings = [r for r in caplog.records if "cannot write" in r.getMessage()]
         assert len(warnings) == 1
         assert 0 < len(ld.store.entries()) < 96
-        assert tmp_files(str(tmp_path)) == [] and entries_match_source(ld.store, dataset, ld.manifest.keys) == []
+        assert entries_match_source(ld.store, dataset, ld.manifest.keys) == []
+    assert orphan_extents(str(tmp_path)) == []
 
 
 @pytest.fixture
@@ -233,8 +243,8 @@ def test_real_enospc_on_a_small_tmpfs(dataset, tmp_path, tiny_tmpfs, caplog, no_
         with caplog.at_level(logging.WARNING, "clairvoyant"):
             assert served_digests(ld) == source_digests(dataset)
         assert any("No space left" in r.getMessage() for r in caplog.records)
-        assert tmp_files(tiny_tmpfs) == []
         assert entries_match_source(ld.store, dataset, ld.manifest.keys) == []
+    assert orphan_extents(tiny_tmpfs) == []
 
 
 def test_capacity_below_one_sample_fails_at_start(dataset, tmp_path):
@@ -274,7 +284,6 @@ def test_warm_start_reuses_and_a_changed_source_is_never_served(dataset, tmp_pat
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
     with Loader(src, **kw) as ld:
         ld.tiers._version = None           # what a loader without change detection would do
-        ld.tiers.started_ns = 0
         assert served_digests(ld) != source_digests(src)
 
 

@@ -64,11 +64,12 @@ def test_cache_verify_and_clear(dataset, tmp_path, capsys, no_leaks):
     with Loader(dataset, batch_size=16, local_dir=tmp_path / "l", num_workers=1) as ld:
         list(ld)
         assert main(["cache", "clear", str(tmp_path / "l")]) == 2          # refused while in use
-        victim = ld.store.path_for(ld.manifest.keys[0])
+        victim = ld.store.find(ld.manifest.keys[0])
     capsys.readouterr()
     assert main(["cache", "verify", str(tmp_path / "l")]) == 0
     assert "consistent: 96 entries" in capsys.readouterr().out
-    with open(victim, "r+b") as f:
+    with open(victim.path, "r+b") as f:
+        f.seek(victim.offset)
         f.write(b"\0")
     assert main(["cache", "verify", str(tmp_path / "l")]) == 1
     assert "corrupt" in capsys.readouterr().out

@@ -16,7 +16,7 @@ from clairvoyant.load.decode import decode_image
 from clairvoyant.plan import plan_epoch
 from clairvoyant.testing import EmulatedStore
 
-from conftest import clairvoyant_threads, tmp_files, wait_until
+from conftest import clairvoyant_threads, entry_count, orphan_extents, wait_until
 
 
 def reference_batches(loader: Loader, epoch: int, root: str):
@@ -191,7 +191,7 @@ def _run_ranks(tmp_path, dataset, ranks_and_worlds):
                 p.kill()
                 p.join(5)
     res = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(len(procs))]
-    data_files = sum(len(f) for r, _, f in os.walk(tmp_path / "l") if "/data/" in r + "/")
+    data_files = entry_count(str(tmp_path / "l"))
     return res, store.counters(), data_files
 
 
@@ -218,8 +218,8 @@ def test_early_break_leaves_nothing_behind(dataset, tmp_path, no_leaks):
         if i == 1:
             break
     assert wait_until(lambda: not clairvoyant_threads())
-    assert tmp_files(str(tmp_path / "l")) == []
     ld.close()
+    assert orphan_extents(str(tmp_path / "l")) == []
 
 
 def test_exception_in_loop_and_gc_release_everything(dataset, tmp_path, no_leaks):
@@ -309,7 +309,7 @@ def test_ctrl_c_leaves_no_process_or_temporary_file(dataset, tmp_path):
             return f.read().split(") ")[1].startswith("Z")
 
     assert wait_until(lambda: all(gone(p) for p in pids), timeout=10)
-    assert tmp_files(str(tmp_path / "l")) == []
+    assert orphan_extents(str(tmp_path / "l")) == []
 
 
 def test_default_decoder_matches_pillow_on_jpeg_grey_and_png():

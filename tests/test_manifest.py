@@ -17,7 +17,7 @@ import pytest
 
 from clairvoyant import Loader
 from clairvoyant import manifest as M
-from clairvoyant.cache.local import digest
+from clairvoyant.cache.extents import key_digest
 from clairvoyant.errors import ManifestError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,11 +32,6 @@ def old_fingerprint(keys, sizes, labels) -> str:
     h.update(np.ascontiguousarray(sizes, dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(labels, dtype="<i8").tobytes())
     return h.hexdigest()[:20]
-
-
-def old_index(keys) -> dict:
-    """Loader._residents' map before: entry name -> manifest index."""
-    return {digest(k): i for i, k in enumerate(keys)}
 
 
 def sample(n: int = 300, seed: int = 0) -> M.Manifest:
@@ -223,59 +218,46 @@ def test_legacy_json_at_the_default_place_is_read_and_saved_binary(dataset):
     assert M.load(M.default_manifest_path(source.uri)).fingerprint == m.fingerprint
 
 
-# -- cache entry names -> manifest indices (Loader._residents) ------------------------------------------
+# -- the local tier index's digests -> manifest indices (Loader._residents) --------------------------
 
-def lookup_as_before(m: M.Manifest, names) -> list[int]:
-    index = old_index(m.keys)
-    return [index.get(n, -1) for n in names]
-
-
-def test_find_entries_equals_the_dict(tmp_path):
+def test_find_digests_equals_the_dict(tmp_path):
     m = sample(2000)
     rng = np.random.default_rng(3)
     keys = list(m.keys)
-    names = [digest(keys[i]) for i in rng.choice(len(keys), 500, replace=False)]
-    names += [digest("not/a/key"), "zz", "0" * 40, digest(keys[0]).upper()]
-    names.append(digest(keys[5])[:16] + "0" * 24)   # the 64-bit prefix of a key, not its digest
-    want = lookup_as_before(m, names)
+    picked = rng.choice(len(keys), 500, replace=False).tolist()
+    ask = [key_digest(keys[i]) for i in picked] + [key_digest("not/a/key"), 12345]
+    want = picked + [-1, -1]
     M.save(m, str(tmp_path / "m.manifest"))
     for man in (m, M.load(str(tmp_path / "m.manifest"))):
-        assert man.find_entries(names).tolist() == want
-    assert want[-1] == -1 and want[0] >= 0
-    # control: matching the 64-bit prefix alone would take the made-up name for key 5
-    digests, order = m.digest_index()
-    p = np.searchsorted(digests, np.uint64(int(names[-1][:16], 16)))
-    assert int(order[p]) == 5
+        assert man.find_digests(np.array(ask, dtype=np.uint64)).tolist() == want
+    # control: another key's digest finds another index
+    assert m.find_digests(np.array([key_digest(keys[picked[0] + 1 if picked[0] + 1 < 2000 else 0])],
+                                   dtype=np.uint64)).tolist() != [picked[0]]
 
 
-def test_find_entries_with_duplicate_keys_takes_the_last():
+def test_find_digests_trusts_no_digest_two_keys_share():
     m = M.Manifest("file:///d", ["a", "b", "b", "c"], [1, 2, 3, 4], [0, 0, 0, 0])
-    names = [digest("b"), digest("a"), digest("c")]
-    assert m.find_entries(names).tolist() == lookup_as_before(m, names) == [2, 0, 3]
+    got = m.find_digests(np.array([key_digest(k) for k in ("b", "a", "c")], dtype=np.uint64))
+    assert got.tolist() == [-1, 0, 3]
 
 
-def test_loader_residents_equal_the_old_map(dataset, tmp_path):
+def test_loader_residents_come_from_the_index(dataset, tmp_path):
     with Loader(dataset, batch_size=8, local_dir=tmp_path / "l", num_workers=1, output="numpy",
                 decode=len, rank=0, world_size=1) as ld:
         for _ in ld:
             pass
-        ld._inventory_used = True   # from now on _residents scans the tier
-        data = ld.tiers.local.data_dir
+        ld._inventory_used = True   # from now on _residents reads the tier's index
         keys = list(ld.manifest.keys)
-        # in place of key 1's entry a stray file with the 64-bit prefix of its name; an entry of the
-        # wrong size
-        os.remove(ld.tiers.local.path_for(keys[1]))
-        fake = digest(keys[1])[:16] + "f" * 24
-        Path(data, fake[:2], fake).write_bytes(b"x" * int(ld._entry_sizes[1]))
-        wrong = ld.tiers.local.path_for(keys[2])
-        with open(wrong, "ab") as f:
-            f.write(b"!")
-        entries = ld.tiers.local.entries()
-        index = old_index(keys)
-        before = {index[n]: s for n, s in entries.items() if n in index and s == ld._entry_sizes[index[n]]}
+        sizes = {i: int(ld._entry_sizes[i]) for i in range(len(keys))}
+        assert ld._residents() == sizes
+        store = ld.tiers.local
+        store.delete(keys[1])                                   # gone
+        loc = store.find(keys[2])                               # listed with the wrong size
+        store.index.publish(key_digest(keys[2]), int(os.path.basename(loc.path)), loc.offset, loc.length + 1)
         got = ld._residents()
-        assert got == before and len(got) == len(keys) - 2 and 1 not in got and 2 not in got
-        assert got != {index[n]: s for n, s in entries.items() if n in index}   # control: the size counts
+        assert got == {i: n for i, n in sizes.items() if i not in (1, 2)}
+        assert 2 in {int(ld.manifest.find_digests(np.array([int(k, 16)], dtype=np.uint64))[0])
+                     for k in store.entries()}                   # control: found, then refused by size
 
 
 def test_plan_scale_benchmark_tiny():

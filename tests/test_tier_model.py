@@ -1,7 +1,7 @@
 """A state-machine test of the local tier against a model: fetch, read, evict, crash, restart,
-corrupt a byte, delete a file. Invariants: bytes within capacity, ledger equal to the bytes on
-disk after every restart (and whenever nothing was tampered with), every read returns the
-source's bytes or detects the damage."""
+corrupt a byte, delete an extent file. Invariants: bytes within capacity, ledger equal to the
+bytes of the entries the index lists, no extent that no entry uses after a restart, every read returns the source's bytes or
+detects the damage."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from clairvoyant.cache.entry import entry_size, unseal
+from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.tiers import LOCAL, Placement, Tiers
 from clairvoyant.errors import CorruptEntry
+
+from conftest import orphan_extents
 
 KEYS = [f"k{i}" for i in range(8)]
 SOURCE = {k: os.urandom(100 + 37 * i) for i, k in enumerate(KEYS)}
@@ -40,7 +43,6 @@ class TierMachine(RuleBasedStateMachine):
         self.tiers = None
         self._open()
         self.model: dict[str, str] = {}     # key -> "ok" | "corrupt"
-        self.tampered = False
 
     def _open(self) -> None:
         local = LocalStore(os.path.join(self.dir, "l"), DictSource.uri)
@@ -76,22 +78,20 @@ class TierMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS))
     def read(self, key):
         size = len(SOURCE[key])
-        path = self.tiers.find_local(key, size)
+        loc = self.tiers.find_local(key, size)
         if key not in self.model:
-            assert path is None
+            assert loc is None
             return
-        if path is None:   # a truncated entry is not even offered
+        if loc is None:   # a truncated entry is not even offered
             assert self.model[key] == "corrupt"
             self.tiers.local.delete(key)
             del self.model[key]
             return
-        with open(path, "rb") as f:
-            blob = f.read()
         try:
-            data = unseal(blob, size, path)
+            data = unseal(read_entry(loc), size, key)
         except CorruptEntry:
             assert self.model[key] == "corrupt", "a whole entry was reported corrupt"
-            self.tiers.after_use(key, Placement(LOCAL, path, False), True, True)
+            self.tiers.after_use(key, Placement(LOCAL, loc, False), True, True)
             del self.model[key]
             return
         assert self.model[key] == "ok", "a corrupt entry was served"
@@ -99,16 +99,15 @@ class TierMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS))
     def evict(self, key):
-        self.tiers.after_use(key, Placement(LOCAL, self.tiers.local.path_for(key), False), False, False)
+        self.tiers.after_use(key, Placement(LOCAL, self.tiers.local.find(key), False), False, False)
         self.model.pop(key, None)
 
     @rule(key=st.sampled_from(KEYS), at=st.sampled_from(["reserved", "tmp_written"]))
     def crash_mid_publish(self, key, at):
-        """What a SIGKILL leaves at each step: bytes reserved, maybe a temporary file of a dead pid."""
+        """What a SIGKILL leaves at each step: bytes reserved, maybe bytes in an extent no entry uses."""
         self.tiers.local.ledger.reserve(entry_size(len(SOURCE[key])), 1 << 40)
         if at == "tmp_written":
-            d = os.path.join(self.tiers.local.tmp_dir, "00")
-            with open(os.path.join(d, f"999999999.{key}.0"), "wb") as f:
+            with open(os.path.join(self.tiers.local.ext_dir, "4000"), "wb") as f:
                 f.write(SOURCE[key][:10])
         self.restart()
 
@@ -116,31 +115,36 @@ class TierMachine(RuleBasedStateMachine):
     def restart(self):
         self._close()
         self._open()
-        self.tampered = False
         assert self.tiers.local.ledger.read()[0] == self._disk()
-        tmp = [f for r, _, fs in os.walk(self.tiers.local.tmp_dir) for f in fs]
-        assert tmp == []
+        assert orphan_extents(self.dir) == []
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def corrupt_a_byte(self, data):
         key = data.draw(st.sampled_from(sorted(self.model)))
-        path = self.tiers.local.path_for(key)
-        with open(path, "r+b") as f:
+        loc = self.tiers.local.find(key)
+        with open(loc.path, "r+b") as f:
             pos = data.draw(st.integers(0, len(SOURCE[key]) - 1))
-            f.seek(pos)
+            f.seek(loc.offset + pos)
             b = f.read(1)
-            f.seek(pos)
+            f.seek(loc.offset + pos)
             f.write(bytes([b[0] ^ 0x10]))
         self.model[key] = "corrupt"
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
-    def delete_a_file(self, data):
+    def delete_an_extent_between_jobs(self, data):
+        """An extent file removed while no job runs: its entries are dropped at the next start."""
         key = data.draw(st.sampled_from(sorted(self.model)))
-        os.unlink(self.tiers.local.path_for(key))
-        del self.model[key]
-        self.tampered = True
+        path = self.tiers.local.find(key).path
+        lost = [k for k in self.model if self.tiers.local.find(k).path == path]
+        self._close()
+        os.unlink(path)
+        self._open()
+        for k in lost:
+            del self.model[k]
+            assert self.tiers.local.find(k) is None
+        assert self.tiers.local.ledger.read()[0] == self._disk()
 
     @invariant()
     def within_capacity(self):
@@ -149,8 +153,7 @@ class TierMachine(RuleBasedStateMachine):
 
     @invariant()
     def ledger_equals_disk(self):
-        if not self.tampered:
-            assert self.tiers.local.ledger.read()[0] == self._disk()
+        assert self.tiers.local.ledger.read()[0] == self._disk()
 
 
 TestTierModel = TierMachine.TestCase

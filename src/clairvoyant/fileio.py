@@ -2,8 +2,7 @@
 
 Each uses as few system calls as it can: on a few cores every call is a GIL
 hand-off for the staging threads. Where the C helper (``_fastio.c``) is built,
-a read with its file's modification time, a claim and a publish are one
-GIL-free call each; the Python fallbacks do the same (``CLAIRVOYANT_NO_CEXT=1``
+a read with its file's modification time is one GIL-free call; the Python fallbacks do the same (``CLAIRVOYANT_NO_CEXT=1``
 turns the helper off, for the tests).
 """
 
@@ -15,11 +14,9 @@ from typing import Callable
 try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
-    from ._fastio import claim as c_claim
     from ._fastio import read_meta as _c_read_meta
-    from ._fastio import write_publish as c_write_publish
 except ImportError:
-    c_claim = _c_read_meta = c_write_publish = None
+    _c_read_meta = None
 
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))

@@ -212,30 +212,24 @@ class Manifest:
             got = self._derived["digest_index"] = (d[order], order)
         return got
 
-    def find_entries(self, names: Sequence[str]) -> np.ndarray:
-        """For each cache entry name (sha1 hex of a key, cache/local.py), the manifest index of that
-        key, or -1. A key that occurs twice maps to its last index. Only the names are hashed-matched:
-        a 64-bit prefix finds the candidates in the sorted digests, a full sha1 of each candidate's key
-        confirms it, so the answer is exact whatever the digest section holds."""
-        out = np.full(len(names), -1, dtype=np.int64)
-        if not len(names) or not len(self):
+    def find_digests(self, digests: np.ndarray) -> np.ndarray:
+        """For each 64-bit key digest (the local tier's index, cache/extents.py), the manifest index
+        of that key, or -1 (absent, or shared by two keys of the manifest: then neither is trusted)."""
+        out = np.full(len(digests), -1, dtype=np.int64)
+        if not len(digests) or not len(self):
             return out
-        digests, order = self.digest_index()
-        prefixes = _prefixes(names)
+        sorted_d, order = self.digest_index()
+        d = np.asarray(digests, dtype=np.uint64)
+        d = np.where(d == 0, np.uint64(1), d)   # the index never stores 0 (extents.key_digest)
+        ref = np.where(sorted_d == 0, np.uint64(1), sorted_d)
+        lo = np.searchsorted(ref, d, side="left")
+        hi = np.searchsorted(ref, d, side="right")
+        one = hi - lo == 1
+        out[one] = order[lo[one]]
         n = len(self)
-        lo = np.searchsorted(digests, prefixes, side="left")
-        hi = np.searchsorted(digests, prefixes, side="right")
-        sha1, keys = hashlib.sha1, self.keys
-        for j in np.flatnonzero(hi > lo).tolist():
-            name = names[j]
-            for p in range(int(hi[j]) - 1, int(lo[j]) - 1, -1):   # last index first
-                i = int(order[p])
-                if not 0 <= i < n:
-                    raise ManifestError(f"manifest of {self.uri}: digest index {i} out of range for {n} keys: "
-                                        "delete the manifest, or rebuild it with `clairvoyant index --force`")
-                if sha1(keys.raw(i)).hexdigest() == name:
-                    out[j] = i
-                    break
+        if one.any() and not ((out[one] >= 0) & (out[one] < n)).all():
+            raise ManifestError(f"manifest of {self.uri}: digest index out of range for {n} keys: delete the "
+                                "manifest, or rebuild it with `clairvoyant index --force`")
         return out
 
     @classmethod
@@ -295,23 +289,6 @@ def _frozen(a, dtypes: tuple) -> np.ndarray:
         a = a.copy()
         a.setflags(write=False)
     return a
-
-
-def _prefixes(names: Sequence[str]) -> np.ndarray:
-    """The first 16 hex digits of each name as uint64; a name that is no sha1 hex gets a value that
-    then fails the full comparison."""
-    try:
-        if all(len(n) == 40 for n in names):
-            return np.frombuffer(bytes.fromhex("".join(n[:16] for n in names)), dtype=">u8").astype(np.uint64)
-    except ValueError:
-        pass
-    out = np.zeros(len(names), dtype=np.uint64)
-    for j, n in enumerate(names):
-        try:
-            out[j] = int(n[:16], 16) if len(n) == 40 else 0
-        except ValueError:
-            pass
-    return out
 
 
 def default_manifest_path(uri: str) -> str:

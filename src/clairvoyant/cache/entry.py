@@ -9,12 +9,12 @@ written with the bytes in one atomic publish, so an entry is whole or absent.
 
 from __future__ import annotations
 
-import os
 import struct
 
 import xxhash
 
 from ..errors import CorruptEntry
+from .extents import read_at, read_entry
 
 TRAILER = struct.Struct("<8sQqQ")
 MAGIC = b"CVENTRY1"
@@ -43,50 +43,46 @@ def unseal(blob: bytes, size: int, where: str) -> bytes:
     return data
 
 
-def _trailer(path: str) -> tuple[int, int, int] | None:
-    """``(checksum, mtime_ns, size)`` recorded in the entry at ``path``, or None if absent or malformed."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+def _trailer(loc) -> tuple[int, int, int] | None:
+    """``(checksum, mtime_ns, size)`` recorded in the entry at ``loc`` (an extents.Loc), or None if
+    absent or malformed."""
+    if loc is None or loc.length < TRAILER.size:
         return None
     try:
-        total = os.fstat(fd).st_size
-        if total < TRAILER.size:
-            return None
-        magic, checksum, mtime_ns, n = TRAILER.unpack(os.pread(fd, TRAILER.size, total - TRAILER.size))
-    finally:
-        os.close(fd)
-    if magic != MAGIC or n != total - TRAILER.size:
+        raw = read_at(loc.path, loc.offset + loc.length - TRAILER.size, TRAILER.size)
+    except FileNotFoundError:
+        return None
+    if len(raw) < TRAILER.size:
+        return None
+    magic, checksum, mtime_ns, n = TRAILER.unpack(raw)
+    if magic != MAGIC or n != loc.length - TRAILER.size:
         return None
     return checksum, mtime_ns, n
 
 
-def read_trailer(path: str) -> tuple[int, int] | None:
-    """``(size, mtime_ns)`` recorded in the entry at ``path``, or None if absent or malformed."""
-    t = _trailer(path)
+def read_trailer(loc) -> tuple[int, int] | None:
+    """``(size, mtime_ns)`` recorded in the entry at ``loc``, or None if absent or malformed."""
+    t = _trailer(loc)
     return None if t is None else (t[2], t[1])
 
 
-def recorded_checksum(path: str) -> int | None:
-    """The checksum recorded in the entry at ``path`` (what was staged), or None if absent or
+def recorded_checksum(loc) -> int | None:
+    """The checksum recorded in the entry at ``loc`` (what was staged), or None if absent or
     malformed."""
-    t = _trailer(path)
+    t = _trailer(loc)
     return None if t is None else t[0]
 
 
-def check_file(path: str) -> str | None:
-    """None if the entry at ``path`` is whole and matches its checksum, else what is wrong."""
+def check_entry(loc) -> str | None:
+    """None if the entry at ``loc`` is whole and matches its checksum, else what is wrong."""
     try:
-        with open(path, "rb") as f:
-            blob = f.read()
+        blob = read_entry(loc)
     except OSError as e:
         return f"unreadable: {e.strerror or e}"
     if len(blob) < TRAILER.size:
         return "truncated"
-    size = len(blob) - TRAILER.size
     try:
-        unseal(blob, size, path)
+        unseal(blob, loc.length - TRAILER.size, f"{loc.path}@{loc.offset}")
     except CorruptEntry as e:
         return str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
     return None
-

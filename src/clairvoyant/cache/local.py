@@ -2,39 +2,39 @@
 
 Layout under the tier's directory::
 
-    v1/<source id>/data/<xx>/<sha1 of key>           entries: sample bytes + trailer (entry.py)
-    v1/<source id>/tmp/<xx>/<pid>.<name>.<n>         writes in progress, and spare files for reuse
-    v1/<source id>/locks                             byte-range locks, one byte per key hash
-    v1/<source id>/usage                             the tier's byte ledger (ledger.py)
-    v1/<source id>/<tier>.session.lock, ...          who uses the tiers now (session.py)
+    v2/<source id>/index                             the shared index of entries (extents.py)
+    v2/<source id>/ext/<n>                           extent files: entries (sample bytes + trailer)
+    v2/<source id>/locks                             byte-range locks, one byte per key hash
+    v2/<source id>/usage                             the tier's byte ledger (ledger.py)
+    v2/<source id>/<tier>.session.lock, ...          who uses the tiers now (session.py)
 
 Several processes (the ranks of a node) share one tier: a byte-range lock on
 the key's slot in ``locks`` makes sure a sample is copied once, and the ledger
 keeps the bytes of all of them within the capacity. POSIX record locks vanish
-with their process, so a killed rank never leaves a stale lock behind. The RAM tier keeps only its ledger and locks in such a directory
+with their process, so a killed rank never leaves a stale lock behind. Each
+process appends to an extent of its own; an evicted entry's blocks are freed
+by punching a hole, and an extent whose entries are all gone is deleted. The
+RAM tier keeps only its ledger and locks in such a directory
 (``entries=False``): its bytes stay in the staging process's memory.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import itertools
 import os
 import shutil
 import stat
+import threading
 import weakref
 
 from ..errors import CacheError, LocalDirNotWritable
 from . import crashpoints
 from . import publish as _publish
 from .entry import entry_size, seal
+from .extents import EXTENT_BYTES, FileCache, Index, IndexFull, Loc, aligned, key_digest, punch
 from .ledger import Ledger
-from .publish import remove_orphans
 
-LAYOUT = "v1"
-MAX_SPARES = 4096   # evicted files kept for reuse per process
-SHARDS = [f"{i:02x}" for i in range(256)]
+LAYOUT = "v2"
 
 
 def prepare_root(local_dir: str) -> str:
@@ -66,140 +66,236 @@ def source_root(local_dir: str, source_uri: str) -> str:
 
 
 class LocalStore:
-    """Entries of one source in one tier directory, with their shared ledger."""
+    """Entries of one source in one tier directory, with their shared index and ledger."""
 
-    def __init__(self, local_dir: str, source_uri: str, entries: bool = True) -> None:
-        """``entries=False``: only the ledger and locks (the RAM window, whose bytes stay in memory)."""
+    def __init__(self, local_dir: str, source_uri: str, entries: bool = True, expected: int = 0) -> None:
+        """``entries=False``: only the ledger and locks (the RAM window, whose bytes stay in memory).
+        ``expected``: about how many samples the source has (sizes the index)."""
         self.local_dir = prepare_root(local_dir)
         self.root = source_root(self.local_dir, source_uri)
-        self.data_dir = os.path.join(self.root, "data")
-        self.tmp_dir = os.path.join(self.root, "tmp")
+        self.ext_dir = os.path.join(self.root, "ext")
+        self.index: Index | None = None
         try:
-            # 256 shards each for data and temporary files: concurrent creates and renames of many
-            # staging threads would otherwise queue on one directory's lock
             os.makedirs(self.root, mode=0o700, exist_ok=True)
-            for d in (self.data_dir, self.tmp_dir) if entries else ():
-                os.makedirs(d, mode=0o700, exist_ok=True)
-                for shard in SHARDS:
-                    os.makedirs(os.path.join(d, shard), exist_ok=True)
+            if entries:
+                os.makedirs(self.ext_dir, mode=0o700, exist_ok=True)
+                self.index = Index(os.path.join(self.root, "index"), expected)
             self._lock_fd = os.open(os.path.join(self.root, "locks"), os.O_RDWR | os.O_CREAT, 0o600)
             self.ledger = Ledger(os.path.join(self.root, "usage"))
         except OSError as e:
             raise LocalDirNotWritable(
                 f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
         self._closer = weakref.finalize(self, os.close, self._lock_fd)  # closed with the store, at the latest
-        # Evicted entries' files, emptied and kept under temporary names of this process, to be
-        # rewritten by the next put: on a file system that pays per created or deleted inode (ext4
-        # without a journal scans recently deleted inodes on every create) this saves both.
-        self._spares: collections.deque[str] = collections.deque()
-        self._spare_seq = itertools.count()
-        self.orphans_removed = sum(remove_orphans(os.path.join(self.tmp_dir, s)) for s in SHARDS)
+        self.expected = int(expected)
+        self._files = FileCache(limit=32, flags=os.O_RDWR)   # extents this process punches holes in
+        self._append = _Appender(self) if entries else None
 
     def close(self) -> None:
-        while self._spares:
-            try:
-                os.unlink(self._spares.pop())
-            except FileNotFoundError:
-                pass
+        if self._append is not None:
+            self._append.close()
+        self._files.close()
         self._closer()
         self.ledger.close()
+        if self.index is not None:
+            self.index.close()
         self._lock_fd = -1
 
-    def path_for(self, key: str) -> str:
-        d = digest(key)
-        return os.path.join(self.data_dir, d[:2], d)
+    @property
+    def session(self) -> int:
+        """Entries stamped with this were written in the present session."""
+        return self.index.session
 
-    def _tmp_for(self, final: str) -> str:
-        return os.path.join(self.tmp_dir, os.path.basename(final)[:2])
+    def extent_path(self, n: int) -> str:
+        return os.path.join(self.ext_dir, str(n))
 
     def _offset(self, key: str) -> int:
-        return int(digest(key)[:8], 16)
+        return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
+
+    def locate(self, key: str) -> tuple[Loc, int] | None:
+        """Where the entry of ``key`` is and the session it was written or checked in, or None."""
+        got = self.index.lookup(key_digest(key))
+        if got is None:
+            return None
+        n, offset, length, stamp = got
+        return Loc(self.extent_path(n), offset, length), stamp
+
+    def find(self, key: str) -> Loc | None:
+        """Where the entry of ``key`` is, or None."""
+        got = self.locate(key)
+        return None if got is None else got[0]
 
     def claim(self, key: str, size: int) -> bool:
         """True if the entry of ``key`` (a ``size``-byte sample) is here; else False, and the caller
         holds the node-wide lock of ``key`` until ``release(key)``."""
-        return _publish.claim(self._lock_fd, self._offset(key), self.path_for(key), entry_size(size))
+        off = self._offset(key)
+        _publish.lock(self._lock_fd, off)
+        loc = self.find(key)
+        present = loc is not None and loc.length == entry_size(size)
+        if present:
+            self.release(key)
+        return present
 
     def release(self, key: str) -> None:
         _publish.release(self._lock_fd, self._offset(key))
 
-    def put(self, key: str, data: bytes, mtime_ns: int, capacity: int) -> str | None:
-        """Publish ``data`` as the entry of ``key`` if the tier has room; its path, or None if the
+    def put(self, key: str, data: bytes, mtime_ns: int, capacity: int) -> Loc | None:
+        """Publish ``data`` as the entry of ``key`` if the tier has room; where it is, or None if the
         ledger has no room. Raises LocalStorageFull (nothing reserved, nothing left) if the device is full."""
         if not self.ledger.reserve(entry_size(len(data)), capacity):
             return None
         return self.put_reserved(key, data, mtime_ns)
 
-    def put_reserved(self, key: str, data: bytes, mtime_ns: int) -> str:
+    def put_reserved(self, key: str, data: bytes, mtime_ns: int) -> Loc:
         """Publish ``data`` as the entry of ``key``, its bytes already reserved in the ledger (given
         back if the publish fails: LocalStorageFull when the device is full)."""
         n = entry_size(len(data))
         crashpoints.reached("reserved")
-        final = self.path_for(key)
         trailer = seal(data, mtime_ns)
-        hook = (lambda: crashpoints.reached("tmp_written")) if crashpoints.ARMED else None
+        ext = None
         try:
-            spare = self._spares.popleft()
-        except IndexError:
-            spare = None
-        try:
-            _publish.publish_entry(final, self._tmp_for(final), data, trailer, hook, spare)
-        except BaseException:
+            ext, offset = self._append.write(data, trailer)
+            crashpoints.reached("tmp_written")
+            old = self.index.publish(key_digest(key), ext.n, offset, n)
+        except BaseException as e:
             self.ledger.give_back(n)
-            if spare is not None:   # the publish removes it on its own failures; not on a fault before
-                try:
-                    os.unlink(spare)
-                except FileNotFoundError:
-                    pass
+            if ext is not None:
+                self._append.done(ext)
+            if isinstance(e, IndexFull):
+                raise CacheError(f"the index of {self.root} has no room for another sample: the source has "
+                                 "more samples than when the cache was set up; start a new job (the index "
+                                 "grows when a session starts)") from None
+            if isinstance(e, OSError):
+                raise _publish.local_error(e, self.root, key) from e
             raise
+        self._append.done(ext)
+        if old is not None:   # a replaced entry (its key's lock was not held): free its place
+            self._free(*old, False)
+            self.ledger.give_back(old[2])
         crashpoints.reached("published")
-        return final
+        return Loc(self.extent_path(ext.n), offset, n)
 
     def delete(self, key: str) -> int:
         """Remove the entry of ``key``; the bytes it held (0 if it was not there)."""
-        return self.delete_path(self.path_for(key))
-
-    def delete_path(self, path: str) -> int:
-        """Remove an entry; its file becomes a spare for the next put (emptied, under a temporary
-        name of this process, so a crash leaves only an orphan for the next session to remove)."""
-        spare = os.path.join(self.tmp_dir, os.path.basename(path)[:2],
-                             f"{_publish.pid()}.spare.{next(self._spare_seq)}")
-        try:
-            n = os.stat(path).st_size
-            os.rename(path, spare)
-        except FileNotFoundError:
+        got = self.index.retract(key_digest(key))
+        if got is None:
             return 0
         crashpoints.reached("unlinked")
-        self.ledger.give_back(n)
+        n, offset, length, empty = got
+        self._free(n, offset, length, empty)
+        self.ledger.give_back(length)
+        return length
+
+    def restamp(self, key: str, loc: Loc) -> None:
+        """The entry at ``loc`` was checked against the source: current for this session."""
+        self.index.restamp(key_digest(key), int(os.path.basename(loc.path)), loc.offset)
+
+    def _free(self, n: int, offset: int, length: int, empty: bool) -> None:
+        path = self.extent_path(n)
+        if empty:   # sealed, and its last entry gone: the whole file goes
+            self._files.forget(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            return
         try:
-            os.truncate(spare, 0)
-        except OSError:
-            os.unlink(spare)
-            return n
-        if len(self._spares) < MAX_SPARES:
-            self._spares.append(spare)
-        else:
-            os.unlink(spare)
-        return n
+            punch(self._files.fd(path), offset, length)
+        except FileNotFoundError:
+            pass
+
+    def recover(self) -> dict[str, int]:
+        """For the first process of a session: make the index agree with the extents on disk (what a
+        kill left half done is dropped), delete extents no entry uses, set the ledger; the entries
+        present (16 hex digits of the key's digest -> entry bytes)."""
+        def size(n: int) -> int:
+            try:
+                return os.stat(self.extent_path(n)).st_size
+            except FileNotFoundError:
+                return -1
+        keep = self.index.recover(size, self.expected)
+        live = {str(e) for e in set(keep["extent"].tolist())}
+        for name in os.listdir(self.ext_dir):
+            if name not in live:
+                try:
+                    os.unlink(os.path.join(self.ext_dir, name))
+                except FileNotFoundError:
+                    pass
+        self.ledger.set(int(keep["length"].sum()))
+        return {f"{int(d):016x}": int(n) for d, n in zip(keep["digest"].tolist(), keep["length"].tolist())}
 
     def entries(self) -> dict[str, int]:
-        """Every published entry: file name -> bytes on disk."""
-        return scan_entries(self.data_dir)
+        """Every present entry: 16 hex digits of its key's digest -> entry bytes."""
+        t = self.index.present()
+        return {f"{int(d):016x}": int(n) for d, n in zip(t["digest"].tolist(), t["length"].tolist())}
 
 
-def scan_entries(data_dir: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for shard in SHARDS:
+class _Extent:
+    __slots__ = ("n", "fd", "end", "users", "retired")
+
+    def __init__(self, n: int, fd: int) -> None:
+        self.n, self.fd, self.end, self.users, self.retired = n, fd, 0, 0, False
+
+
+class _Appender:
+    """This process's current extent: threads reserve a range under a lock and write it in
+    parallel; a full extent is sealed once its last write has been published."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._cur: _Extent | None = None
+        self._pid = os.getpid()
+
+    def write(self, data: bytes, trailer: bytes) -> tuple[_Extent, int]:
+        span = aligned(len(data) + len(trailer))
+        with self._lock:
+            if self._pid != os.getpid():   # a forked child appends to an extent of its own
+                self._pid, self._cur = os.getpid(), None
+            cur = self._cur
+            if cur is None or (cur.end and cur.end + span > EXTENT_BYTES):
+                cur = self._rotate()
+            offset = cur.end
+            cur.end += span
+            cur.users += 1
         try:
-            with os.scandir(os.path.join(data_dir, shard)) as it:
-                for e in it:
-                    try:
-                        out[e.name] = e.stat().st_size
-                    except FileNotFoundError:
-                        pass
-        except FileNotFoundError:
-            continue
-    return out
+            _publish.write_at(cur.fd, data, trailer, offset)
+        except BaseException:
+            self.done(cur)
+            raise
+        return cur, offset
+
+    def _rotate(self) -> _Extent:
+        store = self._store
+        n = store.index.new_extent()
+        fd = os.open(store.extent_path(n), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        old, self._cur = self._cur, _Extent(n, fd)
+        if old is not None:
+            old.retired = True
+            self._retire(old)
+        return self._cur
+
+    def done(self, ext: _Extent) -> None:
+        """A write into ``ext`` is published (or failed)."""
+        with self._lock:
+            ext.users -= 1
+            self._retire(ext)
+
+    def _retire(self, ext: _Extent) -> None:
+        if ext.retired and ext.users == 0 and ext.fd >= 0:
+            os.close(ext.fd)
+            ext.fd = -1
+            if self._store.index.seal(ext.n):   # nothing in it lives: it goes
+                try:
+                    os.unlink(self._store.extent_path(ext.n))
+                except FileNotFoundError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cur is not None and self._pid == os.getpid():
+                self._cur.retired = True
+                self._retire(self._cur)
+            self._cur = None
 
 
 def remove_tree(root: str) -> None:

@@ -3,8 +3,9 @@
 Publishing writes to a temporary name in the destination's file system, then
 renames: a reader sees a whole sample or nothing. Temporary names carry the
 writer's pid, so a later process can remove what a killed writer left behind.
-Claiming takes the node-wide lock of one sample and checks whether it is
-already published, so that the ranks of a node copy each sample once.
+The node-wide lock of one sample (a byte-range lock) lets the ranks of a
+node copy each sample once; cache entries themselves are written into
+extents (``write_at``; cache/extents.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import time
 from typing import Callable
 
 from ..errors import CacheError, ClairvoyantError, LocalStorageFull
-from ..fileio import c_claim as _c_claim
-from ..fileio import c_write_publish as _c_write_publish
 from ..fileio import pid, write_atomically
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -43,47 +42,26 @@ def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
     except ClairvoyantError:  # the source's own error, raised inside fill
         raise
     except OSError as e:
-        raise _local_error(e, final, tmp_dir) from e
+        raise local_error(e, tmp_dir, os.path.basename(final)) from e
 
 
 
 
-def publish_entry(final: str, tmp_dir: str, data: bytes, trailer: bytes,
-                  after_write: Callable[[], None] | None = None, reuse: str | None = None) -> None:
-    """Publish ``data`` followed by ``trailer`` as ``final``, atomically: one GIL-free C call where
-    the helper is built (and no ``after_write`` hook is asked for), else the same steps in Python.
-    ``reuse``: a spare file of ours (an evicted entry's inode) to write instead of creating one."""
-    tmp = reuse or tmp_name(tmp_dir, final)
-    if _c_write_publish is not None and after_write is None:
-        try:
-            _c_write_publish(tmp, final, data, trailer, reuse is not None)
-        except OSError as e:
-            raise _local_error(e, final, tmp_dir) from e
-        return
-
-    def fill(fd: int) -> int:
-        n = write_entry(fd, data, trailer)
-        if after_write is not None:
-            after_write()
-        return n
-    try:
-        write_atomically(final, tmp, fill, reuse=reuse is not None)
-    except OSError as e:
-        raise _local_error(e, final, tmp_dir) from e
-
-
-def write_entry(fd: int, data: bytes, trailer: bytes) -> int:
-    """Write an entry (the sample's bytes, then its trailer) with one system call where it can."""
-    n = os.writev(fd, [data, trailer])
+def write_at(fd: int, data: bytes, trailer: bytes, offset: int) -> None:
+    """Write an entry (the sample's bytes, then its trailer) at ``offset`` of an extent, with one
+    system call where it can."""
+    n = os.pwritev(fd, [data, trailer], offset)
     total = len(data) + len(trailer)
-    if n < total:  # a short write: finish it piece by piece
-        rest = (bytes(data) + trailer)[n:]
+    if n < total:   # a short write: the rest piece by piece
+        rest = memoryview(bytes(data) + trailer)[n:]
         while rest:
-            rest = rest[os.write(fd, rest):]
-    return len(data)
+            k = os.pwrite(fd, rest, offset + n)
+            n += k
+            rest = rest[k:]
 
 
-def _lock(lock_fd: int, offset: int) -> None:
+def lock(lock_fd: int, offset: int) -> None:
+    """Wait for the node-wide lock of one sample (byte ``offset`` of ``lock_fd``)."""
     while True:
         try:
             fcntl.lockf(lock_fd, fcntl.LOCK_EX, 1, offset)
@@ -96,35 +74,18 @@ def _lock(lock_fd: int, offset: int) -> None:
             time.sleep(0.001)
 
 
-def _py_claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
-    _lock(lock_fd, offset)
-    try:
-        present = os.stat(path).st_size == size
-    except FileNotFoundError:
-        present = False
-    if present:
-        release(lock_fd, offset)
-    return present
-
-
-def claim(lock_fd: int, offset: int, path: str, size: int) -> bool:
-    """Take the node-wide lock of one sample (byte ``offset`` of ``lock_fd``) and look at ``path``:
-    True if it is published with ``size`` bytes (the lock is released again), else False and the
-    lock stays held for the caller's copy."""
-    return (_c_claim or _py_claim)(lock_fd, offset, path, size)
-
-
 def release(lock_fd: int, offset: int) -> None:
     """Let go of the node-wide lock of one sample."""
     fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, offset)
 
 
-def _local_error(e: OSError, final: str, tmp_dir: str) -> CacheError:
+def local_error(e: OSError, root: str, what: str) -> CacheError:
+    """The typed error for an OSError met writing ``what`` (a sample's key, a file) under ``root``."""
     if e.errno in _FULL:
         return LocalStorageFull(
-            f"the node-local device of {os.path.dirname(os.path.dirname(tmp_dir))} is full ({e.strerror}) while staging "
-            f"{os.path.basename(final)}: free space there or choose another local_dir= on a larger node-local disk")
-    return CacheError(f"cannot write {final} in the local cache: {e.strerror or e}")
+            f"the node-local device of {root} is full ({e.strerror}) while staging {what!r}: free space "
+            "there or choose another local_dir= on a larger node-local disk")
+    return CacheError(f"cannot write {what!r} in the local cache {root}: {e.strerror or e}")
 
 
 def remove_orphans(tmp_dir: str) -> int:

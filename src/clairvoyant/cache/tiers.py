@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 
 from ..errors import CacheError
 from .entry import entry_size, read_trailer
+from .extents import Loc
 from .local import LocalStore, remove_tree
 from .session import Session
 
@@ -41,7 +42,7 @@ LOCAL, RAM, SOURCE = "local", "ram", "source"
 
 class Placement(NamedTuple):
     tier: str            # LOCAL, RAM or SOURCE (not cached: the reader reads the source)
-    path: str | None     # the local entry (LOCAL)
+    path: Loc | None     # where the local entry is (LOCAL)
     fetched: bool        # read from the source for this access
     data: bytes | None = None   # the sample's bytes (RAM): handed to the reader with its batch
     mtime_ns: int = 0           # the source file's modification time (RAM), for a later move down
@@ -75,9 +76,7 @@ class TierCounters:
 
 
 def _first_local(store: LocalStore) -> dict[str, int]:
-    entries = store.entries()
-    store.ledger.set(sum(entries.values()))
-    return entries
+    return store.recover()
 
 
 def _first_ram(store: LocalStore) -> dict[str, int]:
@@ -111,7 +110,6 @@ class Tiers:
             self._local_session.leave()
             raise
         self.ram = self._ram_session.store
-        self.started_ns = self._local_session.started_ns
         self.inventory = dict(self._local_session.inventory)   # entry name -> bytes, when the session began
         self._warned: set[str] = set()
         self._version = getattr(source, "version", None)
@@ -127,30 +125,29 @@ class Tiers:
 
     # -- before the access ------------------------------------------------------------------
 
-    def find_local(self, key: str, size: int, wait: float = 0.0) -> str | None:
-        """The local entry of ``key`` if it is there and current, else None (a stale one is removed).
-        With ``wait``, an absent entry is waited for that long (another rank of the node is about to
-        keep it after its own access)."""
-        path = self.local.path_for(key)
+    def find_local(self, key: str, size: int, wait: float = 0.0) -> Loc | None:
+        """Where the local entry of ``key`` is if it is there and current, else None (a stale one is
+        removed). With ``wait``, an absent entry is waited for that long (another rank of the node is
+        about to keep it after its own access)."""
         deadline = time.monotonic() + wait
         while True:
-            try:
-                st = os.stat(path)
+            got = self.local.locate(key)
+            if got is not None:
                 break
-            except FileNotFoundError:
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(0.002)
-        if st.st_size != entry_size(size):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.002)
+        loc, stamp = got
+        if loc.length != entry_size(size):
             return None
-        if st.st_mtime_ns >= self.started_ns or self._version is None:
-            return path   # written in this session, from the source as it is now
-        recorded = read_trailer(path)
+        if stamp == self.local.session or self._version is None:
+            return loc   # written or checked in this session, from the source as it is now
+        recorded = read_trailer(loc)
         if recorded is not None and recorded == tuple(self._version(key)):
-            os.utime(path)   # checked: no need to ask the source again in this session
-            return path
+            self.local.restamp(key, loc)   # checked: no need to ask the source again in this session
+            return loc
         self.counters.add("stale")
-        self.local.delete_path(path)
+        self.local.delete(key)
         return None
 
     def claim(self, key: str, size: int) -> bool:
@@ -202,12 +199,12 @@ class Tiers:
         self.counters.add("bypassed")
         return Placement(SOURCE, None, True, data, mtime_ns)
 
-    def _put_local(self, key: str, data: bytes, mtime_ns: int) -> str | None:
+    def _put_local(self, key: str, data: bytes, mtime_ns: int) -> Loc | None:
         if not self.local.ledger.reserve(entry_size(len(data)), self.local_capacity):
             return None
         return self._publish_local(key, data, mtime_ns)
 
-    def _publish_local(self, key: str, data: bytes, mtime_ns: int) -> str | None:
+    def _publish_local(self, key: str, data: bytes, mtime_ns: int) -> Loc | None:
         """Publish reserved bytes in the local tier; None (reservation given back) if the device
         refuses them."""
         store = self.local

@@ -1,8 +1,9 @@
 """Checking and emptying a cache directory (``clairvoyant cache verify`` / ``clear``).
 
-A tier is consistent when every entry is whole and matches its checksum, no
-temporary file of a dead writer is left, and, when no process uses the tier,
-its ledger equals the bytes of its entries on disk.
+A tier is consistent when every entry its index lists is whole and matches
+its checksum and, when no process uses the tier, no extent is left that no
+entry uses (what a killed writer left) and its ledger equals the bytes of its
+entries.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import CacheError
-from .entry import check_file
+from .entry import check_entry
+from .extents import Index, Loc
 from .ledger import Ledger
-from .local import LAYOUT, SHARDS, scan_entries
-from .publish import _alive
+from .local import LAYOUT
 from .session import in_use
 
 
@@ -28,7 +29,7 @@ class TierReport:
     peak: int = 0
     in_use: bool = False
     corrupt: list[tuple[str, str]] = field(default_factory=list)   # (path, what is wrong)
-    orphans: list[str] = field(default_factory=list)               # temporary files of dead writers
+    orphans: list[str] = field(default_factory=list)               # extents no entry uses
 
     @property
     def consistent(self) -> bool:
@@ -47,41 +48,53 @@ def tier_roots(cache_dir: str) -> list[str]:
     return sorted(os.path.join(base, d) for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
 
 
+def _extents(root: str) -> list[str]:
+    d = os.path.join(root, "ext")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
 def verify_tier(root: str, repair: bool = False) -> TierReport:
-    """Check one source's tier; with ``repair`` (and no one using it), remove what is wrong and
-    set the ledger to the bytes on disk."""
+    """Check one source's tier; with ``repair`` (and no one using it), remove what is wrong (corrupt
+    entries, extents no entry uses) and set the ledger to the bytes of the sound entries."""
     rep = TierReport(root, in_use=in_use(root, "local"))
-    data = os.path.join(root, "data")
-    for name, n in scan_entries(data).items():
-        path = os.path.join(data, name[:2], name)
-        why = check_file(path)
-        if why is None:
-            rep.entries += 1
-            rep.bytes += n
-        else:
-            rep.corrupt.append((path, why))
-    for shard in SHARDS:
-        d = os.path.join(root, "tmp", shard)
-        for name in (os.listdir(d) if os.path.isdir(d) else []):
-            pid = name.split(".", 1)[0]
-            if not (pid.isdigit() and _alive(int(pid))):
-                rep.orphans.append(os.path.join(d, name))
-    ledger_path = os.path.join(root, "usage")
-    if os.path.exists(ledger_path):
-        led = Ledger(ledger_path)
-        try:
-            rep.ledger, rep.peak = led.read()
-            if repair and not rep.in_use:
-                for path in [p for p, _ in rep.corrupt] + rep.orphans:
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                led.set(rep.bytes, reset_peak=False)
-                rep.corrupt, rep.orphans = [], []
+    index_path = os.path.join(root, "index")
+    index = Index(index_path) if os.path.exists(index_path) else None
+    try:
+        present = index.present() if index is not None else []
+        bad_digests = []
+        for row in present:
+            loc = Loc(os.path.join(root, "ext", str(int(row["extent"]))), int(row["offset"]), int(row["length"]))
+            why = check_entry(loc)
+            if why is None:
+                rep.entries += 1
+                rep.bytes += loc.length
+            else:
+                rep.corrupt.append((f"{loc.path}@{loc.offset}", why))
+                bad_digests.append(int(row["digest"]))
+        if not rep.in_use:   # extents that no entry uses: what a killed writer left
+            live = {str(int(e)) for e in (present["extent"] if len(present) else [])}
+            rep.orphans = [os.path.join(root, "ext", n) for n in _extents(root) if n not in live]
+        ledger_path = os.path.join(root, "usage")
+        if os.path.exists(ledger_path):
+            led = Ledger(ledger_path)
+            try:
                 rep.ledger, rep.peak = led.read()
-        finally:
-            led.close()
+                if repair and not rep.in_use:
+                    for d in bad_digests:
+                        index.retract(d)
+                    for path in rep.orphans:
+                        try:
+                            os.unlink(path)
+                        except FileNotFoundError:
+                            pass
+                    led.set(rep.bytes, reset_peak=False)
+                    rep.corrupt, rep.orphans = [], []
+                    rep.ledger, rep.peak = led.read()
+            finally:
+                led.close()
+    finally:
+        if index is not None:
+            index.close()
     return rep
 
 
@@ -98,17 +111,15 @@ def clear(cache_dir: str) -> int:
             fcntl.flock(init, fcntl.LOCK_EX)   # no one joins while we clear
             if in_use(root, "local"):
                 raise CacheError(f"the cache {root} is in use by a running job: stop it first, then clear")
-            data = os.path.join(root, "data")
-            for name in scan_entries(data):
+            if os.path.exists(os.path.join(root, "index")):
+                index = Index(os.path.join(root, "index"))
                 try:
-                    os.unlink(os.path.join(data, name[:2], name))
-                    removed += 1
-                except FileNotFoundError:
-                    pass
-            for shard in SHARDS:
-                d = os.path.join(root, "tmp", shard)
-                for name in (os.listdir(d) if os.path.isdir(d) else []):
-                    os.unlink(os.path.join(d, name))
+                    removed += len(index.present())
+                    index.clear()
+                finally:
+                    index.close()
+            for name in _extents(root):
+                os.unlink(os.path.join(root, "ext", name))
             if os.path.exists(os.path.join(root, "usage")):
                 led = Ledger(os.path.join(root, "usage"))
                 led.set(0)

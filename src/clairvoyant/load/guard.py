@@ -38,7 +38,7 @@ from typing import Any
 
 import xxhash
 
-from ..cache.entry import check_file, recorded_checksum
+from ..cache.entry import check_entry, recorded_checksum
 from ..errors import ConfigError
 from ..tune.spike import SpikeDetector, SpikeRule
 from .transport import leaf_digests
@@ -131,8 +131,8 @@ def _check_sample(s, source, tiers) -> list[Finding]:
         now = xxhash.xxh3_64_intdigest(source.read(s.key))
     except Exception as e:   # noqa: BLE001 - reported, not raised: the check must finish
         return [Finding(s.key, "source", False, f"cannot be read again for the check: {e}")]
-    path = tiers.local.path_for(s.key)
-    recorded = recorded_checksum(path)
+    loc = tiers.local.find(s.key)
+    recorded = recorded_checksum(loc)
     if s.digest != now:
         if s.where == "local" and recorded == now:
             out.append(Finding(s.key, "local", True, "the bytes decoded differ from the entry and the source: "
@@ -150,7 +150,7 @@ def _check_sample(s, source, tiers) -> list[Finding]:
                                "the bytes held in the RAM window changed after they were read from the source"))
         else:
             out.append(Finding(s.key, "source", True, "two reads of the source gave different bytes"))
-    if recorded is not None and check_file(path) is not None:
+    if recorded is not None and check_entry(loc) is not None:
         tiers.local.delete(s.key)
         out.append(Finding(s.key, "local", False, "the local entry is corrupt now (it was not served so: "
                            "readers verify every read); removed"))

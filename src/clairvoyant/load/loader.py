@@ -19,6 +19,7 @@ import numpy as np
 from .. import manifest as manifest_mod
 from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size, unseal
+from ..cache.extents import read_entry
 from ..cache.local import LocalStore, prepare_root
 from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
@@ -26,7 +27,6 @@ from ..dist import cluster as cluster_mod
 from ..dist.cluster import Cluster
 from ..dist.topology import detect, validate
 from ..errors import ConfigError, CorruptEntry, EmptySourceError
-from ..fileio import read_file
 from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, position_after
 from ..plan.rank_plan import ClusterSpec, Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
@@ -229,7 +229,8 @@ class Loader:
         ram_base = prepare_root(os.fspath(ram_dir) if ram_dir is not None else default_ram_dir())
         rcap = capacity_mod.resolve(ram_capacity, what="ram_capacity", dataset_bytes=total, largest_entry=largest,
                                     default=lambda: capacity_mod.default_ram(ram_base, 0))
-        local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), self.source.uri)
+        local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), self.source.uri,
+                           expected=len(self.manifest))
         try:
             lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total,
                                         largest_entry=largest,
@@ -254,9 +255,10 @@ class Loader:
         self._inventory_used = True
         if not entries:
             return {}
-        names = list(entries)   # entry names are sha1(key): only these are looked up (manifest.py)
+        names = list(entries)   # the keys' 64-bit digests, in hex (cache/extents.py)
+        found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
         out = {}
-        for name, i in zip(names, self.manifest.find_entries(names).tolist()):
+        for name, i in zip(names, found.tolist()):
             if i >= 0 and entries[name] == self._entry_sizes[i]:
                 out[i] = int(entries[name])
         return out
@@ -282,11 +284,11 @@ class Loader:
     def _serve(self, index: int) -> bytes | None:
         """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry."""
         key, size = self.manifest.keys[index], int(self.manifest.sizes[index])
-        path = self.tiers.find_local(key, size)
-        if path is None:
+        loc = self.tiers.find_local(key, size)
+        if loc is None:
             return None
         try:
-            data = unseal(read_file(path, entry_size(size)), size, path)
+            data = unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
         except (FileNotFoundError, CorruptEntry):
             return None
         carry = self._carry

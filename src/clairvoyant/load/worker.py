@@ -31,9 +31,9 @@ from typing import Any, Callable, NamedTuple
 
 import xxhash
 
-from ..cache.entry import entry_size, unseal
+from ..cache.entry import unseal
+from ..cache.extents import Loc, read_entry
 from ..errors import CorruptEntry
-from ..fileio import read_file
 from . import direct, seeding
 from .collate import default_collate
 from .transport import Slot, pack
@@ -65,7 +65,7 @@ class ReaderSpec:
 
 class Item(NamedTuple):
     key: str
-    path: str | None       # a local entry
+    path: Loc | None       # where its local entry is
     size: int
     label: int
     data: bytes | None     # the bytes themselves (RAM window)
@@ -165,7 +165,8 @@ def _read(item: Item, source) -> tuple[bytes, str | None, str]:
     if item.from_source or item.path is None:
         return source.read(item.key), None, "source"
     try:
-        data = unseal(read_file(item.path, entry_size(item.size)), item.size, item.path)
+        loc = item.path
+        data = unseal(read_entry(loc), item.size, f"{loc.path}@{loc.offset}")
         if item.key in FLIP_AFTER_CHECK:
             data = bytes([data[0] ^ 0x10]) + data[1:]
         return data, None, "local"

@@ -38,18 +38,19 @@ class FaultySource(PosixSource):
 def disk_full_after(nbytes: int, root: str | None = None) -> Iterator[None]:
     """Within the block, cache writes in this process (under ``root``, if given) fail with ENOSPC
     once ``nbytes`` have been published, as a filling node-local device would."""
-    original = publish_mod.publish_entry
+    original = publish_mod.write_at
     written = [0]
 
-    def limited(final: str, tmp_dir: str, data: bytes, trailer: bytes, after_write=None, reuse=None) -> None:
-        if root is None or final.startswith(root):
+    def limited(fd: int, data: bytes, trailer: bytes, offset: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else ""
+        if root is None or path.startswith(root):
             written[0] += len(data)
             if written[0] > nbytes:
-                raise publish_mod._local_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), final, tmp_dir)
-        original(final, tmp_dir, data, trailer, after_write, reuse)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        original(fd, data, trailer, offset)
 
-    publish_mod.publish_entry = limited
+    publish_mod.write_at = limited
     try:
         yield
     finally:
-        publish_mod.publish_entry = original
+        publish_mod.write_at = original
