@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import functools
 import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import json
@@ -44,7 +45,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
+import warnings
 
 import numpy as np
 
@@ -165,7 +168,7 @@ def prepare(data: str, work: str, shards: int) -> dict:
     shard_size = -(-man.total_bytes * 102 // 100 // shards)   # LitData's and MDS's: a 2% margin for their headers
     tar_size = tar_shard_size(keys, man.sizes.tolist(), labels, shards)
     want = {"data": data, "fingerprint": man.fingerprint, "shards": shards, "shard_size": shard_size,
-            "tar_shard_size": tar_size}
+            "tar_shard_size": tar_size, "peers": [m for m in PEERS if importlib.util.find_spec(m) is not None]}
     if os.path.exists(ready):
         with open(ready) as f:
             prep = json.load(f)
@@ -184,7 +187,7 @@ def prepare(data: str, work: str, shards: int) -> dict:
     prep["dirs"]["shards"], prep["shards"]["shards"] = tar_dir, names
     src.close()
 
-    if importlib.util.find_spec("litdata") is not None:
+    if "litdata" in want["peers"]:
         import litdata
         out = _fresh(os.path.join(work, "litdata"))
         say(f"writing LitData chunks of {shard_size / 1e6:.1f} MB (litdata.optimize)")
@@ -200,7 +203,7 @@ def prepare(data: str, work: str, shards: int) -> dict:
         prep["dirs"]["litdata"], prep["maps"]["litdata"] = out, chunk_of
         prep["shards"]["litdata"] = [c["filename"] for c in chunks]
 
-    if importlib.util.find_spec("streaming") is not None:
+    if "streaming" in want["peers"]:
         MDSWriter = import_streaming().MDSWriter
         out = _fresh(os.path.join(work, "mds"))
         say(f"writing MDS shards of {shard_size / 1e6:.1f} MB (streaming.MDSWriter)")
@@ -349,8 +352,16 @@ def run_one(cfg: dict) -> dict:
     """One configuration: its format's directory through a FuseStore of its own, two epochs timed."""
     work = tempfile.mkdtemp(prefix="clairvoyant-packed-peers-")
     try:
-        with FuseStore(cfg["dir"], **cfg["store"]) as store:
-            reader = READERS[cfg["peer"]](cfg, store.path, work)
+        with FuseStore(cfg["dir"], **cfg["store"]) as store, warnings.catch_warnings():
+            # more DataLoader workers than cores is part of the sweep
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            if cfg["peer"] in PEERS:   # its import is not setup: streaming's imports transformers (seconds)
+                import_streaming() if cfg["peer"] == "streaming" else importlib.import_module(cfg["peer"])
+            store.reset()
+            t0 = time.perf_counter()
+            reader = READERS[cfg["peer"]](cfg, store.path, work)   # reads its index or lists the mount
+            c = store.counters()
+            setup = dict(seconds=time.perf_counter() - t0, opens=c.opens, bytes=c.bytes)
             epochs, batches = [], []
             try:
                 for e in range(2):
@@ -372,28 +383,27 @@ def run_one(cfg: dict) -> dict:
         batches = [[cfg["map"][i] for i in b] for b in batches]
     full = [b for b in batches if len(b) == cfg["batch"]]
     mixing = float(np.mean([len(set(b)) for b in full])) if full else None
-    return dict(epochs=epochs, workers=reader.workers, shards_per_batch=mixing)
+    return dict(setup=setup, epochs=epochs, workers=reader.workers, shards_per_batch=mixing)
 
 
 def configurations(args, prep: dict) -> tuple[list[dict], list[str]]:
     store = dict(open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth,
                  max_inflight=args.max_inflight)
     base = dict(batch=args.batch, seed=args.seed, store=store)
-    maps = {"shards": {h: int(s) for h, s in prep["maps"]["tar"].items()}}
     cfgs = [dict(base, peer="clairvoyant", mode="shards", workers=None, dir=prep["dirs"]["shards"],
-                 map=maps["shards"], nshards=len(prep["shards"]["shards"])),
+                 map=prep["maps"]["tar"], nshards=len(prep["shards"]["shards"])),
             dict(base, peer="clairvoyant", mode="tree", workers=None, dir=prep["dirs"]["tree"], nshards=None)]
     skipped = []
     for peer, package in PEERS.items():
         if importlib.util.find_spec(peer) is None:
-            skipped.append(f"{peer}: skipped, {package} is not installed (pip install -e '.[bench]', see Makefile)")
+            skipped.append(f"{peer}: skipped, {package} is not installed (make .venv/.bench-installed; see the bench extra in pyproject.toml)")
             continue
         fmt = FORMAT_OF[peer]
         for mode in MODES[peer]:
             for w in args.workers:
                 cfgs.append(dict(base, peer=peer, mode=mode, workers=w, dir=prep["dirs"][fmt],
                                  shard_names=prep["shards"][fmt], nshards=len(prep["shards"][fmt]),
-                                 map=prep["maps"].get(fmt if fmt != "shards" else "tar")))
+                                 map=prep["maps"].get(fmt)))   # litdata, mds: sample index -> shard
     return cfgs, skipped
 
 
@@ -447,7 +457,7 @@ def run(args) -> dict:
                         cv["epochs"][e]["images_per_s"] / top
     s = len(prep["shards"]["shards"])
     params = dict(images=args.images, size=args.size, batch_size=args.batch, shards=args.shards,
-                  shard_bytes=prep["want"]["shard_size"], open_latency=args.open_latency,
+                  shard_bytes=prep["want"]["shard_size"], tar_shard_bytes=prep["want"]["tar_shard_size"], open_latency=args.open_latency,
                   read_latency=args.read_latency, bandwidth=args.bandwidth, max_inflight=args.max_inflight,
                   workers=list(args.workers), seed=args.seed, cpus=os.cpu_count(), torch=torch.__version__,
                   versions=versions(), full_shuffle_shards_per_batch=s * (1 - (1 - 1 / s) ** args.batch))
@@ -466,20 +476,25 @@ def versions() -> dict:
 
 
 def format_table(summary: dict) -> str:
-    lines = [f"{'configuration':44s} {'ep':>2s} {'images/s':>9s} {'seconds':>8s} {'1st batch':>9s} {'opens':>6s} "
-             f"{'MB read':>8s} {'shards/batch':>12s}"]
+    lines = [f"{'configuration':48s} {'setup s':>7s} {'ep':>2s} {'images/s':>9s} {'seconds':>8s} {'1st batch':>9s} "
+             f"{'opens':>6s} {'MB read':>8s} {'shards/batch':>12s}"]
     for r in summary["rows"]:
+        name = r["name"] + (f", {r['workers']} readers" if r["peer"] == "clairvoyant" and r.get("workers") else "")
         if "error" in r:
-            lines.append(f"{r['name']:44s} failed: {r['error']}")
+            lines.append(f"{name:48s} failed: {r['error']}")
             continue
         for ep in r["epochs"]:
+            first = ep["epoch"] == 0
             mix = r["shards_per_batch"]
-            mixing = f"{mix:5.2f} of {r['shards']:<4d}" if ep["epoch"] == 0 and mix is not None else ""
-            lines.append(f"{r['name'] if ep['epoch'] == 0 else '':44s} {ep['epoch'] + 1:2d} {ep['images_per_s']:9.0f} "
+            mixing = f"{mix:5.2f} of {r['shards']:<4d}" if first and mix is not None else ""
+            setup = f"{r['setup']['seconds']:7.2f}" if first else ""
+            lines.append(f"{name if first else '':48s} {setup:>7s} {ep['epoch'] + 1:2d} {ep['images_per_s']:9.0f} "
                          f"{ep['seconds']:8.2f} {ep['first_batch_s']:8.3f}s {ep['opens']:6d} "
                          f"{ep['bytes'] / 1e6:8.1f} {mixing:>12s}")
     p = summary["params"]
-    lines += ["", f"a full per-sample shuffle would draw a batch from {p['full_shuffle_shards_per_batch']:.2f} "
+    lines += ["", "setup: constructing the loader (reading its index, listing or indexing the mount), before the "
+                  "clock; images/s: from the epoch's first next() to its last batch",
+              f"a full per-sample shuffle would draw a batch from {p['full_shuffle_shards_per_batch']:.2f} "
                   f"shards on average"]
     for peer, (first, second) in summary["best"].items():
         lines.append(f"best {peer}: epoch 1 {first}; epoch 2 {second}")
@@ -487,7 +502,7 @@ def format_table(summary: dict) -> str:
         e = k[-1]
         lines.append(f"clairvoyant on tar shards / best LitData, epoch {e}: {v:.2f}x   (target >= 1.2)")
     lines.append(f"({p['images']} images of {p['size']}x{p['size']}, batch {p['batch_size']}, about {p['shards']} "
-                 f"shards of {p['shard_bytes'] / 1e6:.1f} MB; FUSE store {p['open_latency'] * 1e3:g} ms per open, "
+                 f"shards of {p['tar_shard_bytes'] / 1e6:.1f} MB (tar), {p['shard_bytes'] / 1e6:.1f} MB (LitData, MDS); FUSE store {p['open_latency'] * 1e3:g} ms per open, "
                  f"{p['read_latency'] * 1e3:g} ms per read, {p['bandwidth'] / 1e6:g} MB/s, {p['max_inflight']} "
                  f"in flight; {p['cpus']} CPUs; "
                  + ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v) + ")")
