@@ -396,7 +396,8 @@ def configurations(args, prep: dict) -> tuple[list[dict], list[str]]:
     skipped = []
     for peer, package in PEERS.items():
         if importlib.util.find_spec(peer) is None:
-            skipped.append(f"{peer}: skipped, {package} is not installed (make .venv/.bench-installed; see the bench extra in pyproject.toml)")
+            skipped.append(f"{peer}: skipped, {package} is not installed (make .venv/.bench-installed; see the "
+                           "bench extra in pyproject.toml)")
             continue
         fmt = FORMAT_OF[peer]
         for mode in MODES[peer]:
