@@ -459,7 +459,8 @@ def run(args) -> dict:
     s = len(prep["shards"]["shards"])
     params = dict(images=args.images, size=args.size, batch_size=args.batch, shards=args.shards,
                   shard_bytes=prep["want"]["shard_size"], tar_shard_bytes=prep["want"]["tar_shard_size"],
-                  open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth, max_inflight=args.max_inflight,
+                  open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth,
+                  max_inflight=args.max_inflight,
                   workers=list(args.workers), seed=args.seed, cpus=os.cpu_count(), torch=torch.__version__,
                   versions=versions(), full_shuffle_shards_per_batch=s * (1 - (1 - 1 / s) ** args.batch))
     return {"params": params, "rows": rows, "best": best, "ratios": ratios, "skipped": skipped}
@@ -503,7 +504,8 @@ def format_table(summary: dict) -> str:
         e = k[-1]
         lines.append(f"clairvoyant on tar shards / best LitData, epoch {e}: {v:.2f}x   (target >= 1.2)")
     lines.append(f"({p['images']} images of {p['size']}x{p['size']}, batch {p['batch_size']}, about {p['shards']} "
-                 f"shards of {p['tar_shard_bytes'] / 1e6:.1f} MB (tar), {p['shard_bytes'] / 1e6:.1f} MB (LitData, MDS); "
+                 f"shards of {p['tar_shard_bytes'] / 1e6:.1f} MB (tar), {p['shard_bytes'] / 1e6:.1f} MB (LitData, "
+                 "MDS); "
                  f"FUSE store {p['open_latency'] * 1e3:g} ms per open, "
                  f"{p['read_latency'] * 1e3:g} ms per read, {p['bandwidth'] / 1e6:g} MB/s, {p['max_inflight']} "
                  f"in flight; {p['cpus']} CPUs; "
