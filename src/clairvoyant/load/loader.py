@@ -46,7 +46,7 @@ from .worker import ReaderSpec
 STATE_FORMAT = "clairvoyant-loader-state"
 log = logging.getLogger("clairvoyant")
 PEER_WAIT = 2.0   # seconds
-AUTO_START_THREADS = 16
+AUTO_START_THREADS = 48
 
 
 def _default_workers() -> int:
