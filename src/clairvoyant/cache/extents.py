@@ -40,6 +40,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..fdcache import FdCache
+
 ALIGN = 4096
 EXTENT_BYTES = 64 << 20
 SEALED = 1 << 31                   # in an extent's live count: no process appends to it any more
@@ -50,6 +52,7 @@ _COUNTS = _HEADER_BYTES
 _SLOT = struct.Struct("<QIIQII")   # digest, seq, extent, offset, length (0: absent), stamp
 _SEQ = struct.Struct("<I")
 _U32 = struct.Struct("<I")
+_SEALED_U32 = (1 << 31).to_bytes(4, "little")
 SLOT_DTYPE = np.dtype([("digest", "<u8"), ("seq", "<u4"), ("extent", "<u4"), ("offset", "<u8"),
                        ("length", "<u4"), ("stamp", "<u4")])
 _MIN_BITS = 12
@@ -124,6 +127,7 @@ class Index:
         here (LocalStorageFull), never later as a fault on a mapped page."""
         os.ftruncate(self._fd, 0)
         _allocate(self._fd, _file_bytes(bits), self.path)
+        os.pwrite(self._fd, _SEALED_U32 * (1 << bits), _COUNTS)   # every extent number free
         os.pwrite(self._fd, _HEAD.pack(_MAGIC, 1, bits, 0, 0), 0)
 
     def _map(self) -> None:
@@ -172,7 +176,7 @@ class Index:
             magic, version, bits, nxt, session = _HEAD.unpack_from(self._mm, 0)
             for step in range(self.max_extents):
                 n = (nxt + step) % self.max_extents
-                if _U32.unpack_from(self._mm, _COUNTS + 4 * n)[0] & ~SEALED == 0:
+                if _U32.unpack_from(self._mm, _COUNTS + 4 * n)[0] == SEALED:   # sealed and empty: free
                     _U32.pack_into(self._mm, _COUNTS + 4 * n, 0)
                     _HEAD.pack_into(self._mm, 0, magic, version, bits, n + 1, session)
                     return n
@@ -383,76 +387,19 @@ def punch(fd: int, offset: int, length: int) -> bool:
     return _libc.fallocate(fd, _FALLOC_PUNCH, offset, aligned(length)) == 0
 
 
-class FileCache:
-    """Open extent files of one process, least recently used closed first; a forked child starts
-    with none (its parent's lock may be held)."""
-
-    def __init__(self, limit: int = 64, flags: int = os.O_RDONLY) -> None:
-        self.limit, self.flags = limit, flags
-        self._pid = -1
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
-        weakref.finalize(self, _close_all, self._fds)
-
-    def _check_pid(self) -> None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._fds = {}
-            self._lock = threading.Lock()
-            weakref.finalize(self, _close_all, self._fds)
-
-    def fd(self, path: str) -> int:
-        self._check_pid()
-        with self._lock:
-            fd = self._fds.pop(path, None)
-            if fd is None:
-                fd = os.open(path, self.flags | os.O_CLOEXEC)
-                while len(self._fds) >= self.limit:
-                    os.close(self._fds.pop(next(iter(self._fds))))
-            self._fds[path] = fd   # most recent last
-            return fd
-
-    def forget(self, path: str) -> None:
-        self._check_pid()
-        with self._lock:
-            fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
-
-    def close(self) -> None:
-        if self._pid == os.getpid():
-            with self._lock:
-                _close_all(self._fds)
-
-    def __getstate__(self) -> dict:
-        return {"limit": self.limit, "flags": self.flags}
-
-    def __setstate__(self, d: dict) -> None:
-        self.__init__(d["limit"], d["flags"])
+_READERS = FdCache(limit=64, recheck=True)   # this process's extents, for reading
 
 
-def _close_all(fds: dict[str, int]) -> None:
-    while fds:
-        try:
-            os.close(fds.popitem()[1])
-        except OSError:
-            pass
-
-
-_READERS = FileCache()
-
-
-def read_at(path: str, offset: int, length: int, files: FileCache | None = None) -> bytes:
+def read_at(path: str, offset: int, length: int) -> bytes:
     """``length`` bytes at ``offset`` of the extent at ``path`` (fewer at its end)."""
-    return os.pread((files or _READERS).fd(path), length, offset)
+    with _READERS.using(path, path) as fd:
+        return os.pread(fd, length, offset)
 
 
-def read_entry(loc: Loc, files: FileCache | None = None) -> bytes:
+def read_entry(loc: Loc) -> bytes:
     """The whole entry at ``loc`` (FileNotFoundError if its extent is gone; short if truncated)."""
-    files = files or _READERS
-    fd = files.fd(loc.path)
-    out = os.pread(fd, loc.length, loc.offset)
-    if len(out) < loc.length:   # a short read from a regular file: the end of the file
-        more = os.pread(fd, loc.length - len(out), loc.offset + len(out))
-        out += more
+    with _READERS.using(loc.path, loc.path) as fd:
+        out = os.pread(fd, loc.length, loc.offset)
+        if len(out) < loc.length:   # a short read from a regular file: the end of the file
+            out += os.pread(fd, loc.length - len(out), loc.offset + len(out))
     return out

@@ -31,7 +31,8 @@ from ..errors import CacheError, LocalDirNotWritable
 from . import crashpoints
 from . import publish as _publish
 from .entry import entry_size, seal
-from .extents import EXTENT_BYTES, FileCache, Index, IndexFull, Loc, aligned, key_digest, punch
+from ..fdcache import FdCache
+from .extents import EXTENT_BYTES, Index, IndexFull, Loc, aligned, key_digest, punch
 from .ledger import Ledger
 
 LAYOUT = "v2"
@@ -87,7 +88,8 @@ class LocalStore:
                 f"cannot set up the cache in {self.root!r}: {e.strerror or e}; pass another local_dir=") from e
         self._closer = weakref.finalize(self, os.close, self._lock_fd)  # closed with the store, at the latest
         self.expected = int(expected)
-        self._files = FileCache(limit=32, flags=os.O_RDWR)   # extents this process punches holes in
+        self._files = FdCache(limit=32, opener=lambda p: os.open(p, os.O_RDWR | os.O_CLOEXEC),
+                              recheck=True)   # extents this process punches holes in
         self._append = _Appender(self) if entries else None
 
     def close(self) -> None:
@@ -199,7 +201,8 @@ class LocalStore:
                 pass
             return
         try:
-            punch(self._files.fd(path), offset, length)
+            with self._files.using(path, path) as fd:
+                punch(fd, offset, length)
         except FileNotFoundError:
             pass
 

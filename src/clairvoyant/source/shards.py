@@ -29,13 +29,12 @@ import json
 import mmap
 import os
 import struct
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..fdcache import FdCache
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError, SourceNotFound
 from ..fileio import pid, write_all, write_atomically
 from ..paths import cache_home
@@ -431,6 +430,10 @@ def _open_shard(path: str) -> int:
     return os.open(path, os.O_RDONLY)
 
 
+def _opener(path: str) -> int:
+    return _open_shard(path)   # looked up at each call, so that tests can count opens
+
+
 def _pread(fd: int, n: int, offset: int) -> bytes:
     data = os.pread(fd, n, offset)
     while len(data) < n:   # a short read: a large range, or a network file system
@@ -439,68 +442,6 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
             break
         data += more
     return data
-
-
-class FdCache:
-    """At most ``limit`` shard descriptors open in this process (least recently used closed
-    first, never one a thread is reading through). A forked child closes its parent's and opens
-    its own: the pid is checked on each use."""
-
-    def __init__(self, limit: int = MAX_OPEN) -> None:
-        self.limit = limit
-        self._pid = pid()
-        self._lock = threading.Lock()
-        self._open: OrderedDict[int, list[int]] = OrderedDict()   # shard id -> [fd, readers]
-
-    def _after_fork(self) -> None:
-        for fd, _ in self._open.values():   # the child's copies; the parent keeps its own
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._open, self._lock, self._pid = OrderedDict(), threading.Lock(), pid()
-
-    def acquire(self, sid: int, path: str) -> int:
-        if self._pid != pid():
-            self._after_fork()
-        with self._lock:
-            e = self._open.get(sid)
-            if e is not None:
-                e[1] += 1
-                self._open.move_to_end(sid)
-                return e[0]
-        fd = _open_shard(path)   # outside the lock: an open on a shared file system is slow
-        with self._lock:
-            e = self._open.get(sid)
-            if e is None:
-                self._open[sid] = [fd, 1]
-                self._trim()
-                return fd
-            e[1] += 1
-        os.close(fd)   # another thread opened it meanwhile
-        return e[0]
-
-    def release(self, sid: int) -> None:
-        with self._lock:
-            e = self._open.get(sid)
-            if e is not None:
-                e[1] -= 1
-                self._trim()
-
-    def _trim(self) -> None:
-        if len(self._open) <= self.limit:
-            return
-        for sid in [s for s, (_, users) in self._open.items() if users == 0][:len(self._open) - self.limit]:
-            os.close(self._open.pop(sid)[0])
-
-    def close(self) -> None:
-        if self._pid == pid():
-            with self._lock:
-                while self._open:
-                    os.close(self._open.popitem()[1][0])
-
-    def __len__(self) -> int:
-        return len(self._open)
 
 
 # -- the source -------------------------------------------------------------------------------
@@ -520,7 +461,7 @@ class TarShardSource:
             data_key = data_key.lower().lstrip(".")
             self.uri += f"?data={data_key}"
         self.data_key, self.max_open, self._want_fields = data_key, max_open, fields
-        self._fds = FdCache(max_open)
+        self._fds = FdCache(max_open, opener=_opener)
         self._index: ShardIndex | None = None
         self._index_file: str | None = None   # where the index was loaded from or saved to
         self._load_index()
@@ -538,7 +479,7 @@ class TarShardSource:
     def __setstate__(self, d: dict) -> None:
         stamp = d.pop("_stamp", None)
         self.__dict__.update(d)
-        self._fds = FdCache(self.max_open)
+        self._fds = FdCache(self.max_open, opener=_opener)
         if stamp is not None and self._index_file is not None:   # checked by the pickling process
             try:
                 index = ShardIndex.load(self._index_file)

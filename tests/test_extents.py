@@ -1,0 +1,92 @@
+"""The local tier's extents and index: extent numbers, recovery, and the descriptor cache."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from clairvoyant.cache.extents import _SLOT, Index, key_digest
+from clairvoyant.fdcache import FdCache
+
+
+def test_an_extent_number_is_handed_out_only_when_sealed_and_empty(tmp_path):
+    index = Index(str(tmp_path / "index"), expected=10)
+    first = index.new_extent()
+    taken = {first} | {index.new_extent() for _ in range(index.max_extents - 1)}
+    assert len(taken) == index.max_extents                 # every number once, none twice
+    with pytest.raises(OSError) as e:                       # all in use (unsealed): none is free
+        index.new_extent()
+    assert e.value.errno == errno.ENOSPC
+    index.publish(key_digest("a"), first, 0, 100)
+    assert not index.seal(first)                            # sealed, but an entry lives in it
+    with pytest.raises(OSError):
+        index.new_extent()
+    index.retract(key_digest("a"))                          # its last entry goes: free again
+    assert index.new_extent() == first                      # control: a free number is found
+    index.close()
+
+
+def test_recovery_drops_torn_slots_and_entries_past_their_extent(tmp_path):
+    index = Index(str(tmp_path / "index"), expected=10)
+    for i, key in enumerate(("whole", "torn", "cut")):
+        index.publish(key_digest(key), 0, i * 4096, 1000)
+    i = index._find(key_digest("torn"))
+    at = index._slots_at + _SLOT.size * i
+    index._mm[at + 8:at + 12] = (7).to_bytes(4, "little")   # a writer killed mid-update: odd sequence
+    present = index.recover(lambda n: 2 * 4096 + 500)      # the extent ends inside "cut"
+    assert sorted(present["digest"].tolist()) == [key_digest("whole")]
+    assert index.lookup(key_digest("whole")) is not None
+    assert index.lookup(key_digest("torn")) is None and index.lookup(key_digest("cut")) is None
+    assert index.live(0) == 1
+    # control: with the extent long enough, "cut" would have stayed
+    index.publish(key_digest("cut"), 0, 2 * 4096, 1000)
+    assert len(index.recover(lambda n: 3 * 4096)) == 2
+    index.close()
+
+
+def test_recovery_grows_the_table_for_a_larger_data_set(tmp_path):
+    index = Index(str(tmp_path / "index"), expected=10)
+    small = index.slots
+    index.publish(key_digest("k"), 0, 0, 100)
+    index.recover(lambda n: 4096, expected=100_000)
+    assert index.slots > small and index.lookup(key_digest("k")) == (0, 0, 100, index.session - 1)
+    index.close()
+
+
+def test_a_cached_descriptor_of_a_deleted_file_is_not_handed_out(tmp_path):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"old")
+    for recheck, want in ((True, b"new"), (False, b"old")):   # control: without the check, the old file
+        cache = FdCache(limit=4, recheck=recheck)
+        with open(path, "wb") as f:
+            f.write(b"old")
+        with cache.using(path, path) as fd:
+            assert os.pread(fd, 3, 0) == b"old"
+        os.unlink(path)                                      # the name is then reused by another file
+        with open(path, "wb") as f:
+            f.write(b"new")
+        with cache.using(path, path) as fd:
+            assert os.pread(fd, 3, 0) == want
+        cache.close()
+
+
+def test_the_descriptor_cache_is_bounded_and_never_closes_one_in_use(tmp_path):
+    paths = []
+    for i in range(6):
+        paths.append(str(tmp_path / str(i)))
+        with open(paths[-1], "wb") as f:
+            f.write(bytes([i]))
+    cache = FdCache(limit=2)
+    held = cache.acquire("h", paths[0])
+    for p in paths[1:]:
+        with cache.using(p, p) as fd:
+            assert os.pread(fd, 1, 0) == bytes([int(os.path.basename(p))])
+    assert len(cache) <= 2 and os.pread(held, 1, 0) == b"\0"   # the held one survived every trim
+    cache.release("h")
+    cache._trim()
+    assert len(cache) <= 2
+    cache.close()
+    assert len(cache) == 0
