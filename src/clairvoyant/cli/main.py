@@ -53,7 +53,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     grid = tuple(int(w) for w in args.workers.split(","))
     summary = staging.run(batches=args.batches, batch_size=args.batch_size, workers_grid=grid,
-                          data_dir=args.data_dir, stage_threads=args.stage_threads,
+                          data_dir=args.data_dir, stage_threads=args.stage_threads, copy_threads=args.copy_threads,
                           open_latency=args.open_latency_ms / 1e3, read_latency=args.read_latency_ms / 1e3,
                           bandwidth=args.bandwidth_mbs * 1e6, repeats=args.repeats, decoder=args.decoder,
                           progress=not args.json and sys.stderr.isatty())
@@ -319,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--batches", type=int, default=100, help="mini-batches to draw (the paper: 1000)")
     dm.add_argument("--batch-size", type=int, default=32)
     dm.add_argument("--workers", default="2,4,8,16", help="DataLoader worker counts to try")
-    dm.add_argument("--stage-threads", type=int, default=32)
+    dm.add_argument("--stage-threads", type=_threads, default="auto",
+                    help="clairvoyant's staging threads: 'auto' (the tuner, as users run it) or a count")
+    dm.add_argument("--copy-threads", type=int, default=32, help="threads of (c), the copy-everything-first run")
     dm.add_argument("--open-latency-ms", type=float, default=10.0)
     dm.add_argument("--read-latency-ms", type=float, default=2.0)
     dm.add_argument("--bandwidth-mbs", type=float, default=400.0)
@@ -335,6 +337,19 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--json", action="store_true")
     dm.set_defaults(fn=_cmd_demo)
     return p
+
+
+def _threads(text: str) -> int | str:
+    """``--stage-threads``: 'auto' or a positive count."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a count") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("at least 1 thread")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:

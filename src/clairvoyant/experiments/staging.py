@@ -147,7 +147,8 @@ def copy_all(store: EmulatedStore, keys, dest: str, threads: int) -> float:
 
 
 def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ...] = (2, 4, 8, 16),
-        data_dir: str | None = None, work_dir: str | None = None, stage_threads: int = 32,
+        data_dir: str | None = None, work_dir: str | None = None, stage_threads: int | str = "auto",
+        copy_threads: int = 32,
         open_latency: float = 0.010, read_latency: float = 0.002, bandwidth: float = 400e6,
         max_inflight: int = 64, seed: int = 0, repeats: int = 3, decoder: str = "auto",
         progress: bool = True) -> dict[str, Any]:
@@ -172,7 +173,7 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
                                     source_bytes=lambda: store.counters().bytes, **sweep)
         copy_dir = os.path.join(work, "copy")
         store.reset()
-        copy_s = copy_all(store, keys, copy_dir, stage_threads)
+        copy_s = copy_all(store, keys, copy_dir, copy_threads)
         b_grid = dataloader_sweep(file_reader(copy_dir), keys, labels, workers_grid, name="b",
                                   label="(b) DataLoader on local copy, {w} workers", **sweep)
         best_w = max(b_grid, key=lambda r: r.images_per_s).workers
@@ -214,7 +215,7 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
                 loader.close()
         best_b, d = _median(b_runs), _median(d_runs)
         results.append(best_b)
-        results.append(RunResult("c", f"(c) copy all ({stage_threads} threads), then (b) {best_w}w",
+        results.append(RunResult("c", f"(c) copy all ({copy_threads} threads), then (b) {best_w}w",
                                  best_b.images, copy_s + best_b.seconds, copy_s + best_b.first_batch,
                                  [copy_s + t for t in best_b.batch_times], best_w, man.total_bytes))
         results += [d, warm]
@@ -225,7 +226,7 @@ def run(*, batches: int = 100, batch_size: int = 32, workers_grid: tuple[int, ..
     summary = summarize(results, stats=stats, params=dict(
         repeats=repeats, decoder=decoder, batches=batches, batch_size=batch_size, images=num_images,
         workers_grid=list(workers_grid),
-        stage_threads=stage_threads, open_latency=open_latency, read_latency=read_latency, bandwidth=bandwidth,
+        stage_threads=stage_threads, copy_threads=copy_threads, open_latency=open_latency, read_latency=read_latency, bandwidth=bandwidth,
         max_inflight=max_inflight, dataset_bytes=man.total_bytes, cpus=os.cpu_count()))
     summary["repeats"] = spread
     return summary
