@@ -57,11 +57,16 @@ def files_of(root: str) -> list[str]:
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if not f.startswith("."))
 
 
+def decode_alone(root: str) -> dict:
+    blobs = []
+    for path in files_of(root):
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+    return measure("decode", lambda: sum(1 for b in blobs if decode_image(b) is not None))
+
+
 def run(root: str, batch: int) -> list[dict]:
-    rows = []
-    blobs = [open(f, "rb").read() for f in files_of(root)]
-    rows.append(measure("decode", lambda: sum(1 for b in blobs if decode_image(b) is not None)))
-    del blobs
+    rows = [decode_alone(root)]
 
     def dataloader() -> int:
         keys = [os.path.relpath(f, root) for f in files_of(root)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch  # imported before any clock: its import is not timed
 
 import argparse
-import json
+
 import multiprocessing as mp
 import os
 import shutil
@@ -28,13 +28,15 @@ import sys
 import tempfile
 import time
 
+from fusebench import run_and_report
+
 from clairvoyant import Loader
 from clairvoyant import manifest as manifest_mod
 from clairvoyant.experiments import staging
 from clairvoyant.load.decode import decode_image
 from clairvoyant.paths import cache_home
 from clairvoyant.source import PosixSource
-from clairvoyant.testing import FuseStore, fuse_available, make_dataset
+from clairvoyant.testing import FuseStore, make_dataset
 
 _IMAGES: list[bytes] = []  # the decode limit's input, inherited by forked processes
 
@@ -171,19 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         args.open_latency, args.read_latency, args.workers, args.local_workers = 0.001, 0.0, "1,2", "1"
     args.workers = tuple(int(w) for w in args.workers.split(","))
     args.local_workers = tuple(int(w) for w in args.local_workers.split(","))
-    ok, why = fuse_available()
-    if not ok:
-        print(f"kernel_path: skipped, the FUSE store is unavailable here: {why}")
-        return 0
-    summary = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "kernel_path.json")
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=1)
-    print(format_table(summary))
-    print(json.dumps({"json": path}))
-    return 0
-
+    return run_and_report("kernel_path", args, run, format_table)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -53,6 +53,8 @@ import numpy as np
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata asks PyPI for a newer version otherwise
 
+from fusebench import run_and_report  # noqa: E402
+
 from clairvoyant import Loader  # noqa: E402
 from clairvoyant import manifest as manifest_mod  # noqa: E402
 from clairvoyant.experiments import staging  # noqa: E402
@@ -60,7 +62,7 @@ from clairvoyant.load.decode import decode_image  # noqa: E402
 from clairvoyant.pack import member_names, pack, plan_shards  # noqa: E402
 from clairvoyant.paths import cache_home  # noqa: E402
 from clairvoyant.source import PosixSource, TarShardSource  # noqa: E402
-from clairvoyant.testing import FuseStore, fuse_available, make_dataset  # noqa: E402
+from clairvoyant.testing import FuseStore, make_dataset  # noqa: E402
 
 PEERS = {"litdata": "litdata", "streaming": "mosaicml-streaming", "webdataset": "webdataset"}  # module: package
 MODES = {"clairvoyant": ("shards", "tree"), "litdata": ("in place", "local: cache"),
@@ -542,19 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         args.images, args.size, args.batch, args.shards = 48, 32, 8, 4
         args.open_latency, args.read_latency, args.workers, args.timeout = 0.001, 0.0, "2", 120
     args.workers = tuple(int(w) for w in args.workers.split(","))
-    ok, why = fuse_available()
-    if not ok:
-        print(f"packed_peers: skipped, the FUSE store is unavailable here: {why}")
-        return 0
-    summary = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "packed_peers.json")
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=1)
-    print(format_table(summary))
-    print(json.dumps({"json": path}))
-    return 0
-
+    return run_and_report("packed_peers", args, run, format_table)
 
 if __name__ == "__main__":
     sys.exit(main())
