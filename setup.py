@@ -16,4 +16,4 @@ ext = [] if sys.platform != "linux" else [
               extra_compile_args=["-O2"]),
 ]
 # the FUSE store's daemon is compiled from its source on first use (clairvoyant.testing.fusestore)
-setup(ext_modules=ext, package_data={"clairvoyant.testing": ["emufs.c"]})
+setup(ext_modules=ext, package_data={"clairvoyant.testing": ["emufs.c"], "clairvoyant.mount": ["mountfs.c"]})

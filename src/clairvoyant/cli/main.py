@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .pack import add_parser as add_pack
     add_pack(sub)
 
+    from .mount import add_parser as add_mount
+    add_mount(sub)
+
     pr = sub.add_parser("probe", help="measure the storage: latency, throughput vs. readers (never writes there)")
     pr.add_argument("path", help="the data set's directory, or an object store URL (s3://bucket/prefix, ...)")
     pr.add_argument("--storage-options", metavar="JSON",

@@ -29,20 +29,15 @@ build the daemon, a C compiler and libfuse3's headers (``scripts/install-sysdeps
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import mmap
 import os
 import shutil
-import signal
 import struct
-import subprocess
 import tempfile
-import time
 import weakref
 
 from ..errors import ConfigError, SourceError, SourceNotFound
-from ..paths import cache_home
+from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from .emulated import Counters
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emufs.c")
@@ -51,115 +46,22 @@ _LAYOUT = struct.Struct("<8sII7Q")
 _MAGIC, _VERSION = b"CVEMUFS\0", 1
 _COUNTERS_AT, _N_RESET = 16, 6  # reset zeroes the first six counters, not "in flight now"
 _MAX_INFLIGHT = 4096
-_INSTALL = "run scripts/install-sysdeps.sh (Debian: apt-get install fuse3 libfuse3-dev pkg-config)"
 
 
-def _binary_path() -> str:
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    return os.path.join(cache_home(), "bin", f"emufs-{digest}")
+_DAEMON = Daemon(_SOURCE, "emufs")
+_binary_path = _DAEMON.binary_path
+_mounted = mounted
 
 
 def fuse_available() -> tuple[bool, str]:
     """Whether a FuseStore can be mounted here; when not, the reason and what to install."""
-    if not os.path.exists("/dev/fuse"):
-        return False, "no /dev/fuse: load the fuse module (modprobe fuse), or start the container with --device /dev/fuse"
-    fusermount = shutil.which("fusermount3")
-    if fusermount is None:
-        return False, f"no fusermount3 on PATH: {_INSTALL}"
-    if os.geteuid() != 0 and not os.access("/dev/fuse", os.R_OK | os.W_OK) \
-            and not os.stat(fusermount).st_mode & 0o4000:
-        return False, "/dev/fuse is not readable and writable by this user, and fusermount3 is not setuid root"
-    if os.access(_binary_path(), os.X_OK):
-        return True, ""  # built before: neither compiler nor headers needed
-    if shutil.which("pkg-config") is None or subprocess.run(
-            ["pkg-config", "--exists", "fuse3"], capture_output=True).returncode != 0:
-        return False, f"no libfuse3 headers (pkg-config fuse3 fails): {_INSTALL}"
-    if shutil.which("cc") is None:
-        return False, "no C compiler (cc) to build the emufs daemon: install gcc or clang"
-    return True, ""
+    return _DAEMON.available()
 
 
 def daemon_binary() -> str:
     """The emufs daemon, compiled on first use into ``cache_home()/bin``, named by a hash of its
     source. Compiled under a temporary name and renamed, so concurrent first uses do not collide."""
-    path = _binary_path()
-    if os.access(path, os.X_OK):
-        return path
-    ok, why = fuse_available()
-    if not ok:
-        raise SourceError(f"cannot build the emufs daemon from {_SOURCE}: {why}")
-    bindir = os.path.dirname(path)
-    os.makedirs(bindir, mode=0o700, exist_ok=True)
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True,
-                           check=True).stdout.split()
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=bindir)
-    os.close(fd)
-    try:
-        r = subprocess.run(["cc", "-O2", "-Wall", "-o", tmp, _SOURCE, *flags], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SourceError(f"compiling {_SOURCE} failed (cc exit {r.returncode}); is libfuse3-dev "
-                              f"installed? The compiler said:\n{r.stderr.strip()}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _unescape(field: str) -> str:
-    """/proc/mounts writes space, tab, newline and backslash in octal (\\040)."""
-    return field.encode("latin-1").decode("unicode_escape") if "\\" in field else field
-
-
-def _mounted(path: str) -> bool:
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[2].startswith("fuse") and _unescape(parts[1]) == path:
-                return True
-    return False
-
-
-def _log_tail(log: str, limit: int = 2000) -> str:
-    try:
-        with open(log, errors="replace") as f:
-            text = f.read().strip()
-    except OSError:
-        return "(no daemon log)"
-    return text[-limit:] or "(the daemon printed nothing)"
-
-
-def _teardown(proc: subprocess.Popen, mnt: str, work: str, own_mnt: bool, held: dict) -> None:
-    """Unmount, reap the daemon (killing it if it lingers), remove the temporary files. Runs once:
-    from close(), at garbage collection, or at interpreter exit."""
-    mm = held.pop("mm", None)
-    if mm is not None:
-        mm.close()
-    wait = 5.0
-    if _mounted(mnt):
-        if subprocess.run(["fusermount3", "-u", mnt], capture_output=True).returncode != 0 and _mounted(mnt):
-            # busy (a file still open on it): detach it now; the daemon would serve the open files
-            # until they close, so it is stopped at once
-            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-            wait = 0.0
-    try:
-        proc.wait(wait)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # emufs leaves its loop and unmounts
-        try:
-            proc.wait(2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if _mounted(mnt):  # the daemon died without unmounting
-        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-    if own_mnt and not _mounted(mnt):
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(mnt)
-    shutil.rmtree(work, ignore_errors=True)
+    return _DAEMON.binary()
 
 
 class FuseStore:
@@ -189,12 +91,7 @@ class FuseStore:
         self.open_latency, self.read_latency = float(open_latency), float(read_latency)
         self.bandwidth, self.max_inflight = float(bandwidth), max_inflight
         if mountpoint is not None:
-            mnt = os.path.realpath(os.fspath(mountpoint))
-            if not os.path.isdir(mnt) or os.listdir(mnt):
-                raise ConfigError(f"mountpoint {mnt} must be an existing empty directory")
-            if _mounted(mnt):
-                raise ConfigError(f"{mnt} is already a FUSE mount point: unmount it (fusermount3 -u {mnt}) "
-                                  "or choose another")
+            mnt = check_mountpoint(mountpoint)
         binary = daemon_binary()
         work = tempfile.mkdtemp(prefix="clairvoyant-emufs-")
         own_mnt = mountpoint is None
@@ -210,33 +107,18 @@ class FuseStore:
                f"--read-latency={self.read_latency!r}", f"--bandwidth={self.bandwidth!r}",
                f"--max-inflight={max_inflight}", f"--counters={self._counters_path}", self.source, mnt]
         try:
-            with open(log, "w") as logf:
-                # a session of its own: a Ctrl-C in the terminal must not unmount under our feet
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                        start_new_session=True)
+            proc = start(cmd, log)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
         self.pid = proc.pid
-        self._finalizer = weakref.finalize(self, _teardown, proc, mnt, work, own_mnt, self._held)
+        self._finalizer = weakref.finalize(self, teardown, proc, mnt, work, own_mnt, self._held)
         try:
-            self._wait_mounted(proc, log, ready_timeout)
+            wait_mounted(proc, self.path, log, ready_timeout, f"emufs serving {self.source}")
             self._held["mm"] = self._map_counters()
         except BaseException:
             self._finalizer()
             raise
-
-    def _wait_mounted(self, proc: subprocess.Popen, log: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not _mounted(self.path):
-            if proc.poll() is not None:
-                raise SourceError(f"emufs exited (status {proc.returncode}) before mounting {self.source} on "
-                                  f"{self.path}; it said: {_log_tail(log)}")
-            if time.monotonic() > deadline:
-                raise SourceError(f"{self.path} did not appear in /proc/mounts within {timeout:g} s of starting "
-                                  f"emufs for {self.source}; its output: {_log_tail(log)}. A loaded machine may "
-                                  f"need a larger ready_timeout")
-            time.sleep(0.005)
 
     def _map_counters(self) -> mmap.mmap:
         with open(self._counters_path, "r+b") as f:

@@ -1,0 +1,125 @@
+"""`clairvoyant mount SRC MNT`, `clairvoyant mount --stats MNT`, `clairvoyant umount MNT`: thin."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def _print_stats(mnt: str, as_json: bool) -> int:
+    from ..mount.fs import read_info, read_stats
+
+    info = read_info(mnt)
+    s = read_stats(info["stats"])
+    staging = {}
+    try:
+        with open(info["staging"]) as f:
+            staging = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if as_json:
+        print(json.dumps({"mount": mnt, **s.to_json(), "staging": staging}))
+        return 0
+    from ..units import format_bytes
+    opens = s.opens_local + s.opens_source
+    share = f" ({100 * s.opens_local / opens:.1f}% local)" if opens else ""
+    print(f"{mnt}: opens {s.opens_local} local, {s.opens_source} from the source{share}; bytes "
+          f"{format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the source; "
+          f"{s.corrupt} corrupt entries not served")
+    if staging:
+        print("staging: " + ", ".join(f"{k} {v}" for k, v in staging.items()))
+    return 0
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    if args.stats:
+        if len(args.paths) != 1:
+            raise SystemExit("clairvoyant mount --stats MNT: give only the mount point")
+        return _print_stats(args.paths[0], args.json)
+    if len(args.paths) != 2:
+        raise SystemExit("clairvoyant mount SRC MNT: give the data set's directory and an empty mount point")
+    from ..mount.fs import Mount
+
+    stop = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        got.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
+              stage=not args.no_stage, stage_threads=args.stage_threads)
+    try:
+        print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, "
+              f"up to {m.capacity}); Ctrl-C or `clairvoyant umount {m.path}` unmounts", flush=True)
+        while not stop.wait(0.2):
+            if not m.alive():
+                print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {m.proc.poll()}); "
+                      "cleaning up", file=sys.stderr, flush=True)
+                return 1
+        return 0
+    finally:
+        m.close()
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from ..fusebase import mounted, unmount
+    from ..mount.fs import read_info
+
+    mnt = os.path.realpath(args.mountpoint)
+    if not mounted(mnt):
+        print(f"{mnt} is not mounted", file=sys.stderr)
+        return 1
+    try:
+        pid = int(read_info(mnt)["pid"])
+    except Exception:   # no description (a dead daemon, or another file system): unmount it anyway
+        pid = -1
+    if pid > 0:
+        try:
+            os.kill(pid, signal.SIGTERM)   # the mount process unmounts and leaves the tier's session
+        except ProcessLookupError:
+            pid = -1
+    deadline = time.monotonic() + args.timeout
+    while pid > 0 and mounted(mnt) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if mounted(mnt):
+        unmount(mnt)
+    while pid > 0 and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    if mounted(mnt):
+        print(f"{mnt} is still mounted (busy?): close the programs using it, then run fusermount3 -u {mnt}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("mount", help="the data set as a read-only FUSE file system staged from the local tier",
+                       description="Serve SRC read-only at MNT (an empty directory) until Ctrl-C, SIGTERM or "
+                       "`clairvoyant umount MNT`: metadata from the manifest, reads from the local tier where a "
+                       "checked entry is there, else from SRC; staging ahead in the order a clairvoyant.torch "
+                       "sampler publishes (docs/mount.md). `clairvoyant mount --stats MNT`: the counters.")
+    p.add_argument("paths", nargs="+", metavar="SRC MNT", help="the data set's directory and the mount point "
+                   "(with --stats: only the mount point)")
+    p.add_argument("--local-dir", help="node-local directory of the cache (default: as the Loader's)")
+    p.add_argument("--local-capacity", help="room for the cache, e.g. 400GiB or 50%% of the data set")
+    p.add_argument("--stage-threads", type=int, default=16, help="threads reading from the source ahead of use")
+    p.add_argument("--no-stage", action="store_true", help="do not stage: only serve what is already there")
+    p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_mount)
+    u = sub.add_parser("umount", help="unmount a clairvoyant mount (its process exits)")
+    u.add_argument("mountpoint")
+    u.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the mount process")
+    u.set_defaults(fn=cmd_umount)

@@ -1,0 +1,232 @@
+"""MECHANISM: ``clairvoyant mount``: a read-only FUSE view of a data set's directory, backed by the
+same manifest and local tier as the Loader.
+
+:class:`Mount` lists the source once (the manifest), writes the listing the daemon answers
+``stat``/``readdir``/``open`` from (``listing.py``), joins the local tier's session as the Loader
+does (the first process of a session recovers the tier after a crash), and starts ``mountfs``
+(``mountfs.c``, compiled on first use). The daemon reads a staged entry only after its checksum
+verifies, else the source. The mount process stages into the tier (``controller.py``): ahead in
+the order a clairvoyant sampler publishes, or what programs open, within the capacity.
+
+``MNT/.clairvoyant.json`` (hidden, read-only, not listed) says where the mount's local tier, its
+published orders and its counters are, for the samplers and ``clairvoyant mount --stats``.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import manifest as manifest_mod
+from ..cache import capacity as capacity_mod
+from ..cache.entry import entry_size
+from ..cache.local import LocalStore
+from ..cache.tiers import Tiers
+from ..errors import ConfigError, SourceError
+from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
+from ..paths import default_local_dir, default_ram_dir
+from ..source import PosixSource, as_source
+from . import listing
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountfs.c")
+DAEMON = Daemon(_SOURCE, "mountfs", ("fuse3", "libxxhash"))
+INFO_NAME = ".clairvoyant.json"
+ORDERS_DIR = "mount-orders"
+# magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid
+_LAYOUT = struct.Struct("<8sII8Q")
+_MAGIC, _VERSION = b"CVMNTST\0", 1
+
+
+class MountStats(NamedTuple):
+    opens_local: int      # opens served from a verified staged entry
+    opens_source: int     # opens passed through to the source
+    bytes_local: int
+    bytes_source: int
+    corrupt: int          # staged entries that failed their check (never served)
+    reads: int
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
+def mount_available() -> tuple[bool, str]:
+    """Whether ``clairvoyant mount`` can work here; when not, the reason and what to install."""
+    return DAEMON.available()
+
+
+def read_stats(path: str) -> MountStats:
+    """The counters in a mount's stats file (another process may read them: no round trip)."""
+    with open(path, "rb") as f:
+        raw = f.read(_LAYOUT.size)
+    if len(raw) < _LAYOUT.size:
+        raise SourceError(f"{path}: not a clairvoyant mount's stats file (too short)")
+    v = _LAYOUT.unpack(raw)
+    if v[:3] != (_MAGIC, _VERSION, _LAYOUT.size):
+        raise SourceError(f"{path}: stats file of another mountfs version (magic {v[0]!r}, version {v[1]})")
+    return MountStats(*v[3:9])
+
+
+def read_info(mnt: str) -> dict:
+    """What ``MNT/.clairvoyant.json`` says (ConfigError if ``mnt`` is no clairvoyant mount)."""
+    path = os.path.join(os.fspath(mnt), INFO_NAME)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{mnt} is not a clairvoyant mount (cannot read {path}: {e}); start one with "
+                          "clairvoyant mount SRC MNT") from e
+    if not isinstance(doc, dict) or doc.get("clairvoyant_mount") != 1:
+        raise ConfigError(f"{path} is not a clairvoyant mount's description")
+    return doc
+
+
+def _open_tiers(source, manifest, local_dir, local_capacity) -> tuple[Tiers, capacity_mod.Capacity]:
+    sizes = np.asarray(manifest.sizes, dtype=np.int64) + entry_size(0)
+    total, largest = int(sizes.sum()), int(sizes.max())
+    local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), source.uri,
+                       expected=len(manifest))
+    try:
+        lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total, largest_entry=largest,
+                                    default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
+        ram_base = default_ram_dir()
+        tiers = Tiers(local, lambda: LocalStore(ram_base, source.uri, entries=False), lcap.nbytes, 0, source,
+                      direct=True)
+    except BaseException:
+        local.close()
+        raise
+    return tiers, lcap
+
+
+def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers) -> None:
+    ctl = held.pop("controller", None)
+    if ctl is not None:
+        ctl.stop()
+    teardown(proc, mnt, None, False, {k: held.pop(k) for k in ("stats",) if k in held})
+    for fd in (held.pop("events", -1),):
+        if fd >= 0:
+            os.close(fd)
+    tiers.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+class Mount:
+    """``source`` (a directory) served read-only at ``mountpoint`` (an empty directory), reads from the
+    node's local tier in ``local_dir`` where a verified entry is there, else from the source.
+
+    A context manager; ``close()`` unmounts (lazily if a file is still open), reaps the daemon and
+    leaves the tier's session (also done at garbage collection and at exit). ``stage=False``: no
+    staging by this process (the daemon still serves what others staged).
+    """
+
+    def __init__(self, source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
+                 local_dir: str | os.PathLike[str] | None = None, local_capacity: int | str | None = None,
+                 stage: bool = True, stage_threads: int = 16, ready_timeout: float = 10.0,
+                 reindex: bool = False) -> None:
+        ok, why = mount_available()
+        if not ok:
+            raise SourceError(f"cannot mount {source}: {why}")
+        src = as_source(os.fspath(source))
+        if not isinstance(src, PosixSource):
+            raise ConfigError(f"clairvoyant mount serves a directory of files; {source} is a {type(src).__name__}")
+        src.check()
+        self.source = src
+        self.path = check_mountpoint(mountpoint)
+        self.manifest, _ = manifest_mod.obtain(src, reindex=reindex)
+        if len(self.manifest) == 0:
+            raise ConfigError(f"{src.root} holds no files to mount")
+        binary = DAEMON.binary()
+        self.tiers, self.capacity = _open_tiers(src, self.manifest, local_dir, local_capacity)
+        self.local_dir = self.tiers.local.local_dir
+        self.orders_dir = os.path.join(self.tiers.local.root, ORDERS_DIR)
+        os.makedirs(self.orders_dir, mode=0o700, exist_ok=True)
+        work = tempfile.mkdtemp(prefix="clairvoyant-mount-")
+        held: dict = {}
+        try:
+            listing.write(os.path.join(work, "listing"), self.manifest)
+            self.stats_path = os.path.join(work, "stats")
+            self.info = {"clairvoyant_mount": 1, "source": src.root, "mount": self.path, "pid": os.getpid(),
+                         "local_dir": self.local_dir, "tier": self.tiers.local.root, "orders": self.orders_dir,
+                         "stats": self.stats_path, "staging": os.path.join(work, "staging.json"),
+                         "samples": len(self.manifest), "capacity": self.capacity.nbytes}
+            listing.publish_bytes(os.path.join(work, "info.json"), json.dumps(self.info, indent=1).encode())
+            r, w = os.pipe()
+            held["events"] = r
+            cmd = [binary, "-f", "--watch-parent", f"--listing={work}/listing",
+                   f"--index={self.tiers.local.index.path}", f"--extents={self.tiers.local.ext_dir}",
+                   f"--stats={self.stats_path}", f"--info={work}/info.json", f"--events-fd={w}", src.root,
+                   self.path]
+            try:
+                proc = start(cmd, os.path.join(work, "mountfs.log"), pass_fds=(w,))
+            finally:
+                os.close(w)
+        except BaseException:
+            for fd in (held.pop("events", -1),):
+                if fd >= 0:
+                    os.close(fd)
+            self.tiers.close()
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        self.proc = proc
+        self.pid = proc.pid
+        self._held = held
+        self._work = work
+        self._finalizer = weakref.finalize(self, _finish, held, proc, self.path, work, self.tiers)
+        try:
+            wait_mounted(proc, self.path, os.path.join(work, "mountfs.log"), ready_timeout,
+                         f"mountfs serving {src.root}")
+            with open(self.stats_path, "r+b") as f:
+                held["stats"] = mmap.mmap(f.fileno(), _LAYOUT.size)
+            if stage:
+                from .controller import Controller
+                held["controller"] = Controller(self, threads=stage_threads)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    @property
+    def events_fd(self) -> int:
+        """The read end of the daemon's pipe of source opens (file numbers, u64 each)."""
+        return self._held.get("events", -1)
+
+    @property
+    def controller(self):
+        return self._held.get("controller")
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def alive(self) -> bool:
+        """The daemon still runs and the mount is still there."""
+        return self.proc.poll() is None and mounted(self.path)
+
+    def stats(self) -> MountStats:
+        mm = self._held.get("stats")
+        if mm is None:
+            raise SourceError(f"the mount on {self.path} is closed")
+        return MountStats(*_LAYOUT.unpack_from(mm, 0)[3:9])
+
+    def close(self) -> None:
+        """Unmount, reap the daemon, leave the tier's session, remove the temporary files. Idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> "Mount":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"mounted at {self.path!r}"
+        return f"Mount({self.source.root!r}; {state}; local tier {self.tiers.local.root!r})"
+
+
+__all__ = ["Mount", "MountStats", "mount_available", "read_stats", "read_info", "DAEMON", "INFO_NAME"]

@@ -1,0 +1,548 @@
+/*
+ * mountfs: the daemon of `clairvoyant mount`, a read-only FUSE view of a data set's directory.
+ *
+ *   mountfs -f --listing=FILE --index=FILE --extents=DIR --stats=FILE --info=FILE
+ *           [--events-fd=N] [--watch-parent] [fuse options] SOURCE MOUNTPOINT
+ *
+ * Metadata never touches SOURCE: getattr, lookup, readdir and open are answered from the
+ * listing (written by clairvoyant/mount/listing.py from the manifest: every file's relative
+ * path, size and key digest, and the directories derived from them), so a training job's
+ * `stat`/`listdir` storm stays on this node.
+ *
+ * An open looks its file's digest up in the local tier's shared index (cache/extents.py: a
+ * mapped open-addressing table, slots read under their seqlock, never written here). When the
+ * slot holds an entry of the file's size plus the 32-byte trailer, the whole entry is read and
+ * its xxh3-64 checksum compared with the trailer's; only then is the open served from those
+ * bytes. Anything else (absent, another length, a bad trailer, a failed checksum, a vanished
+ * extent) opens the source file instead: a corrupt staged entry is never served.
+ *
+ * Counters live in the --stats file (struct mountfs_stats, mapped shared; the Python reader
+ * clairvoyant/mount/fs.py must match it field for field). Each open served from SOURCE writes
+ * the file's number (u64) to --events-fd, if given, without blocking: the mount process stages
+ * what is read (read-through caching) and learns the first-open order.
+ * /.clairvoyant.json (not listed by readdir) serves the bytes of --info.
+ * Writes, creates, unlinks, renames and every other change fail with EROFS.
+ * --watch-parent: exit (and unmount) when the process that started us is gone.
+ */
+
+#define FUSE_USE_VERSION 31
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "mountfs: the listing, index and stats files are little-endian"
+#endif
+
+#define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
+#define STATS_VERSION 1
+#define LISTING_MAGIC "CVMNTLS1"
+#define INDEX_MAGIC "CVINDEX1"
+#define ENTRY_MAGIC "CVENTRY1"
+#define TRAILER 32
+#define INDEX_HEADER 4096
+#define INFO_NAME "/.clairvoyant.json"
+
+struct mountfs_stats {
+    char magic[8];
+    uint32_t version;
+    uint32_t size;
+    uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
+};
+
+struct listing_head {   /* 64 bytes */
+    char magic[8];
+    uint32_t version, pad;
+    uint64_t nfiles, ndirs, nchildren, strings;
+    uint64_t reserved[2];
+};
+struct lfile { uint64_t size, digest, path; };
+struct ldir { uint64_t path, first, count; };
+struct lchild { uint64_t name, ref; };  /* ref: index << 1 | is_dir */
+
+struct slot { uint64_t digest; uint32_t seq, extent; uint64_t offset; uint32_t length, stamp; };
+
+static struct {
+    char *listing, *index, *extents, *stats, *info, *source;
+    int events_fd, watch_parent;
+} opt = {NULL, NULL, NULL, NULL, NULL, NULL, -1, 0};
+
+static const struct lfile *files;
+static const struct ldir *dirs;
+static const struct lchild *children;
+static const char *strs;
+static uint64_t nfiles, ndirs;
+static uint64_t total_bytes;
+
+static int src_fd = -1;
+static int index_fd = -1;
+static const uint8_t *index_map;  /* read-only */
+static size_t index_len;
+static pthread_rwlock_t index_lock = PTHREAD_RWLOCK_INITIALIZER;
+
+static char *info_bytes;
+static size_t info_len;
+static struct mountfs_stats *sh;
+static struct timespec started;
+static pid_t parent;
+
+struct handle {
+    int fd;          /* source file, or -1 when served from buf */
+    char *buf;       /* the verified sample's bytes (local), or the info file */
+    uint64_t size;
+    int local;
+};
+
+static void count(uint64_t *field, uint64_t n) { __atomic_fetch_add(field, n, __ATOMIC_RELAXED); }
+
+static const char *rel(const char *path) { return path[0] == '/' ? path + 1 : path; }
+
+/* The file or directory named by ``path`` (relative, no leading slash), by binary search over the
+   listing's sorted paths: >= 0 a file, -1 not found; *dir set to the directory's index when it is one. */
+static int64_t find(const char *p, int64_t *dir) {
+    int64_t lo = 0, hi = (int64_t)nfiles - 1;
+    *dir = -1;
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(p, strs + files[mid].path);
+        if (c == 0) return mid;
+        if (c < 0) hi = mid - 1; else lo = mid + 1;
+    }
+    lo = 0, hi = (int64_t)ndirs - 1;
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(p, strs + dirs[mid].path);
+        if (c == 0) { *dir = mid; return -1; }
+        if (c < 0) hi = mid - 1; else lo = mid + 1;
+    }
+    return -1;
+}
+
+/* -- the local tier's index ------------------------------------------------------------------ */
+
+static size_t index_bytes(uint32_t bits) {
+    return INDEX_HEADER + ((size_t)4 + sizeof(struct slot)) * ((size_t)1 << bits);
+}
+
+/* Map (or map again: a new session may have grown the table) the index; under the write lock. */
+static int index_remap(void) {
+    struct stat st;
+    if (index_fd < 0 || fstat(index_fd, &st) < 0 || (size_t)st.st_size < INDEX_HEADER) return -1;
+    if (index_map) munmap((void *)index_map, index_len);
+    index_map = NULL;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, index_fd, 0);
+    if (m == MAP_FAILED) return -1;
+    index_map = m;
+    index_len = (size_t)st.st_size;
+    return 0;
+}
+
+/* The index's present entry of ``digest``: 1 and (extent, offset, length), or 0. */
+static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uint32_t *length) {
+    int found = 0;
+    pthread_rwlock_rdlock(&index_lock);
+    uint32_t bits = 0;
+    if (index_map) memcpy(&bits, index_map + 12, 4);
+    if (!index_map || memcmp(index_map, INDEX_MAGIC, 8) != 0 || bits > 40 || index_bytes(bits) != index_len) {
+        pthread_rwlock_unlock(&index_lock);
+        pthread_rwlock_wrlock(&index_lock);
+        index_remap();
+        if (index_map) memcpy(&bits, index_map + 12, 4);
+        int ok = index_map && memcmp(index_map, INDEX_MAGIC, 8) == 0 && bits <= 40 && index_bytes(bits) <= index_len;
+        pthread_rwlock_unlock(&index_lock);
+        if (!ok) return 0;
+        pthread_rwlock_rdlock(&index_lock);
+        if (!index_map) { pthread_rwlock_unlock(&index_lock); return 0; }
+        memcpy(&bits, index_map + 12, 4);
+        if (bits > 40 || index_bytes(bits) > index_len) { pthread_rwlock_unlock(&index_lock); return 0; }
+    }
+    uint64_t n = (uint64_t)1 << bits, mask = n - 1, i = digest & mask;
+    struct slot *slots = (struct slot *)(index_map + INDEX_HEADER + 4 * n);
+    for (uint64_t step = 0; step < n; step++, i = (i + 1) & mask) {
+        uint64_t d = __atomic_load_n(&slots[i].digest, __ATOMIC_ACQUIRE);
+        if (d == 0) break;
+        if (d != digest) continue;
+        for (int tries = 0; tries < 1000; tries++) {   /* the slot's seqlock */
+            uint32_t s1 = __atomic_load_n(&slots[i].seq, __ATOMIC_ACQUIRE);
+            if (s1 & 1) continue;
+            uint32_t e = __atomic_load_n(&slots[i].extent, __ATOMIC_RELAXED);
+            uint64_t o = __atomic_load_n(&slots[i].offset, __ATOMIC_RELAXED);
+            uint32_t l = __atomic_load_n(&slots[i].length, __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(&slots[i].seq, __ATOMIC_RELAXED) != s1) continue;
+            if (l) { *extent = e; *offset = o; *length = l; found = 1; }
+            break;
+        }
+        break;
+    }
+    pthread_rwlock_unlock(&index_lock);
+    return found;
+}
+
+/* The verified bytes of file ``f`` from the local tier, or NULL (counting a corrupt entry). */
+static char *read_local(const struct lfile *f) {
+    uint32_t extent, length;
+    uint64_t offset;
+    if (!index_lookup(f->digest, &extent, &offset, &length)) return NULL;
+    if ((uint64_t)length != f->size + TRAILER) return NULL;   /* another size: stale, not ours */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%u", opt.extents, extent);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;   /* evicted meanwhile */
+    char *buf = malloc(length ? length : 1);
+    size_t got = 0;
+    while (buf && got < length) {
+        ssize_t r = pread(fd, buf + got, length - got, (off_t)(offset + got));
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf) return NULL;
+    uint64_t sum, n;
+    if (got != length || memcmp(buf + f->size, ENTRY_MAGIC, 8) != 0) goto bad;
+    memcpy(&sum, buf + f->size + 8, 8);
+    memcpy(&n, buf + f->size + 24, 8);
+    if (n != f->size || XXH3_64bits(buf, f->size) != sum) goto bad;
+    return buf;
+bad:
+    count(&sh->corrupt, 1);
+    free(buf);
+    return NULL;
+}
+
+/* -- operations ------------------------------------------------------------------------------ */
+
+static void fill_file(struct stat *st, uint64_t size) {
+    memset(st, 0, sizeof *st);
+    st->st_mode = S_IFREG | 0444;
+    st->st_nlink = 1;
+    st->st_size = (off_t)size;
+    st->st_blocks = (blkcnt_t)((size + 511) / 512);
+    st->st_blksize = 4096;
+    st->st_uid = getuid();
+    st->st_gid = getgid();
+    st->st_mtim = st->st_ctim = st->st_atim = started;
+}
+
+static void fill_dir(struct stat *st) {
+    memset(st, 0, sizeof *st);
+    st->st_mode = S_IFDIR | 0555;
+    st->st_nlink = 2;
+    st->st_uid = getuid();
+    st->st_gid = getgid();
+    st->st_mtim = st->st_ctim = st->st_atim = started;
+}
+
+static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
+    (void)conn;
+    cfg->entry_timeout = cfg->attr_timeout = cfg->negative_timeout = 3600.0;  /* the listing never changes */
+    cfg->kernel_cache = 1;   /* a file's bytes never change either: keep its pages between opens */
+    return NULL;
+}
+
+static int mnt_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
+    (void)fi;
+    if (strcmp(path, INFO_NAME) == 0) { fill_file(st, info_len); return 0; }
+    int64_t d, f = find(rel(path), &d);
+    if (f >= 0) { fill_file(st, files[f].size); return 0; }
+    if (d >= 0) { fill_dir(st); return 0; }
+    return -ENOENT;
+}
+
+static int mnt_access(const char *path, int mask) {
+    struct stat st;
+    int r = mnt_getattr(path, &st, NULL);
+    if (r) return r;
+    return (mask & W_OK) ? -EROFS : 0;
+}
+
+static int mnt_open(const char *path, struct fuse_file_info *fi) {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_CREAT))) return -EROFS;
+    struct handle *h = calloc(1, sizeof *h);
+    if (!h) return -ENOMEM;
+    h->fd = -1;
+    if (strcmp(path, INFO_NAME) == 0) {
+        h->buf = info_bytes;   /* not freed at release */
+        h->size = info_len;
+        h->local = 2;
+        count(&sh->info_opens, 1);
+        fi->fh = (uint64_t)(uintptr_t)h;
+        fi->direct_io = 1;
+        return 0;
+    }
+    int64_t d, f = find(rel(path), &d);
+    if (f < 0) { free(h); return d >= 0 ? -EISDIR : -ENOENT; }
+    h->size = files[f].size;
+    h->buf = read_local(&files[f]);
+    if (h->buf) {
+        h->local = 1;
+        count(&sh->opens_local, 1);
+    } else {
+        h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
+        if (h->fd < 0) { int e = errno; free(h); return -e; }
+        count(&sh->opens_source, 1);
+        if (opt.events_fd >= 0) {
+            uint64_t ev = (uint64_t)f;
+            if (write(opt.events_fd, &ev, sizeof ev) < 0) { /* full or closed: the hint is dropped */ }
+        }
+    }
+    fi->fh = (uint64_t)(uintptr_t)h;
+    fi->keep_cache = 1;
+    return 0;
+}
+
+static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi) {
+    (void)path;
+    struct handle *h = (struct handle *)(uintptr_t)fi->fh;
+    count(&sh->reads, 1);
+    if (off < 0 || (uint64_t)off >= h->size) return 0;
+    if (size > h->size - (uint64_t)off) size = (size_t)(h->size - (uint64_t)off);
+    if (h->buf) {
+        memcpy(buf, h->buf + off, size);
+        if (h->local == 1) count(&sh->bytes_local, size);
+        return (int)size;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(h->fd, buf + got, size - got, off + (off_t)got);
+        if (r < 0) { if (errno == EINTR) continue; return got ? (int)got : -errno; }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    count(&sh->bytes_source, got);
+    return (int)got;
+}
+
+static int mnt_release(const char *path, struct fuse_file_info *fi) {
+    (void)path;
+    struct handle *h = (struct handle *)(uintptr_t)fi->fh;
+    if (h->fd >= 0) close(h->fd);
+    if (h->local == 1) free(h->buf);
+    free(h);
+    return 0;
+}
+
+static int mnt_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t off,
+                       struct fuse_file_info *fi, enum fuse_readdir_flags flags) {
+    (void)off; (void)fi; (void)flags;
+    int64_t d;
+    if (find(rel(path), &d) >= 0) return -ENOTDIR;
+    if (d < 0) return -ENOENT;
+    struct stat st;
+    fill_dir(&st);
+    fill(buf, ".", &st, 0, 0);
+    fill(buf, "..", &st, 0, 0);
+    for (uint64_t k = 0; k < dirs[d].count; k++) {
+        const struct lchild *c = &children[dirs[d].first + k];
+        if (c->ref & 1) fill_dir(&st); else fill_file(&st, files[c->ref >> 1].size);
+        if (fill(buf, strs + c->name, &st, 0, 0)) break;
+    }
+    return 0;
+}
+
+static int mnt_statfs(const char *path, struct statvfs *st) {
+    (void)path;
+    memset(st, 0, sizeof *st);
+    st->f_bsize = st->f_frsize = 4096;
+    st->f_blocks = total_bytes / 4096 + 1;
+    st->f_files = nfiles + ndirs;
+    st->f_namemax = 255;
+    st->f_flag = ST_RDONLY;
+    return 0;
+}
+
+static int ro_path(const char *p) { (void)p; return -EROFS; }
+static int ro_path_mode(const char *p, mode_t m) { (void)p; (void)m; return -EROFS; }
+static int ro_mknod(const char *p, mode_t m, dev_t d) { (void)p; (void)m; (void)d; return -EROFS; }
+static int ro_two(const char *a, const char *b) { (void)a; (void)b; return -EROFS; }
+static int ro_rename(const char *a, const char *b, unsigned int f) { (void)a; (void)b; (void)f; return -EROFS; }
+static int ro_chmod(const char *p, mode_t m, struct fuse_file_info *fi) { (void)p; (void)m; (void)fi; return -EROFS; }
+static int ro_chown(const char *p, uid_t u, gid_t g, struct fuse_file_info *fi) {
+    (void)p; (void)u; (void)g; (void)fi; return -EROFS;
+}
+static int ro_truncate(const char *p, off_t s, struct fuse_file_info *fi) { (void)p; (void)s; (void)fi; return -EROFS; }
+static int ro_write(const char *p, const char *b, size_t n, off_t o, struct fuse_file_info *fi) {
+    (void)p; (void)b; (void)n; (void)o; (void)fi; return -EROFS;
+}
+static int ro_create(const char *p, mode_t m, struct fuse_file_info *fi) { (void)p; (void)m; (void)fi; return -EROFS; }
+static int ro_utimens(const char *p, const struct timespec tv[2], struct fuse_file_info *fi) {
+    (void)p; (void)tv; (void)fi; return -EROFS;
+}
+static int ro_setxattr(const char *p, const char *n, const char *v, size_t s, int f) {
+    (void)p; (void)n; (void)v; (void)s; (void)f; return -EROFS;
+}
+static int ro_removexattr(const char *p, const char *n) { (void)p; (void)n; return -EROFS; }
+
+static const struct fuse_operations ops = {
+    .init = mnt_init,
+    .getattr = mnt_getattr,
+    .access = mnt_access,
+    .open = mnt_open,
+    .read = mnt_read,
+    .release = mnt_release,
+    .readdir = mnt_readdir,
+    .statfs = mnt_statfs,
+    .mknod = ro_mknod,
+    .mkdir = ro_path_mode,
+    .unlink = ro_path,
+    .rmdir = ro_path,
+    .symlink = ro_two,
+    .rename = ro_rename,
+    .link = ro_two,
+    .chmod = ro_chmod,
+    .chown = ro_chown,
+    .truncate = ro_truncate,
+    .write = ro_write,
+    .create = ro_create,
+    .utimens = ro_utimens,
+    .setxattr = ro_setxattr,
+    .removexattr = ro_removexattr,
+};
+
+/* -- start-up -------------------------------------------------------------------------------- */
+
+#define OPT(t, f, v) {t, offsetof(__typeof__(opt), f), v}
+static const struct fuse_opt spec[] = {
+    OPT("--listing=%s", listing, 0),
+    OPT("--index=%s", index, 0),
+    OPT("--extents=%s", extents, 0),
+    OPT("--stats=%s", stats, 0),
+    OPT("--info=%s", info, 0),
+    OPT("--events-fd=%d", events_fd, 0),
+    OPT("--watch-parent", watch_parent, 1),
+    FUSE_OPT_END
+};
+
+static int take_source(void *data, const char *arg, int key, struct fuse_args *args) {
+    (void)data; (void)args;
+    if (key == FUSE_OPT_KEY_NONOPT && !opt.source) {
+        opt.source = strdup(arg);
+        return 0;
+    }
+    return 1;
+}
+
+static void *watch_parent(void *arg) {
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);  /* SIGTERM must reach fuse_main's handler */
+    while (getppid() == parent) usleep(100000);
+    kill(getpid(), SIGTERM);  /* fuse_main leaves its loop and unmounts */
+    return NULL;
+}
+
+static int die(const char *what, const char *path) {
+    fprintf(stderr, "mountfs: %s %s: %s\n", what, path, strerror(errno));
+    return 2;
+}
+
+static int load_listing(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) return die("cannot open the listing", path);
+    if ((size_t)st.st_size < sizeof(struct listing_head)) { errno = EINVAL; return die("truncated listing", path); }
+    const uint8_t *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return die("cannot map the listing", path);
+    const struct listing_head *h = (const void *)m;
+    uint64_t need = sizeof *h + h->nfiles * sizeof(struct lfile) + h->ndirs * sizeof(struct ldir)
+                    + h->nchildren * sizeof(struct lchild) + h->strings;
+    if (memcmp(h->magic, LISTING_MAGIC, 8) != 0 || h->version != 1 || need != (uint64_t)st.st_size) {
+        errno = EINVAL;
+        return die("not a listing of this version", path);
+    }
+    nfiles = h->nfiles, ndirs = h->ndirs;
+    files = (const void *)(m + sizeof *h);
+    dirs = (const void *)(files + nfiles);
+    children = (const void *)(dirs + ndirs);
+    strs = (const char *)(children + h->nchildren);
+    for (uint64_t i = 0; i < nfiles; i++) total_bytes += files[i].size;
+    return 0;
+}
+
+static int load_info(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return die("cannot open the info file", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    info_bytes = malloc(n > 0 ? (size_t)n : 1);
+    info_len = info_bytes ? fread(info_bytes, 1, (size_t)(n > 0 ? n : 0), f) : 0;
+    fclose(f);
+    return info_bytes ? 0 : 2;
+}
+
+static int map_stats(const char *path) {
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, sizeof *sh) < 0) return die("cannot create the stats file", path);
+    sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (sh == MAP_FAILED) return die("cannot map the stats file", path);
+    sh->version = STATS_VERSION;
+    sh->size = sizeof *sh;
+    sh->pid = (uint64_t)getpid();
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(sh->magic, STATS_MAGIC, sizeof sh->magic);  /* last: a reader sees the whole header */
+    return 0;
+}
+
+int main(int argc, char *argv[]) {
+    struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+    if (fuse_opt_parse(&args, &opt, spec, take_source) < 0) return 2;
+    if (!opt.source || !opt.listing || !opt.index || !opt.extents || !opt.stats || !opt.info) {
+        fprintf(stderr, "usage: mountfs -f --listing=FILE --index=FILE --extents=DIR --stats=FILE --info=FILE "
+                        "[--events-fd=N] [--watch-parent] [fuse options] SOURCE MOUNTPOINT\n");
+        return 2;
+    }
+    clock_gettime(CLOCK_REALTIME, &started);
+    src_fd = open(opt.source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (src_fd < 0) return die("cannot open the source directory", opt.source);
+    index_fd = open(opt.index, O_RDONLY | O_CLOEXEC);
+    if (index_fd < 0) return die("cannot open the index", opt.index);
+    index_remap();
+    int rc = load_listing(opt.listing);
+    if (!rc) rc = load_info(opt.info);
+    if (!rc) rc = map_stats(opt.stats);
+    if (rc) return rc;
+    if (opt.events_fd >= 0) {
+        int fl = fcntl(opt.events_fd, F_GETFL);
+        fcntl(opt.events_fd, F_SETFL, fl | O_NONBLOCK);
+        fcntl(opt.events_fd, F_SETFD, FD_CLOEXEC);
+    }
+    parent = getppid();
+    if (opt.watch_parent) {
+        pthread_t t;
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
+        if (pthread_create(&t, NULL, watch_parent, NULL) == 0) pthread_detach(t);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    char o[128];
+#if FUSE_MAJOR_VERSION > 3 || (FUSE_MAJOR_VERSION == 3 && FUSE_MINOR_VERSION >= 12)
+    snprintf(o, sizeof o, "-omax_threads=64,max_idle_threads=64");
+    fuse_opt_add_arg(&args, o);
+#endif
+    snprintf(o, sizeof o, "-ofsname=clairvoyant,subtype=clairvoyant,ro,default_permissions");
+    fuse_opt_add_arg(&args, o);
+    rc = fuse_main(args.argc, args.argv, &ops, NULL);
+    fuse_opt_free_args(&args);
+    return rc;
+}

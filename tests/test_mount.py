@@ -1,0 +1,254 @@
+"""`clairvoyant mount`: a read-only FUSE view of a data set's directory served from the local tier
+(clairvoyant/mount/). Each check comes with a control that shows it can fail."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from clairvoyant import Loader
+from clairvoyant.cache.local import LocalStore
+from clairvoyant.cache.verify import verify
+from clairvoyant.fusebase import mounted
+from clairvoyant.mount import Mount, mount_available, read_info, read_stats
+from clairvoyant.source import as_source
+from clairvoyant.testing import make_dataset
+
+from conftest import wait_until
+
+_ok, _why = mount_available()
+pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
+
+N = 24
+
+
+@pytest.fixture
+def data(tmp_path):
+    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    return src, str(mnt), str(tmp_path / "local")
+
+
+def keys_of(m: Mount) -> list[str]:
+    return [m.manifest.keys[i] for i in range(len(m.manifest))]
+
+
+def same_bytes(src: str, mnt: str, keys: list[str]) -> list[str]:
+    """Keys whose bytes through the mount differ from the source's."""
+    bad = []
+    for k in keys:
+        with open(os.path.join(src, k), "rb") as a, open(os.path.join(mnt, k), "rb") as b:
+            if a.read() != b.read():
+                bad.append(k)
+    return bad
+
+
+def md5sums(root: str, keys: list[str]) -> str:
+    """md5sum (a program that is not Python) over ``keys`` under ``root``."""
+    return subprocess.run(["md5sum", *keys], cwd=root, capture_output=True, text=True, check=True).stdout
+
+
+def stage_with_loader(src: str, local: str) -> None:
+    with Loader(src, batch_size=8, local_dir=local, num_workers=1, stage_threads=2, output="numpy") as loader:
+        for _ in loader:
+            pass
+
+
+def cli(*args: str, log: str) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "clairvoyant.cli.main", *args], stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_bytes_identical_and_metadata_from_the_listing(data):
+    src, mnt, local = data
+    with Mount(src, mnt, local_dir=local, stage=False) as m:
+        keys = keys_of(m)
+        assert len(keys) == N
+        assert sorted(os.listdir(mnt)) == sorted({k.split("/")[0] for k in keys})
+        for k in keys:
+            assert os.stat(os.path.join(mnt, k)).st_size == os.path.getsize(os.path.join(src, k))
+        s0 = m.stats()
+        assert s0.opens_source == 0   # stat and listdir opened nothing
+        assert same_bytes(src, mnt, keys) == []
+        assert md5sums(mnt, keys) == md5sums(src, keys)
+        # control: the comparison sees a difference when there is one
+        assert md5sums(mnt, keys[1:]) != md5sums(src, keys[:-1])
+        s = m.stats()
+        assert s.opens_source == 3 * N - 1 and s.opens_local == 0
+        # the bytes crossed once: the kernel keeps a file's pages between opens (they never change)
+        assert s.bytes_source == sum(os.path.getsize(os.path.join(src, k)) for k in keys)
+        one = keys[0].split("/")[0]
+        tar = subprocess.run(f"tar cf - {one} | wc -c", shell=True, cwd=mnt, capture_output=True, text=True)
+        assert int(tar.stdout) > sum(os.path.getsize(os.path.join(src, k)) for k in keys if k.startswith(one))
+        assert not os.path.exists(os.path.join(mnt, "nope.jpg"))
+        info = read_info(mnt)
+        assert info["local_dir"] == os.path.abspath(local) and info["pid"] == os.getpid()
+        assert ".clairvoyant.json" not in os.listdir(mnt)   # hidden: not in any listing
+
+
+def test_writes_fail_with_erofs(data):
+    src, mnt, local = data
+    with Mount(src, mnt, local_dir=local, stage=False) as m:
+        k = os.path.join(mnt, keys_of(m)[0])
+        attempts = [lambda: open(os.path.join(mnt, "new.txt"), "w"), lambda: open(k, "r+b"),
+                    lambda: os.unlink(k), lambda: os.mkdir(os.path.join(mnt, "d")),
+                    lambda: os.rename(k, k + ".x"), lambda: os.truncate(k, 0), lambda: os.chmod(k, 0o777),
+                    lambda: open(os.path.join(mnt, ".clairvoyant.json"), "w")]
+        for attempt in attempts:
+            with pytest.raises(OSError) as e:
+                attempt()
+            assert e.value.errno == errno.EROFS
+        assert same_bytes(src, mnt, [keys_of(m)[0]]) == []
+
+
+def test_reads_come_from_the_tier_after_a_loader_staged_it(data):
+    src, mnt, local = data
+    with Mount(src, mnt, local_dir=local, stage=False) as m:
+        keys = keys_of(m)
+        assert same_bytes(src, mnt, keys) == []
+        before = m.stats()
+        assert before.opens_local == 0 and before.opens_source == N   # control: nothing staged yet
+        stage_with_loader(src, local)   # another process stages into the same local_dir meanwhile
+        assert same_bytes(src, mnt, keys) == []
+        after = m.stats()
+        assert after.opens_local - before.opens_local == N
+        assert after.opens_source == before.opens_source and after.corrupt == 0
+
+
+def test_a_corrupt_staged_entry_is_never_served(data):
+    src, mnt, local = data
+    stage_with_loader(src, local)
+    with Mount(src, mnt, local_dir=local, stage=False) as m:
+        keys = keys_of(m)
+        victim = keys[5]
+        store = LocalStore(local, as_source(src).uri)
+        loc = store.find(victim)
+        store.close()
+        with open(loc.path, "r+b") as f:   # flip one byte of the staged sample, not of the trailer
+            f.seek(loc.offset + 10)
+            b = f.read(1)
+            f.seek(loc.offset + 10)
+            f.write(bytes([b[0] ^ 0xFF]))
+        assert same_bytes(src, mnt, keys) == []
+        s = m.stats()
+        assert s.corrupt == 1 and s.opens_source == 1   # the source served the victim
+        assert s.opens_local == N - 1                   # control: every other file came from the tier
+
+
+def _start_cli_mount(src: str, mnt: str, local: str) -> subprocess.Popen:
+    log = os.path.join(os.path.dirname(mnt), "mount.log")
+    p = cli("mount", src, mnt, "--local-dir", local, "--no-stage", log=log)
+    assert wait_until(lambda: mounted(mnt) or p.poll() is not None, 30)
+    assert p.poll() is None, open(log).read()
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_unmount_on_signal_leaves_no_mount_and_no_process(data, sig):
+    src, mnt, local = data
+    p = _start_cli_mount(src, mnt, local)
+    daemon = read_stats(read_info(mnt)["stats"])  # the mount works
+    assert daemon.opens_source == 0
+    with open(os.path.join(mnt, ".clairvoyant.json"), "rb") as f:
+        info_pid = int(__import__("json").load(f)["pid"])
+    assert info_pid == p.pid
+    daemons = _daemon_pids(mnt)
+    assert daemons and all(alive(d) for d in daemons)
+    p.send_signal(sig)
+    assert p.wait(15) == 0
+    assert not mounted(mnt)
+    assert wait_until(lambda: not any(alive(d) for d in daemons), 5)
+    assert os.listdir(mnt) == []
+
+
+def test_clairvoyant_umount(data):
+    src, mnt, local = data
+    p = _start_cli_mount(src, mnt, local)
+    daemons = _daemon_pids(mnt)
+    stats = subprocess.run([sys.executable, "-m", "clairvoyant.cli.main", "mount", "--stats", mnt],
+                           capture_output=True, text=True)
+    assert stats.returncode == 0 and "0 local" in stats.stdout
+    r = subprocess.run([sys.executable, "-m", "clairvoyant.cli.main", "umount", mnt], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert p.wait(15) == 0 and not mounted(mnt)
+    assert wait_until(lambda: not any(alive(d) for d in daemons), 5)
+    # control: umount of something that is not mounted says so
+    r = subprocess.run([sys.executable, "-m", "clairvoyant.cli.main", "umount", mnt], capture_output=True, text=True)
+    assert r.returncode == 1
+
+
+def _daemon_pids(mnt: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv and os.path.basename(argv[0]).startswith(b"mountfs-") and mnt.encode() in argv:
+                out.append(int(d))
+    return out
+
+
+def test_a_killed_mount_leaves_a_consistent_cache_that_the_next_mount_reuses(data):
+    src, mnt, local = data
+    stage_with_loader(src, local)
+    p = _start_cli_mount(src, mnt, local)
+    daemons = _daemon_pids(mnt)
+    with open(os.path.join(mnt, keys_for(src)[0]), "rb") as f:
+        f.read()
+    p.kill()   # SIGKILL: no cleanup by the mount process; its daemon sees its parent go and unmounts
+    p.wait()
+    assert wait_until(lambda: not mounted(mnt), 10)
+    assert wait_until(lambda: not any(alive(d) for d in daemons), 5)
+    reports = verify(local)
+    assert reports and all(r.consistent for r in reports), [r.to_json() for r in reports]
+    with Mount(src, mnt, local_dir=local, stage=False) as m:
+        assert same_bytes(src, mnt, keys_of(m)) == []
+        assert m.stats().opens_local == N and m.stats().opens_source == 0
+    reports = verify(local)
+    assert all(r.consistent and r.entries == N for r in reports), [r.to_json() for r in reports]
+
+
+def keys_for(src: str) -> list[str]:
+    from clairvoyant import manifest as manifest_mod
+    m, _ = manifest_mod.obtain(as_source(src))
+    return [m.keys[i] for i in range(len(m))]
+
+
+def test_mountpoint_checks(data, tmp_path):
+    src, mnt, local = data
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("x")
+    from clairvoyant.errors import ConfigError
+    with pytest.raises(ConfigError, match="empty directory"):
+        Mount(src, str(busy), local_dir=local)
+    with Mount(src, mnt, local_dir=local, stage=False):
+        with pytest.raises(ConfigError, match="empty directory|already a FUSE mount"):
+            Mount(src, mnt, local_dir=local)
+    assert not mounted(mnt)
+    from clairvoyant.errors import SourceNotFound
+    with pytest.raises(SourceNotFound):
+        Mount(os.path.join(src, "nope"), mnt, local_dir=local)
