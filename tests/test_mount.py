@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,6 +49,11 @@ def same_bytes(src: str, mnt: str, keys: list[str]) -> list[str]:
             if a.read() != b.read():
                 bad.append(k)
     return bad
+
+
+def content(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def md5sums(root: str, keys: list[str]) -> str:
@@ -252,3 +258,94 @@ def test_mountpoint_checks(data, tmp_path):
     from clairvoyant.errors import SourceNotFound
     with pytest.raises(SourceNotFound):
         Mount(os.path.join(src, "nope"), mnt, local_dir=local)
+
+
+# -- staging by the mount process (controller.py) ---------------------------------------------------
+
+def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_the_store(tmp_path):
+    from clairvoyant.testing import FuseStore
+    from clairvoyant.torch import DistributedSampler
+
+    raw = make_dataset(str(tmp_path / "raw"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with FuseStore(raw, open_latency=0.002, read_latency=0.0) as store, \
+            Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=4) as m:
+        keys = keys_of(m)
+
+        class Dataset:
+            samples = [(os.path.join(m.path, k), 0) for k in keys]
+
+            def __len__(self):
+                return len(self.samples)
+
+        sampler = DistributedSampler(Dataset(), num_replicas=1, rank=0, seed=1, mount=m.path)
+        store.reset()
+        it = iter(sampler)
+        first = next(it)   # the order is published; nothing of the epoch has been opened yet
+        assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
+        assert m.stats().opens_source == 0 and m.stats().opens_local == 0   # staged before any open
+        assert store.counters().opens == N   # each file read once from the store, by the staging
+        for i in [first, *it]:
+            with open(Dataset.samples[i][0], "rb") as f:
+                assert f.read() == content(os.path.join(raw, keys[i]))
+        s1 = m.stats()
+        assert s1.opens_local == N and s1.opens_source == 0
+        store.reset()
+        sampler.set_epoch(1)
+        for i in sampler:   # the second epoch fits: nothing from the store
+            with open(Dataset.samples[i][0], "rb") as f:
+                f.read()
+        assert store.counters().opens == 0 and store.counters().bytes == 0
+        assert m.stats().opens_local == 2 * N - 0 and m.stats().opens_source == 0
+
+
+def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
+    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=2) as m:
+        keys = keys_of(m)
+        assert same_bytes(src, m.path, keys) == []
+        assert m.stats().opens_source == N
+        assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
+        # a fresh open of each file (the kernel's cached pages dropped) now comes from the tier
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        assert same_bytes(src, m.path, keys) == []
+        assert m.stats().opens_local == N and m.stats().opens_source == N
+
+
+def test_eviction_keeps_the_tier_within_capacity(tmp_path):
+    from clairvoyant.torch import DistributedSampler
+
+    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    local = str(tmp_path / "local")
+    with Mount(src, str(mnt), local_dir=local, local_capacity="50%", stage_threads=2) as m:
+        keys = keys_of(m)
+
+        class Dataset:
+            samples = [(os.path.join(m.path, k), 0) for k in keys]
+
+            def __len__(self):
+                return len(self.samples)
+
+        sampler = DistributedSampler(Dataset(), num_replicas=1, rank=0, mount=m.path)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            it = iter(sampler)
+            first = next(it)
+            assert wait_until(lambda: m.staging()["epoch"] == epoch and m.staging()["frontier"] > 0, 10)
+            for i in [first, *it]:
+                time.sleep(0.02)   # a training step: staging runs ahead, evicting what is used farthest
+                with open(Dataset.samples[i][0], "rb") as f:
+                    assert f.read() == content(os.path.join(src, keys[i]))
+                used, _ = m.tiers.local.ledger.read()
+                assert used <= m.capacity.nbytes
+        st = m.staging()
+        assert st["staged"] > N // 2 and st["evicted"] > 0, st   # it had to evict to go on
+        assert m.stats().opens_local > 0 and m.stats().corrupt == 0
+    reports = verify(local)
+    assert all(r.consistent for r in reports), [r.to_json() for r in reports]

@@ -214,6 +214,11 @@ class Mount:
             raise SourceError(f"the mount on {self.path} is closed")
         return MountStats(*_LAYOUT.unpack_from(mm, 0)[3:9])
 
+    def staging(self) -> dict:
+        """What the mount's staging did (controller.py); empty without staging."""
+        ctl = self.controller
+        return ctl.snapshot() if ctl is not None else {}
+
     def close(self) -> None:
         """Unmount, reap the daemon, leave the tier's session, remove the temporary files. Idempotent."""
         self._finalizer()

@@ -1,0 +1,262 @@
+"""The mount process's staging: ahead in the order samplers publish, else what programs open.
+
+With samplers (``clairvoyant.torch``, ``mount=``): the ranks' published orders of the newest epoch
+are merged into the node's sequence as the Loader merges its ranks' batches (step by step, ranks
+in order), and the files are staged into the local tier in that order, ahead of the slowest
+rank's reported progress. When the tier is full, the resident whose next use in the sequence is
+farthest (never again counts as farthest) is evicted, but only if that use comes after the file
+to stage; otherwise staging waits for the ranks to move on. The tier's ledger stays the hard
+bound: a file that does not fit is simply not staged (its reader reads the source).
+
+Without a sampler: each file a program opens from the source is staged after that open if the
+tier has room (read-through caching in first-open order, no eviction): a second pass over a data
+set that fits reads nothing from the source; one that does not fit keeps the first files opened.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import select
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..cache.entry import entry_size
+from ..cache.tiers import LOCAL
+from .listing import publish_bytes
+from .orders import published, read_order, read_progress
+
+log = logging.getLogger("clairvoyant")
+
+
+class Controller:
+    def __init__(self, mount, threads: int = 16, poll: float = 0.1) -> None:
+        self.m, self.tiers, self.source = mount, mount.tiers, mount.source
+        self.manifest = mount.manifest
+        self.sizes = np.asarray(self.manifest.sizes, dtype=np.int64)
+        self._index: dict[str, int] | None = None
+        self._stop = threading.Event()
+        self._poll = poll
+        self._pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="clairvoyant-mount-stage")
+        self._inflight = threading.Semaphore(2 * max(1, int(threads)))
+        self._lock = threading.Lock()
+        self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "frontier": 0, "consumed": 0,
+                      "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
+                      "not_staged": 0, "failed": 0}
+        self._plan_key: tuple | None = None
+        self._pending = 0          # bytes submitted for staging and not yet placed
+        self._last_stats = 0.0
+        self._threads = [threading.Thread(target=self._watch, name="clairvoyant-mount-orders", daemon=True),
+                         threading.Thread(target=self._events, name="clairvoyant-mount-events", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- shared ----------------------------------------------------------------------------------
+
+    def _add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[name] += n
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self.stats)
+
+    def _key_index(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = {self.manifest.keys[i]: i for i in range(len(self.manifest))}
+        return self._index
+
+    def _present(self, i: int) -> bool:
+        return self.tiers.find_local(self.manifest.keys[i], int(self.sizes[i])) is not None
+
+    def _stage(self, i: int) -> None:
+        """Read sample ``i`` from the source into the local tier if it is not there and fits."""
+        try:
+            key, size = self.manifest.keys[i], int(self.sizes[i])
+            if self.tiers.claim(key, size):
+                self._add("present")
+                return
+            try:
+                placed = self.tiers.stage(key, size, True, lambda: self.source.read_versioned(key))
+            finally:
+                self.tiers.release(key)
+            if placed.tier == LOCAL:
+                self._add("staged")
+                self._add("staged_bytes", size)
+            else:
+                self._add("not_staged")
+        except Exception as e:   # a file that cannot be read: its reader gets the error from the source
+            self._add("failed")
+            log.warning("clairvoyant mount: staging %s failed: %s", self.manifest.keys[i], e)
+        finally:
+            with self._lock:
+                self._pending -= entry_size(int(self.sizes[i]))
+            self._inflight.release()
+
+    def _submit(self, i: int) -> bool:
+        while not self._inflight.acquire(timeout=self._poll):
+            if self._stop.is_set():
+                return False
+        with self._lock:
+            self._pending += entry_size(int(self.sizes[i]))
+        self._pool.submit(self._stage, i)
+        return True
+
+    def _used(self) -> int:
+        """Bytes in the local tier, counting those on their way there."""
+        with self._lock:
+            pending = self._pending
+        return self.tiers.local.ledger.read()[0] + pending
+
+    def _maybe_publish_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats > 0.5:
+            self._last_stats = now
+            self._publish_stats()
+
+    def _publish_stats(self) -> None:
+        try:
+            publish_bytes(self.m.info["staging"], json.dumps(self.snapshot()).encode())
+        except OSError:
+            pass
+
+    # -- without a sampler: read-through in first-open order --------------------------------------
+
+    def _events(self) -> None:
+        fd = self.m.events_fd
+        buf = b""
+        while not self._stop.is_set():
+            r, _, _ = select.select([fd], [], [], self._poll)
+            if not r:
+                continue
+            try:
+                chunk = os.read(fd, 8 * 512)
+            except OSError:
+                return
+            if not chunk:
+                return   # the daemon is gone
+            buf += chunk
+            n = len(buf) // 8
+            files = np.frombuffer(buf[:8 * n], dtype="<u8").tolist()
+            buf = buf[8 * n:]
+            if self._plan_key is not None:
+                continue   # a sampler's order drives staging
+            for f in files:
+                if f < len(self.manifest) and self._submit(int(f)):
+                    self._add("read_through")
+
+    # -- with samplers: ahead in the node's merged order -----------------------------------------
+
+    def _current(self):
+        """The newest epoch's published orders (rank -> PublishedOrder), or None."""
+        orders = {}
+        for rank, path in published(self.m.orders_dir).items():
+            try:
+                orders[rank] = read_order(path)
+            except Exception:
+                continue   # being replaced, or foreign: the next look sees it whole
+        if not orders:
+            return None
+        epoch = max(o.epoch for o in orders.values())
+        return {r: o for r, o in orders.items() if o.epoch == epoch}
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll):
+            self._maybe_publish_stats()
+            try:
+                cur = self._current()
+                if cur is None:
+                    continue
+                key = tuple(sorted((r, o.epoch, o.stamp) for r, o in cur.items()))
+                if key == self._plan_key:
+                    continue
+                self._plan_key = key
+                self._run_plan(cur, key)
+            except Exception as e:   # never take the mount down: staging is an optimisation
+                log.warning("clairvoyant mount: staging ahead stopped: %s", e)
+        self._publish_stats()
+
+    def _run_plan(self, cur: dict, key: tuple) -> None:
+        index = self._key_index()
+        ranks = sorted(cur)
+        epoch = cur[ranks[0]].epoch
+        seq: list[int] = []
+        steps = max(len(o.groups) for o in cur.values())
+        per_step = []
+        for j in range(steps):   # the node's sequence: step by step, ranks in order, like the Loader's
+            for r in ranks:
+                g = cur[r].groups
+                if j < len(g):
+                    for k in g[j]:
+                        i = index.get(k)
+                        if i is not None:
+                            seq.append(i)
+            per_step.append(len(seq))
+        uses: dict[int, list[int]] = {}
+        for pos, i in enumerate(seq):
+            uses.setdefault(i, []).append(pos)
+        with self._lock:
+            self.stats.update(plans=self.stats["plans"] + 1, epoch=epoch, ranks=len(ranks), sequence=len(seq),
+                              frontier=0, consumed=0)
+        names = self.tiers.local.entries()
+        resident: set[int] = set()
+        if names:
+            found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
+            resident = {int(i) for i in found.tolist() if i >= 0}
+        capacity = self.tiers.local_capacity
+
+        def consumed() -> int:
+            steps_done = min((p if e == epoch else 0)
+                             for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
+            return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
+
+        def next_use(i: int, after: int) -> int:
+            u = uses.get(i, ())
+            k = bisect.bisect_left(u, after)
+            return u[k] if k < len(u) else 1 << 62
+
+        for pos, i in enumerate(seq):
+            if self._stop.is_set() or self._plan_key != key:
+                return
+            if i in resident:
+                continue
+            need = entry_size(int(self.sizes[i]))
+            self._maybe_publish_stats()
+            while self._used() + need > capacity:
+                if self._stop.is_set():
+                    return
+                done = consumed()
+                with self._lock:
+                    self.stats["consumed"] = done
+                victims = [(next_use(r, done), r) for r in resident]
+                far, victim = max(victims) if victims else (-1, -1)
+                if far > pos:   # farthest next use, after the file to stage: evict it
+                    resident.discard(victim)
+                    if self.tiers.local.delete(self.manifest.keys[victim]):
+                        self._add("evicted")
+                    continue
+                if self._plan_key != key or self._stop.wait(self._poll):
+                    return
+                self._plan_key = key if self._current_key() == key else None
+                if self._plan_key is None:
+                    return
+            if not self._submit(i):
+                return
+            resident.add(i)
+            with self._lock:
+                self.stats["frontier"] = pos + 1
+
+    def _current_key(self):
+        cur = self._current()
+        return None if cur is None else tuple(sorted((r, o.epoch, o.stamp) for r, o in cur.items()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
