@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from clairvoyant import Loader
+from clairvoyant.load.loader import AUTO_START_THREADS
 from clairvoyant.testing import EmulatedStore
 from clairvoyant.tune.autotune import Observation, Tuner, decide
 
@@ -73,14 +74,14 @@ def test_latency_quadrupling_trace_recovers_in_a_few_intervals():
 
 def test_auto_grows_threads_for_a_slow_source(dataset, tmp_path, no_leaks):
     slow = EmulatedStore(dataset, open_latency=0.100, read_latency=0.0, state_dir=str(tmp_path / "emu"))
-    with Loader(slow, batch_size=4, local_dir=tmp_path / "l", num_workers=1, output="numpy", lookahead=8,
+    with Loader(slow, batch_size=4, local_dir=tmp_path / "l", num_workers=1, output="numpy", lookahead=24,
                 local_capacity="10%", decode=lambda b: np.zeros(1, np.uint8)) as ld:
-        assert ld.stats()["stage_threads"] == 16
+        assert ld.stats()["stage_threads"] == AUTO_START_THREADS
         for e in range(6):
             ld.set_epoch(e)
             for _ in ld:
                 time.sleep(0.001)
-        assert ld.stats()["stage_threads"] > 16
+        assert ld.stats()["stage_threads"] > AUTO_START_THREADS
 
 
 def test_reader_tuner_adds_readers_while_it_helps_and_goes_back_when_not():
