@@ -15,5 +15,6 @@ ext = [] if sys.platform != "linux" else [
     Extension("clairvoyant.plan._belady", ["src/clairvoyant/plan/_belady.c"], optional=True,
               extra_compile_args=["-O2"]),
 ]
-# the FUSE store's daemon is compiled from its source on first use (clairvoyant.testing.fusestore)
-setup(ext_modules=ext, package_data={"clairvoyant.testing": ["emufs.c"], "clairvoyant.mount": ["mountfs.c"]})
+# the FUSE daemons are compiled from their sources on first use (clairvoyant.fusebase)
+setup(ext_modules=ext, package_data={"clairvoyant": ["fuse_common.h"], "clairvoyant.testing": ["emufs.c"],
+                                     "clairvoyant.mount": ["mountfs.c"]})

@@ -25,6 +25,7 @@ from typing import Sequence
 from .errors import SourceError
 from .paths import cache_home
 
+COMMON_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuse_common.h")  # both daemons'
 INSTALL_HINT = ("run scripts/install-sysdeps.sh (Debian: apt-get install fuse3 libfuse3-dev libxxhash-dev "
                 "pkg-config)")
 
@@ -37,8 +38,9 @@ class Daemon:
 
     def binary_path(self) -> str:
         h = hashlib.sha256()
-        with open(self.source, "rb") as f:
-            h.update(f.read())
+        for part in (self.source, COMMON_HEADER):
+            with open(part, "rb") as f:
+                h.update(f.read())
         h.update("\0".join(self.packages).encode())
         return os.path.join(cache_home(), "bin", f"{self.name}-{h.hexdigest()[:16]}")
 
@@ -78,7 +80,8 @@ class Daemon:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=bindir)
         os.close(fd)
         try:
-            r = subprocess.run(["cc", "-O2", "-Wall", "-o", tmp, self.source, *flags, "-lpthread"],
+            r = subprocess.run(["cc", "-O2", "-Wall", "-I", os.path.dirname(COMMON_HEADER), "-o", tmp, self.source, *flags,
+                                "-lpthread"],
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise SourceError(f"compiling {self.source} failed (cc exit {r.returncode}); are the headers of "

@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fuse.h>
+#include "fuse_common.h"
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -100,7 +101,6 @@ static char *info_bytes;
 static size_t info_len;
 static struct mountfs_stats *sh;
 static struct timespec started;
-static pid_t parent;
 
 struct handle {
     int fd;          /* source file, or -1 when served from buf */
@@ -367,27 +367,6 @@ static int mnt_statfs(const char *path, struct statvfs *st) {
     return 0;
 }
 
-static int ro_path(const char *p) { (void)p; return -EROFS; }
-static int ro_path_mode(const char *p, mode_t m) { (void)p; (void)m; return -EROFS; }
-static int ro_mknod(const char *p, mode_t m, dev_t d) { (void)p; (void)m; (void)d; return -EROFS; }
-static int ro_two(const char *a, const char *b) { (void)a; (void)b; return -EROFS; }
-static int ro_rename(const char *a, const char *b, unsigned int f) { (void)a; (void)b; (void)f; return -EROFS; }
-static int ro_chmod(const char *p, mode_t m, struct fuse_file_info *fi) { (void)p; (void)m; (void)fi; return -EROFS; }
-static int ro_chown(const char *p, uid_t u, gid_t g, struct fuse_file_info *fi) {
-    (void)p; (void)u; (void)g; (void)fi; return -EROFS;
-}
-static int ro_truncate(const char *p, off_t s, struct fuse_file_info *fi) { (void)p; (void)s; (void)fi; return -EROFS; }
-static int ro_write(const char *p, const char *b, size_t n, off_t o, struct fuse_file_info *fi) {
-    (void)p; (void)b; (void)n; (void)o; (void)fi; return -EROFS;
-}
-static int ro_create(const char *p, mode_t m, struct fuse_file_info *fi) { (void)p; (void)m; (void)fi; return -EROFS; }
-static int ro_utimens(const char *p, const struct timespec tv[2], struct fuse_file_info *fi) {
-    (void)p; (void)tv; (void)fi; return -EROFS;
-}
-static int ro_setxattr(const char *p, const char *n, const char *v, size_t s, int f) {
-    (void)p; (void)n; (void)v; (void)s; (void)f; return -EROFS;
-}
-static int ro_removexattr(const char *p, const char *n) { (void)p; (void)n; return -EROFS; }
 
 static const struct fuse_operations ops = {
     .init = mnt_init,
@@ -398,21 +377,7 @@ static const struct fuse_operations ops = {
     .release = mnt_release,
     .readdir = mnt_readdir,
     .statfs = mnt_statfs,
-    .mknod = ro_mknod,
-    .mkdir = ro_path_mode,
-    .unlink = ro_path,
-    .rmdir = ro_path,
-    .symlink = ro_two,
-    .rename = ro_rename,
-    .link = ro_two,
-    .chmod = ro_chmod,
-    .chown = ro_chown,
-    .truncate = ro_truncate,
-    .write = ro_write,
-    .create = ro_create,
-    .utimens = ro_utimens,
-    .setxattr = ro_setxattr,
-    .removexattr = ro_removexattr,
+    CV_READONLY_OPS,
 };
 
 /* -- start-up -------------------------------------------------------------------------------- */
@@ -429,24 +394,7 @@ static const struct fuse_opt spec[] = {
     FUSE_OPT_END
 };
 
-static int take_source(void *data, const char *arg, int key, struct fuse_args *args) {
-    (void)data; (void)args;
-    if (key == FUSE_OPT_KEY_NONOPT && !opt.source) {
-        opt.source = strdup(arg);
-        return 0;
-    }
-    return 1;
-}
 
-static void *watch_parent(void *arg) {
-    (void)arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);  /* SIGTERM must reach fuse_main's handler */
-    while (getppid() == parent) usleep(100000);
-    kill(getpid(), SIGTERM);  /* fuse_main leaves its loop and unmounts */
-    return NULL;
-}
 
 static int die(const char *what, const char *path) {
     fprintf(stderr, "mountfs: %s %s: %s\n", what, path, strerror(errno));
@@ -505,7 +453,8 @@ static int map_stats(const char *path) {
 
 int main(int argc, char *argv[]) {
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-    if (fuse_opt_parse(&args, &opt, spec, take_source) < 0) return 2;
+    if (fuse_opt_parse(&args, &opt, spec, cv_take_source) < 0) return 2;
+    opt.source = cv_source;
     if (!opt.source || !opt.listing || !opt.index || !opt.extents || !opt.stats || !opt.info) {
         fprintf(stderr, "usage: mountfs -f --listing=FILE --index=FILE --extents=DIR --stats=FILE --info=FILE "
                         "[--events-fd=N] [--watch-parent] [fuse options] SOURCE MOUNTPOINT\n");
@@ -526,13 +475,13 @@ int main(int argc, char *argv[]) {
         fcntl(opt.events_fd, F_SETFL, fl | O_NONBLOCK);
         fcntl(opt.events_fd, F_SETFD, FD_CLOEXEC);
     }
-    parent = getppid();
+    cv_parent = getppid();
     if (opt.watch_parent) {
         pthread_t t;
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, &old);
-        if (pthread_create(&t, NULL, watch_parent, NULL) == 0) pthread_detach(t);
+        if (pthread_create(&t, NULL, cv_watch_parent, NULL) == 0) pthread_detach(t);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
     char o[128];

@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fuse.h>
+#include "fuse_common.h"
 #include <dirent.h>
 #include <limits.h>
 #include <pthread.h>
@@ -76,7 +77,6 @@ static struct {
 } opt = {0.010, 0.002, 400e6, 64, 0, NULL, NULL};
 
 static int src_fd = -1;        /* the source directory: every path is resolved under it */
-static pid_t parent = 0;
 static struct emufs_shared *sh;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -236,32 +236,6 @@ static int emu_statfs(const char *path, struct statvfs *st) {
     return fstatvfs(src_fd, st) < 0 ? -errno : 0;
 }
 
-/* Every change fails: the store is read-only. */
-static int ro_path(const char *p) { (void)p; return -EROFS; }
-static int ro_path_mode(const char *p, mode_t m) { (void)p; (void)m; return -EROFS; }
-static int ro_mknod(const char *p, mode_t m, dev_t d) { (void)p; (void)m; (void)d; return -EROFS; }
-static int ro_two(const char *a, const char *b) { (void)a; (void)b; return -EROFS; }
-static int ro_rename(const char *a, const char *b, unsigned int f) { (void)a; (void)b; (void)f; return -EROFS; }
-static int ro_chmod(const char *p, mode_t m, struct fuse_file_info *fi) { (void)p; (void)m; (void)fi; return -EROFS; }
-static int ro_chown(const char *p, uid_t u, gid_t g, struct fuse_file_info *fi) {
-    (void)p; (void)u; (void)g; (void)fi; return -EROFS;
-}
-static int ro_truncate(const char *p, off_t s, struct fuse_file_info *fi) { (void)p; (void)s; (void)fi; return -EROFS; }
-static int ro_write(const char *p, const char *b, size_t n, off_t o, struct fuse_file_info *fi) {
-    (void)p; (void)b; (void)n; (void)o; (void)fi; return -EROFS;
-}
-static int ro_create(const char *p, mode_t m, struct fuse_file_info *fi) { (void)p; (void)m; (void)fi; return -EROFS; }
-static int ro_utimens(const char *p, const struct timespec tv[2], struct fuse_file_info *fi) {
-    (void)p; (void)tv; (void)fi; return -EROFS;
-}
-static int ro_setxattr(const char *p, const char *n, const char *v, size_t s, int f) {
-    (void)p; (void)n; (void)v; (void)s; (void)f; return -EROFS;
-}
-static int ro_removexattr(const char *p, const char *n) { (void)p; (void)n; return -EROFS; }
-static int ro_fallocate(const char *p, int m, off_t o, off_t n, struct fuse_file_info *fi) {
-    (void)p; (void)m; (void)o; (void)n; (void)fi; return -EROFS;
-}
-
 static const struct fuse_operations ops = {
     .init = emu_init,
     .getattr = emu_getattr,
@@ -272,22 +246,7 @@ static const struct fuse_operations ops = {
     .release = emu_release,
     .readdir = emu_readdir,
     .statfs = emu_statfs,
-    .mknod = ro_mknod,
-    .mkdir = ro_path_mode,
-    .unlink = ro_path,
-    .rmdir = ro_path,
-    .symlink = ro_two,
-    .link = ro_two,
-    .rename = ro_rename,
-    .chmod = ro_chmod,
-    .chown = ro_chown,
-    .truncate = ro_truncate,
-    .write = ro_write,
-    .create = ro_create,
-    .utimens = ro_utimens,
-    .setxattr = ro_setxattr,
-    .removexattr = ro_removexattr,
-    .fallocate = ro_fallocate,
+    CV_READONLY_OPS,
 };
 
 #define OPT(t, f, v) {t, offsetof(__typeof__(opt), f), v}
@@ -301,25 +260,6 @@ static const struct fuse_opt spec[] = {
     FUSE_OPT_END
 };
 
-/* The first argument that is not an option is the source; the rest (the mount point) go on. */
-static int take_source(void *data, const char *arg, int key, struct fuse_args *args) {
-    (void)data; (void)args;
-    if (key == FUSE_OPT_KEY_NONOPT && !opt.source) {
-        opt.source = strdup(arg);
-        return 0;
-    }
-    return 1;
-}
-
-static void *watch_parent(void *arg) {
-    (void)arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);  /* SIGTERM must reach fuse_main's handler */
-    while (getppid() == parent) usleep(200000);
-    kill(getpid(), SIGTERM);  /* fuse_main leaves its loop and unmounts */
-    return NULL;
-}
 
 static int map_counters(const char *path) {
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -339,7 +279,8 @@ fail:
 
 int main(int argc, char *argv[]) {
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-    if (fuse_opt_parse(&args, &opt, spec, take_source) < 0) return 2;
+    if (fuse_opt_parse(&args, &opt, spec, cv_take_source) < 0) return 2;
+    opt.source = cv_source;
     if (!opt.source || !opt.counters) {
         fprintf(stderr, "usage: emufs -f [--open-latency=S] [--read-latency=S] [--bandwidth=B/s] "
                         "[--max-inflight=N] --counters=FILE [--watch-parent] [fuse options] SOURCE MOUNTPOINT\n");
@@ -357,13 +298,13 @@ int main(int argc, char *argv[]) {
         return 2;
     }
     if (map_counters(opt.counters) < 0) return 2;
-    parent = getppid();
+    cv_parent = getppid();
     if (opt.watch_parent) {
         pthread_t t;
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, &old);
-        if (pthread_create(&t, NULL, watch_parent, NULL) == 0) pthread_detach(t);
+        if (pthread_create(&t, NULL, cv_watch_parent, NULL) == 0) pthread_detach(t);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
     char o[128];
