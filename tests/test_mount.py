@@ -314,6 +314,33 @@ def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
         assert m.stats().opens_local == N and m.stats().opens_source == N
 
 
+@pytest.mark.parametrize("handoff", [True, False])
+def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(tmp_path, monkeypatch, handoff):
+    """Read-through: the daemon hands the bytes it read over to the mount process, which caches
+    them from there; the shared store sees one open per file. Control (handoff off): the mount
+    process reads each file from the store a second time, and the count says so."""
+    from clairvoyant.mount.controller import Controller
+    from clairvoyant.testing import FuseStore
+
+    if not handoff:
+        monkeypatch.setattr(Controller, "_handed_over", lambda self, i, size: None)
+    raw = make_dataset(str(tmp_path / "raw"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with FuseStore(raw, open_latency=0.0, read_latency=0.0) as store, \
+            Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=2) as m:
+        keys = keys_of(m)
+        store.reset()
+        assert same_bytes(raw, m.path, keys) == []
+        assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
+        opens = store.counters().opens
+        assert opens == (N if handoff else 2 * N), (opens, m.staging())
+        assert m.staging()["handed_over"] == (N if handoff else 0)
+        if handoff:
+            assert os.listdir(m.handoff) == []        # nothing left behind in the handoff directory
+        assert same_bytes(raw, m.path, keys) == [] and m.stats().opens_local == N
+
+
 def test_eviction_keeps_the_tier_within_capacity(tmp_path):
     from clairvoyant.torch import DistributedSampler
 

@@ -16,6 +16,7 @@ set that fits reads nothing from the source; one that does not fit keeps the fir
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ class Controller:
         self._lock = threading.Lock()
         self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "frontier": 0, "consumed": 0,
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
-                      "not_staged": 0, "failed": 0}
+                      "not_staged": 0, "failed": 0, "handed_over": 0}
         self._plan_key: tuple | None = None
         self._pending = 0          # bytes submitted for staging and not yet placed
         self._last_stats = 0.0
@@ -80,9 +81,10 @@ class Controller:
             key, size = self.manifest.keys[i], int(self.sizes[i])
             if self.tiers.claim(key, size):
                 self._add("present")
+                self._discard(i)
                 return
             try:
-                placed = self.tiers.stage(key, size, True, lambda: self.source.read_versioned(key))
+                placed = self.tiers.stage(key, size, True, lambda: self._fetch(i, key, size))
             finally:
                 self.tiers.release(key)
             if placed.tier == LOCAL:
@@ -97,6 +99,34 @@ class Controller:
             with self._lock:
                 self._pending -= entry_size(int(self.sizes[i]))
             self._inflight.release()
+
+    def _fetch(self, i: int, key: str, size: int) -> tuple[bytes, int]:
+        """Sample ``i``'s bytes and its source mtime: from the daemon's handoff if a program read it
+        from the source already (never a second read of the shared store), else from the source."""
+        data = self._handed_over(i, size)
+        if data is not None:
+            return data
+        return self.source.read_versioned(key)
+
+    def _handed_over(self, i: int, size: int) -> tuple[bytes, int] | None:
+        path = os.path.join(self.m.handoff, str(i))
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if len(blob) != size + 8:
+            return None   # not what the listing says: read the source
+        self._add("handed_over")
+        return blob[:size], int.from_bytes(blob[size:], "little")
+
+    def _discard(self, i: int) -> None:
+        """A handed-over file this process will not cache (present already): let it go."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.m.handoff, str(i)))
 
     def _submit(self, i: int) -> bool:
         while not self._inflight.acquire(timeout=self._poll):
@@ -144,9 +174,7 @@ class Controller:
             n = len(buf) // 8
             files = np.frombuffer(buf[:8 * n], dtype="<u8").tolist()
             buf = buf[8 * n:]
-            if self._plan_key is not None:
-                continue   # a sampler's order drives staging
-            for f in files:
+            for f in files:   # with or without a sampler: what was read is cached from its handoff
                 if f < len(self.manifest) and self._submit(int(f)):
                     self._add("read_through")
 

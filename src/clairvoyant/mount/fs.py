@@ -30,6 +30,7 @@ from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
 from ..cache.tiers import Tiers
+from ..cache.publish import _alive
 from ..errors import ConfigError, SourceError
 from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from ..paths import default_local_dir, default_ram_dir
@@ -38,6 +39,7 @@ from . import listing
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountfs.c")
 DAEMON = Daemon(_SOURCE, "mountfs", ("fuse3", "libxxhash"))
+HANDOFF_PREFIX = "handoff."
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid
@@ -105,7 +107,7 @@ def _open_tiers(source, manifest, local_dir, local_capacity) -> tuple[Tiers, cap
     return tiers, lcap
 
 
-def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers) -> None:
+def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers, handoff: str) -> None:
     ctl = held.pop("controller", None)
     if ctl is not None:
         ctl.stop()
@@ -115,6 +117,20 @@ def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers) -> None:
             os.close(fd)
     tiers.close()
     shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(handoff, ignore_errors=True)
+
+
+def _handoff_dir(tier_root: str) -> str:
+    """This mount's handoff directory in the tier (bytes the daemon read from the source, for the
+    mount process to cache); those of mount processes that are gone are removed."""
+    for name in os.listdir(tier_root):
+        if name.startswith(HANDOFF_PREFIX) and name[len(HANDOFF_PREFIX):].isdigit() \
+                and not _alive(int(name[len(HANDOFF_PREFIX):])):
+            shutil.rmtree(os.path.join(tier_root, name), ignore_errors=True)
+    path = os.path.join(tier_root, f"{HANDOFF_PREFIX}{os.getpid()}")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, mode=0o700)
+    return path
 
 
 class Mount:
@@ -148,6 +164,7 @@ class Mount:
         self.orders_dir = os.path.join(self.tiers.local.root, ORDERS_DIR)
         os.makedirs(self.orders_dir, mode=0o700, exist_ok=True)
         work = tempfile.mkdtemp(prefix="clairvoyant-mount-")
+        self.handoff = _handoff_dir(self.tiers.local.root)
         held: dict = {}
         try:
             listing.write(os.path.join(work, "listing"), self.manifest)
@@ -161,7 +178,8 @@ class Mount:
             held["events"] = r
             cmd = [binary, "-f", "--watch-parent", f"--listing={work}/listing",
                    f"--index={self.tiers.local.index.path}", f"--extents={self.tiers.local.ext_dir}",
-                   f"--stats={self.stats_path}", f"--info={work}/info.json", f"--events-fd={w}", src.root,
+                   f"--stats={self.stats_path}", f"--info={work}/info.json", f"--events-fd={w}",
+                   *([f"--handoff={self.handoff}"] if stage else []), src.root,
                    self.path]
             try:
                 proc = start(cmd, os.path.join(work, "mountfs.log"), pass_fds=(w,))
@@ -173,12 +191,13 @@ class Mount:
                     os.close(fd)
             self.tiers.close()
             shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(self.handoff, ignore_errors=True)
             raise
         self.proc = proc
         self.pid = proc.pid
         self._held = held
         self._work = work
-        self._finalizer = weakref.finalize(self, _finish, held, proc, self.path, work, self.tiers)
+        self._finalizer = weakref.finalize(self, _finish, held, proc, self.path, work, self.tiers, self.handoff)
         try:
             wait_mounted(proc, self.path, os.path.join(work, "mountfs.log"), ready_timeout,
                          f"mountfs serving {src.root}")

@@ -2,7 +2,7 @@
  * mountfs: the daemon of `clairvoyant mount`, a read-only FUSE view of a data set's directory.
  *
  *   mountfs -f --listing=FILE --index=FILE --extents=DIR --stats=FILE --info=FILE
- *           [--events-fd=N] [--watch-parent] [fuse options] SOURCE MOUNTPOINT
+ *           [--events-fd=N] [--handoff=DIR] [--watch-parent] [fuse options] SOURCE MOUNTPOINT
  *
  * Metadata never touches SOURCE: getattr, lookup, readdir and open are answered from the
  * listing (written by clairvoyant/mount/listing.py from the manifest: every file's relative
@@ -19,7 +19,11 @@
  * Counters live in the --stats file (struct mountfs_stats, mapped shared; the Python reader
  * clairvoyant/mount/fs.py must match it field for field). Each open served from SOURCE writes
  * the file's number (u64) to --events-fd, if given, without blocking: the mount process stages
- * what is read (read-through caching) and learns the first-open order.
+ * what is read (read-through caching) and learns the first-open order. With --handoff=DIR such
+ * an open reads the whole file at once and leaves its bytes, then the source file's mtime in ns
+ * (u64, little-endian), in DIR/<number> (written to a temporary name, then renamed, before the
+ * event), so that the mount process caches them from there instead of reading the shared store
+ * a second time.
  * /.clairvoyant.json (not listed by readdir) serves the bytes of --info.
  * Writes, creates, unlinks, renames and every other change fail with EROFS.
  * --watch-parent: exit (and unmount) when the process that started us is gone.
@@ -80,9 +84,9 @@ struct lchild { uint64_t name, ref; };  /* ref: index << 1 | is_dir */
 struct slot { uint64_t digest; uint32_t seq, extent; uint64_t offset; uint32_t length, stamp; };
 
 static struct {
-    char *listing, *index, *extents, *stats, *info, *source;
+    char *listing, *index, *extents, *stats, *info, *source, *handoff;
     int events_fd, watch_parent;
-} opt = {NULL, NULL, NULL, NULL, NULL, NULL, -1, 0};
+} opt = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 0};
 
 static const struct lfile *files;
 static const struct ldir *dirs;
@@ -104,9 +108,9 @@ static struct timespec started;
 
 struct handle {
     int fd;          /* source file, or -1 when served from buf */
-    char *buf;       /* the verified sample's bytes (local), or the info file */
+    char *buf;       /* the verified sample's bytes (local), the source's (read whole), or the info file */
     uint64_t size;
-    int local;
+    int local;       /* 1: from the tier, 2: the info file, 3: read whole from the source */
 };
 
 static void count(uint64_t *field, uint64_t n) { __atomic_fetch_add(field, n, __ATOMIC_RELAXED); }
@@ -272,6 +276,43 @@ static int mnt_access(const char *path, int mask) {
     return (mask & W_OK) ? -EROFS : 0;
 }
 
+/* Read the whole source file of ``h`` (file number ``f``) now, serve it from memory and leave a
+ * copy in the handoff directory for the mount process. On any failure the handle stays as it was
+ * (reads go to the source file) and nothing is handed over. */
+static void read_whole(struct handle *h, uint64_t f, uint64_t mtime) {
+    char *buf = malloc(h->size ? h->size : 1);
+    if (!buf) return;
+    uint64_t got = 0;
+    while (got < h->size) {
+        ssize_t r = pread(h->fd, buf + got, h->size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (uint64_t)r;
+    }
+    char extra;
+    if (got != h->size || pread(h->fd, &extra, 1, (off_t)got) != 0) { free(buf); return; }  /* changed size */
+    count(&sh->bytes_source, got);
+    h->buf = buf;
+    h->local = 3;
+    close(h->fd);
+    h->fd = -1;
+    char tmp[PATH_MAX], dst[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/.%llu.%ld.tmp", opt.handoff, (unsigned long long)f, (long)gettid());
+    snprintf(dst, sizeof dst, "%s/%llu", opt.handoff, (unsigned long long)f);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    uint64_t put = 0;
+    while (put < got) {
+        ssize_t w = write(fd, buf + put, got - put);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        put += (uint64_t)w;
+    }
+    int ok = put == got && write(fd, &mtime, sizeof mtime) == (ssize_t)sizeof mtime;   /* little-endian hosts */
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, dst) != 0) unlink(tmp);
+}
+
 static int mnt_open(const char *path, struct fuse_file_info *fi) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_CREAT))) return -EROFS;
     struct handle *h = calloc(1, sizeof *h);
@@ -297,6 +338,10 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
         h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
         if (h->fd < 0) { int e = errno; free(h); return -e; }
         count(&sh->opens_source, 1);
+        struct stat st;
+        uint64_t mtime = 0;
+        if (fstat(h->fd, &st) == 0) mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+        if (opt.handoff) read_whole(h, (uint64_t)f, mtime);
         if (opt.events_fd >= 0) {
             uint64_t ev = (uint64_t)f;
             if (write(opt.events_fd, &ev, sizeof ev) < 0) { /* full or closed: the hint is dropped */ }
@@ -315,7 +360,7 @@ static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct 
     if (size > h->size - (uint64_t)off) size = (size_t)(h->size - (uint64_t)off);
     if (h->buf) {
         memcpy(buf, h->buf + off, size);
-        if (h->local == 1) count(&sh->bytes_local, size);
+        if (h->local == 1) count(&sh->bytes_local, size);   /* a source read whole was counted at open */
         return (int)size;
     }
     size_t got = 0;
@@ -333,7 +378,7 @@ static int mnt_release(const char *path, struct fuse_file_info *fi) {
     (void)path;
     struct handle *h = (struct handle *)(uintptr_t)fi->fh;
     if (h->fd >= 0) close(h->fd);
-    if (h->local == 1) free(h->buf);
+    if (h->local == 1 || h->local == 3) free(h->buf);
     free(h);
     return 0;
 }
@@ -390,6 +435,7 @@ static const struct fuse_opt spec[] = {
     OPT("--stats=%s", stats, 0),
     OPT("--info=%s", info, 0),
     OPT("--events-fd=%d", events_fd, 0),
+    OPT("--handoff=%s", handoff, 0),
     OPT("--watch-parent", watch_parent, 1),
     FUSE_OPT_END
 };
@@ -457,7 +503,7 @@ int main(int argc, char *argv[]) {
     opt.source = cv_source;
     if (!opt.source || !opt.listing || !opt.index || !opt.extents || !opt.stats || !opt.info) {
         fprintf(stderr, "usage: mountfs -f --listing=FILE --index=FILE --extents=DIR --stats=FILE --info=FILE "
-                        "[--events-fd=N] [--watch-parent] [fuse options] SOURCE MOUNTPOINT\n");
+                        "[--events-fd=N] [--handoff=DIR] [--watch-parent] [fuse options] SOURCE MOUNTPOINT\n");
         return 2;
     }
     clock_gettime(CLOCK_REALTIME, &started);

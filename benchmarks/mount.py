@@ -1,0 +1,182 @@
+"""Benchmark: `clairvoyant mount` with the swapped sampler, for scripts that open files by path (issue 12).
+
+A torchvision-style folder dataset (``samples`` = (path, class); each item opened by path and decoded
+with clairvoyant's decoder) read by PyTorch's DataLoader, batch 32, the best of each worker count:
+  (a) on the slow store directly (a FuseStore mount: 12 ms per open, 2 ms per read, 400 MB/s, 64 in
+      flight), PyTorch's RandomSampler: first epoch;
+  (b) on a ``clairvoyant mount`` of that store, a fresh local tier, ``clairvoyant.torch.RandomSampler``
+      with ``mount=``: first (cold) and second epoch, with the store's opens and bytes per epoch;
+  (c) on a local copy, PyTorch's RandomSampler.
+Then the mount's own cost per file: open + read + close of every staged file through the mount,
+against the same on the local copy, one thread, wall time and the CPU of this process and of the
+mount daemon. Writes benchmarks/results/mount.json.
+
+    python benchmarks/mount.py [--images 3200] [--workers 2,4,8,16]
+    python benchmarks/mount.py --tiny
+"""
+
+from __future__ import annotations
+
+import torch  # imported before any clock
+
+import argparse
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+
+from fusebench import run_and_report
+
+from clairvoyant.load.decode import decode_image
+from clairvoyant.mount import Mount
+from clairvoyant.paths import cache_home
+from clairvoyant.testing import FuseStore, make_dataset
+from clairvoyant.torch import RandomSampler
+
+
+class FolderDataset(torch.utils.data.Dataset):
+    """What ImageFolder looks like to a sampler and a DataLoader: ``samples`` of (path, class)."""
+
+    def __init__(self, root: str) -> None:
+        classes = sorted(d for d in os.listdir(root) if not d.startswith("."))
+        self.samples = [(os.path.join(root, c, f), k) for k, c in enumerate(classes)
+                        for f in sorted(os.listdir(os.path.join(root, c))) if not f.startswith(".")]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        with open(path, "rb") as f:
+            return torch.from_numpy(decode_image(f.read())), label
+
+
+def epoch(loader) -> tuple[float, int]:
+    t0, n = time.perf_counter(), 0
+    for _, y in loader:
+        n += len(y)
+    return time.perf_counter() - t0, n
+
+
+def plain(root: str, workers: int, batch: int, seed: int) -> dict:
+    ds = FolderDataset(root)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=torch.utils.data.RandomSampler(ds, generator=g),
+                                     num_workers=workers)
+    secs, n = epoch(dl)
+    return {"workers": workers, "images_per_s": n / secs, "seconds": secs}
+
+
+def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) -> dict:
+    local, mnt = os.path.join(work, f"local{workers}"), os.path.join(work, f"mnt{workers}")
+    os.makedirs(mnt)
+    with Mount(store.path, mnt, local_dir=local) as m:   # lists the store here, before the clock
+        ds = FolderDataset(mnt)
+        sampler = RandomSampler(ds, seed=seed, mount=mnt)
+        dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers)
+        out = {"workers": workers, "epochs": []}
+        for e in range(2):
+            store.reset()
+            secs, n = epoch(dl)
+            c, s = store.counters(), m.stats()
+            out["epochs"].append({"images_per_s": n / secs, "seconds": secs, "store_opens": c.opens,
+                                  "store_bytes": c.bytes, "mount": s._asdict()})
+        out["per_file"] = per_file(ds.samples, m.pid)
+    return out
+
+
+def _daemon_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_file(samples, daemon_pid: int | None) -> dict:
+    """open + read + close of each file once, one thread: wall and CPU per file (us)."""
+    r0, d0, t0 = resource.getrusage(resource.RUSAGE_SELF), _daemon_cpu(daemon_pid) if daemon_pid else 0.0, \
+        time.perf_counter()
+    for path, _ in samples:
+        with open(path, "rb") as f:
+            f.read()
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    n = len(samples)
+    out = {"wall_us": wall / n * 1e6, "user_us": (r1.ru_utime - r0.ru_utime) / n * 1e6,
+           "sys_us": (r1.ru_stime - r0.ru_stime) / n * 1e6}
+    if daemon_pid:
+        out["daemon_us"] = (_daemon_cpu(daemon_pid) - d0) / n * 1e6
+    return out
+
+
+def run(args) -> dict:
+    data = make_dataset(os.path.join(cache_home(), "demo", f"synthetic-imagenet-{args.images}"
+                                     + ("" if args.size == 256 else f"-{args.size}px")), args.images, size=args.size)
+    work = tempfile.mkdtemp(prefix="clairvoyant-mount-bench-")
+    try:
+        copy = os.path.join(work, "copy")
+        shutil.copytree(data, copy)
+        with FuseStore(data, open_latency=args.open_latency, read_latency=args.read_latency) as store:
+            direct = [plain(store.path, w, args.batch, args.seed) for w in args.workers]
+            mount = [mounted(store, work, w, args.batch, args.seed) for w in args.workers]
+        local = [plain(copy, w, args.batch, args.seed) for w in args.workers]
+        local_file = per_file(FolderDataset(copy).samples, None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    best = lambda rows, key: max(rows, key=key)   # noqa: E731
+    a = best(direct, lambda r: r["images_per_s"])
+    b1 = best(mount, lambda r: r["epochs"][0]["images_per_s"])
+    b2 = best(mount, lambda r: r["epochs"][1]["images_per_s"])
+    c = best(local, lambda r: r["images_per_s"])
+    ratios = {"mount_first_over_store": b1["epochs"][0]["images_per_s"] / a["images_per_s"],
+              "mount_first_over_local": b1["epochs"][0]["images_per_s"] / c["images_per_s"],
+              "mount_second_over_local": b2["epochs"][1]["images_per_s"] / c["images_per_s"],
+              "second_epoch_store_bytes": max(r["epochs"][1]["store_bytes"] for r in mount)}
+    return {"params": vars(args) | {"workers": list(args.workers)}, "direct": direct, "mount": mount,
+            "local": local, "local_per_file": local_file, "ratios": ratios}
+
+
+def format_table(s: dict) -> str:
+    lines = [f"{'configuration':46s} {'images/s':>9s} {'store opens':>12s} {'store MB':>9s}"]
+    for r in s["direct"]:
+        lines.append(f"{'(a) DataLoader on the slow store, %d workers' % r['workers']:46s} {r['images_per_s']:9.0f}")
+    for r in s["mount"]:
+        for e, x in enumerate(r["epochs"]):
+            name = f"(b) on clairvoyant mount, {r['workers']} workers, epoch {e + 1}"
+            lines.append(f"{name:46s} {x['images_per_s']:9.0f} {x['store_opens']:12d} {x['store_bytes'] / 1e6:9.1f}")
+    for r in s["local"]:
+        lines.append(f"{'(c) DataLoader on a local copy, %d workers' % r['workers']:46s} {r['images_per_s']:9.0f}")
+    t = s["ratios"]
+    lines += ["", f"(b) epoch 1 / best (a): {t['mount_first_over_store']:.2f}x   (target >= 2.0)",
+              f"(b) epoch 1 / best (c): {t['mount_first_over_local']:.2f}x   (target >= 0.8)",
+              f"(b) epoch 2 / best (c): {t['mount_second_over_local']:.2f}x",
+              f"(b) epoch 2 bytes from the store: {t['second_epoch_store_bytes']}   (target 0)"]
+    pf, lf = s["mount"][-1]["per_file"], s["local_per_file"]
+    lines.append(f"open+read+close of a staged file: through the mount {pf['wall_us']:.0f} us wall "
+                 f"({pf['user_us']:.0f} user + {pf['sys_us']:.0f} kernel here, {pf.get('daemon_us', 0):.0f} in the "
+                 f"daemon); local copy {lf['wall_us']:.0f} us ({lf['user_us']:.0f} + {lf['sys_us']:.0f})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=3200)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--workers", default="2,4,8,16")
+    p.add_argument("--open-latency", type=float, default=0.012)
+    p.add_argument("--read-latency", type=float, default=0.002)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny", action="store_true", help="a few dozen small images, for CI")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.images, args.size, args.batch, args.workers = 48, 32, 8, "1"
+        args.open_latency, args.read_latency = 0.001, 0.0
+    args.workers = tuple(int(w) for w in args.workers.split(","))
+    return run_and_report("mount", args, run, format_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
