@@ -55,7 +55,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
-              stage=not args.no_stage, stage_threads=args.stage_threads)
+              stage=not args.no_stage,
+              **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:
         print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, "
               f"up to {m.capacity}); Ctrl-C or `clairvoyant umount {m.path}` unmounts", flush=True)
@@ -114,7 +115,8 @@ def add_parser(sub) -> None:
                    "(with --stats: only the mount point)")
     p.add_argument("--local-dir", help="node-local directory of the cache (default: as the Loader's)")
     p.add_argument("--local-capacity", help="room for the cache, e.g. 400GiB or 50%% of the data set")
-    p.add_argument("--stage-threads", type=int, default=16, help="threads reading from the source ahead of use")
+    p.add_argument("--stage-threads", type=int, default=None,
+                   help="threads reading from the source ahead of use (default: clairvoyant.mount.fs.STAGE_THREADS)")
     p.add_argument("--no-stage", action="store_true", help="do not stage: only serve what is already there")
     p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT")
     p.add_argument("--json", action="store_true")

@@ -40,6 +40,7 @@ from . import listing
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountfs.c")
 DAEMON = Daemon(_SOURCE, "mountfs", ("fuse3", "libxxhash"))
 HANDOFF_PREFIX = "handoff."
+STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = threads (the Loader starts at 48)
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid
@@ -144,7 +145,7 @@ class Mount:
 
     def __init__(self, source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
                  local_dir: str | os.PathLike[str] | None = None, local_capacity: int | str | None = None,
-                 stage: bool = True, stage_threads: int = 16, ready_timeout: float = 10.0,
+                 stage: bool = True, stage_threads: int = STAGE_THREADS, ready_timeout: float = 10.0,
                  reindex: bool = False) -> None:
         ok, why = mount_available()
         if not ok:
