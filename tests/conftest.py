@@ -44,6 +44,16 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
+def content(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def differing(root_a: str, root_b: str, rels) -> list[str]:
+    """The relative paths whose bytes under ``root_a`` and ``root_b`` differ."""
+    return [rel for rel in rels if content(os.path.join(root_a, rel)) != content(os.path.join(root_b, rel))]
+
+
 def orphan_extents(local_dir: str) -> list[str]:
     """Extent files of the local tier that no entry of its index uses (what a killed or failed
     writer would leave behind; a live store's current extent counts too, so call it after close)."""

@@ -19,7 +19,7 @@ from clairvoyant.errors import SourceNotFound
 from clairvoyant.testing import FuseStore, fuse_available
 from clairvoyant.testing import fusestore as fs_mod
 
-from conftest import wait_until
+from conftest import content, differing, wait_until
 
 OK, WHY = fuse_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"FUSE store unavailable: {WHY}")
@@ -56,19 +56,9 @@ def files_of(root: str) -> list[str]:
 
 def mismatches(expected_root: str, mount: str) -> list[str]:
     """Files whose bytes through the mount differ from ``expected_root``'s (or are missing)."""
-    bad = []
     if files_of(expected_root) != files_of(mount):
-        bad.append("<file list>")
-    for rel in files_of(expected_root):
-        with open(os.path.join(expected_root, rel), "rb") as a, open(os.path.join(mount, rel), "rb") as b:
-            if a.read() != b.read():
-                bad.append(rel)
-    return bad
-
-
-def read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+        return ["<file list>"]
+    return differing(expected_root, mount, files_of(expected_root))
 
 
 def pid_alive(pid: int) -> bool:
@@ -87,7 +77,7 @@ def test_every_file_reads_back_as_the_source(dataset, tmp_path):
         changed = tmp_path / "changed"
         shutil.copytree(dataset, changed)
         victim = files_of(dataset)[17]
-        data = bytearray(read(str(changed / victim)))
+        data = bytearray(content(str(changed / victim)))
         data[len(data) // 2] ^= 0x01
         (changed / victim).write_bytes(bytes(data))
         assert mismatches(str(changed), store.path) == [victim]
@@ -101,7 +91,7 @@ def test_opens_and_bytes_counted_exactly_and_reset(dataset):
         def read_set(names):
             store.reset()
             for k in names:
-                read(os.path.join(store.path, k))
+                content(os.path.join(store.path, k))
             return store.counters()
 
         first = keys[:5]
@@ -128,8 +118,8 @@ def test_each_open_starts_with_a_cold_page_cache(dataset):
     with FuseStore(dataset, **FAST) as store:
         path = os.path.join(store.path, key)
         store.reset()
-        read(path)
-        read(path)
+        content(path)
+        content(path)
         assert (store.counters().opens, store.counters().bytes) == (2, 2 * size)  # fetched twice
         # negative control: within one open, the page cache serves the second pass
         store.reset()
@@ -147,7 +137,7 @@ def test_latency_and_bandwidth_are_charged(dataset, tmp_path):
         store.reset()
         t0 = time.monotonic()
         for k in keys:
-            read(os.path.join(store.path, k))
+            content(os.path.join(store.path, k))
         took = time.monotonic() - t0
         assert store.counters().opens == len(keys)  # the time is that of exactly these opens
         assert took >= len(keys) * 0.05
@@ -157,7 +147,7 @@ def test_latency_and_bandwidth_are_charged(dataset, tmp_path):
     with FuseStore(big, open_latency=0.0, read_latency=0.03, bandwidth=2e6) as store:
         store.reset()
         t0 = time.monotonic()
-        read(os.path.join(store.path, "blob"))
+        content(os.path.join(store.path, "blob"))
         took = time.monotonic() - t0
         c = store.counters()
         assert c.bytes == 400_000 and c.reads >= 1
@@ -166,7 +156,7 @@ def test_latency_and_bandwidth_are_charged(dataset, tmp_path):
     with FuseStore(dataset, open_latency=0.05, read_latency=0.0, bandwidth=1e12, max_inflight=1) as store:
         t0 = time.monotonic()
         with ThreadPoolExecutor(4) as ex:
-            list(ex.map(lambda k: read(os.path.join(store.path, k)), keys[:4]))
+            list(ex.map(lambda k: content(os.path.join(store.path, k)), keys[:4]))
         assert time.monotonic() - t0 >= 4 * 0.05
 
 
@@ -176,7 +166,7 @@ def test_max_inflight_is_honoured(dataset, limit):
     with FuseStore(dataset, open_latency=0.03, read_latency=0.005, bandwidth=1e12, max_inflight=limit) as store:
         store.reset()
         with ThreadPoolExecutor(12) as ex:
-            list(ex.map(lambda k: read(os.path.join(store.path, k)), keys))
+            list(ex.map(lambda k: content(os.path.join(store.path, k)), keys))
         c = store.counters()
         assert c.opens == len(keys)
         assert 1 < c.peak_inflight <= limit

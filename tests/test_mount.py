@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from clairvoyant.mount import Mount, mount_available, read_info, read_stats
 from clairvoyant.source import as_source
 from clairvoyant.testing import make_dataset
 
-from conftest import wait_until
+from conftest import content, differing, wait_until
 
 _ok, _why = mount_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
@@ -43,17 +42,7 @@ def keys_of(m: Mount) -> list[str]:
 
 def same_bytes(src: str, mnt: str, keys: list[str]) -> list[str]:
     """Keys whose bytes through the mount differ from the source's."""
-    bad = []
-    for k in keys:
-        with open(os.path.join(src, k), "rb") as a, open(os.path.join(mnt, k), "rb") as b:
-            if a.read() != b.read():
-                bad.append(k)
-    return bad
-
-
-def content(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    return differing(src, mnt, keys)
 
 
 def md5sums(root: str, keys: list[str]) -> str:

@@ -12,6 +12,7 @@
 #define CLAIRVOYANT_FUSE_COMMON_H
 
 #include <errno.h>
+#include <stddef.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,6 +44,9 @@ static int ro_removexattr(const char *p, const char *n) { (void)p; (void)n; retu
 static int ro_fallocate(const char *p, int m, off_t o, off_t n, struct fuse_file_info *fi) {
     (void)p; (void)m; (void)o; (void)n; (void)fi; return -EROFS;
 }
+
+/* A fuse_opt entry for member f of the daemon's option struct ``opt``. */
+#define OPT(t, f, v) {t, offsetof(__typeof__(opt), f), v}
 
 #define CV_READONLY_OPS \
     .mknod = ro_mknod, .mkdir = ro_path_mode, .unlink = ro_path, .rmdir = ro_path, .symlink = ro_two, \

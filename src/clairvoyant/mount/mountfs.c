@@ -427,7 +427,6 @@ static const struct fuse_operations ops = {
 
 /* -- start-up -------------------------------------------------------------------------------- */
 
-#define OPT(t, f, v) {t, offsetof(__typeof__(opt), f), v}
 static const struct fuse_opt spec[] = {
     OPT("--listing=%s", listing, 0),
     OPT("--index=%s", index, 0),

@@ -249,7 +249,6 @@ static const struct fuse_operations ops = {
     CV_READONLY_OPS,
 };
 
-#define OPT(t, f, v) {t, offsetof(__typeof__(opt), f), v}
 static const struct fuse_opt spec[] = {
     OPT("--open-latency=%lf", open_latency, 0),
     OPT("--read-latency=%lf", read_latency, 0),
