@@ -39,6 +39,39 @@ def test_cache_leaves_the_misses_on_shared_storage():
     assert full.hit_rate == 1.0 and full.shared_iops == 0
 
 
+@pytest.mark.parametrize("nodes, fraction", [(1, 0.5), (8, 0.5), (8, 1.0), (32, 0.25)])
+def test_the_hit_rate_on_many_nodes_follows_what_each_node_has_read(nodes, fraction):
+    """Per-node tiers under farthest next use (the loader's own planner) over three epochs: the budget's
+    epoch-k hit rate min(f, 1 - (1 - 1/N)^k) is within a few points of the simulated one. Control: the
+    old formula (f from the second epoch on) is far off on many nodes."""
+    import numpy as np
+
+    from clairvoyant.plan.budget import epoch_hit_rate
+    from clairvoyant.plan.residency import node_sequence, simulate_epoch
+
+    n, batch = 4096, 8
+    sizes = np.ones(n, dtype=np.int64)
+    capacity = int(fraction * n)
+    seqs = [node_sequence(n, seed=1, epoch=e, world_size=nodes, ranks=range(0, 1), batch_size=batch)
+            for e in range(4)]
+    residents: dict = {}
+    for e in range(3):
+        res = simulate_epoch(seqs[e], seqs[e + 1], sizes, capacity, residents)
+        residents = dict(res.residents_after.items())
+        got, want = res.hits / len(seqs[e]), epoch_hit_rate(fraction, nodes, e)
+        assert abs(got - want) < 0.04, (e, got, want)
+        if nodes > 1 and e == 1:
+            assert abs(got - fraction) > 0.2   # control: "f after the first epoch" is wrong here
+
+
+def test_the_budget_reports_the_rise_on_many_nodes():
+    b = loading_budget(batch_size=128, step_time=0.1, sample_bytes=100 * KiB, gpus_per_node=4, nodes=64,
+                       dataset_bytes=100 * MiB, local_capacity=100 * MiB)
+    assert b.hit_rate == pytest.approx(1 / 64) and b.hit_rate_limit == 1.0
+    assert 250 <= b.epochs_to_limit <= 300          # 1 - (63/64)^k >= 0.99
+    assert b.shared_iops == pytest.approx(b.iops * (1 - 1 / 64))
+
+
 def test_cli_prints_and_speaks_json(capsys):
     args = ["plan", "--batch-size", "128", "--step-time", "0.087", "--sample-size", "64KiB", "--gpus", "4"]
     assert main(args) == 0

@@ -120,9 +120,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(f"storage:   {b.iops:,.0f} read IOPS and {format_bytes(b.bytes_per_s)}/s "
           f"at {format_bytes(b.sample_bytes)} per sample")
     if b.hit_rate is not None:
+        rise = ("" if b.hit_rate >= b.hit_rate_limit - 1e-9 else
+                f", rising to {b.hit_rate_limit:.0%} by about epoch {b.epochs_to_limit + 1} (a node caches only "
+                f"what it read: 1/{b.nodes} of each epoch; the cluster cache pools the nodes' tiers)")
         print(f"cache:     {b.cache_fraction:.0%} of the data set fits on each node -> hit rate {b.hit_rate:.0%} "
-              f"per epoch after the first; the shared storage is left with {b.shared_iops:,.0f} IOPS and "
-              f"{format_bytes(b.shared_bytes_per_s)}/s")
+              f"in the second epoch{rise}; the shared storage is left with {b.shared_iops:,.0f} IOPS and "
+              f"{format_bytes(b.shared_bytes_per_s)}/s then")
     if sim is not None:
         from .simulate import format_what_if
         print(format_what_if(sim))
