@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.abspath(__file__)
 
@@ -41,6 +40,8 @@ def rank_main(args: argparse.Namespace) -> None:
     os.environ["CLAIRVOYANT_NODE"] = "node%s" % os.environ.get("OMPI_COMM_WORLD_RANK", "0")
     import torch  # noqa: F401  (before the clock, as users run)
     from mpi4py import MPI
+
+    from mpi_epochs import timed_epochs
 
     from clairvoyant import Loader
     from clairvoyant.dist.peers import emulated_link
@@ -54,21 +55,9 @@ def rank_main(args: argparse.Namespace) -> None:
                 # off: each rank alone on its "node" (the launcher would say 4 ranks share one)
                 local_world_size=None if args.cluster == "on" else 1)
     total = int(sum(ld.manifest.sizes))
-    rows = []
-    for e in range(args.epochs):
-        comm.Barrier()
-        if rank == 0:
-            store.reset()
-        comm.Barrier()
-        ld.set_epoch(e)
-        t0 = time.perf_counter()
-        for _ in ld:
-            pass
-        comm.Barrier()
-        dt = time.perf_counter() - t0
-        peer = comm.reduce(ld.stats()["epochs"].get(e, {}).get("peer_bytes", 0), root=0)
-        rows.append({"epoch": e, "seconds": dt, "store": store.counters().bytes / total,
-                     "peer": (peer or 0) / total, "link": list(emulated_link())})
+    rows = [{"epoch": e, "seconds": dt, "store": store_bytes / total, "peer": peer / total,
+             "link": list(emulated_link())}
+            for e, dt, peer, store_bytes in timed_epochs(comm, ld, store, args.epochs)]
     ld.close()
     if rank == 0:
         print(json.dumps(rows))

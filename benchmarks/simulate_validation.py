@@ -35,7 +35,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.abspath(__file__)
 OPEN_MS, READ_MS, MBS, INFLIGHT = 10.0, 2.0, 400.0, 64
@@ -47,6 +46,7 @@ CORES_PER_RANK = 1.0
 def rank_main(args: argparse.Namespace) -> None:
     os.environ["CLAIRVOYANT_NODE"] = "node%s" % os.environ.get("OMPI_COMM_WORLD_RANK", "0")
     from mpi4py import MPI
+    from mpi_epochs import timed_epochs
 
     from clairvoyant import Loader
     from clairvoyant.testing import EmulatedStore
@@ -58,20 +58,8 @@ def rank_main(args: argparse.Namespace) -> None:
                 local_capacity=args.capacity, cluster=args.cluster == "on", output="numpy", num_workers=1,
                 decode=len, local_world_size=None if args.cluster == "on" else 1,
                 stage_threads=args.stage_threads)   # fixed: the tuner would move it, the model takes one number
-    rows = []
-    for e in range(args.epochs):
-        comm.Barrier()
-        if rank == 0:
-            store.reset()
-        comm.Barrier()
-        ld.set_epoch(e)
-        t0 = time.perf_counter()
-        for _ in ld:
-            pass
-        comm.Barrier()
-        dt = time.perf_counter() - t0
-        peer = comm.reduce(ld.stats()["epochs"].get(e, {}).get("peer_bytes", 0), root=0)
-        rows.append({"epoch": e, "seconds": dt, "store_bytes": store.counters().bytes, "peer_bytes": peer or 0})
+    rows = [{"epoch": e, "seconds": dt, "store_bytes": store_bytes, "peer_bytes": peer}
+            for e, dt, peer, store_bytes in timed_epochs(comm, ld, store, args.epochs)]
     caps = comm.gather(int(ld.tiers.local_capacity), root=0)
     sizes = [int(x) for x in ld.manifest.sizes]
     ld.close()
