@@ -97,6 +97,7 @@ static uint64_t total_bytes;
 
 static int src_fd = -1;
 static int index_fd = -1;
+static int locks_fd = -1;   /* the tier's byte-range locks: a locked key is being staged now */
 static const uint8_t *index_map;  /* read-only */
 static size_t index_len;
 static pthread_rwlock_t index_lock = PTHREAD_RWLOCK_INITIALIZER;
@@ -313,6 +314,41 @@ static void read_whole(struct handle *h, uint64_t f, uint64_t mtime) {
     if (!ok || rename(tmp, dst) != 0) unlink(tmp);
 }
 
+/* Whether another process holds the node-wide lock of the key with ``digest`` (cache/local.py:
+ * byte sha1[:4] of the tier's locks file), i.e. is copying that file into the tier right now. */
+static int being_staged(uint64_t digest) {
+    if (locks_fd < 0) return 0;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(digest >> 32);
+    fl.l_len = 1;
+    if (fcntl(locks_fd, F_GETLK, &fl) < 0) return 0;
+    return fl.l_type != F_UNLCK;
+}
+
+/* A file the tier lacks but that the mount process (or a Loader of the node) is staging now: wait
+ * for that copy (up to 2 s) rather than read the shared store a second time. */
+static char *wait_for_staging(const struct lfile *f) {
+    for (int i = 0; i < 2000 && being_staged(f->digest); i++) usleep(1000);
+    return read_local(f);
+}
+
+/* Take or let go of the key's lock for this daemon (F_SETLK: never waits); 1 if taken. While the
+ * daemon reads a file from the source and hands it over, the mount process's staging of that file
+ * waits for the lock and then finds the handoff, instead of reading the source again. */
+static int key_lock(uint64_t digest, short type) {
+    if (locks_fd < 0) return 0;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(digest >> 32);
+    fl.l_len = 1;
+    return fcntl(locks_fd, F_SETLK, &fl) == 0;
+}
+
 static int mnt_open(const char *path, struct fuse_file_info *fi) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_CREAT))) return -EROFS;
     struct handle *h = calloc(1, sizeof *h);
@@ -331,17 +367,32 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
     if (f < 0) { free(h); return d >= 0 ? -EISDIR : -ENOENT; }
     h->size = files[f].size;
     h->buf = read_local(&files[f]);
+    int locked = 0;
+    if (!h->buf && opt.handoff) {   /* staging runs: read the source once, whoever reads it */
+        locked = key_lock(files[f].digest, F_WRLCK);
+        if (!locked) h->buf = wait_for_staging(&files[f]);   /* the mount process is copying it now */
+        else if ((h->buf = read_local(&files[f])) != NULL) {  /* staged just before we took the lock */
+            key_lock(files[f].digest, F_UNLCK);
+            locked = 0;
+        }
+    }
     if (h->buf) {
         h->local = 1;
         count(&sh->opens_local, 1);
     } else {
         h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
-        if (h->fd < 0) { int e = errno; free(h); return -e; }
+        if (h->fd < 0) {
+            int e = errno;
+            if (locked) key_lock(files[f].digest, F_UNLCK);
+            free(h);
+            return -e;
+        }
         count(&sh->opens_source, 1);
         struct stat st;
         uint64_t mtime = 0;
         if (fstat(h->fd, &st) == 0) mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
         if (opt.handoff) read_whole(h, (uint64_t)f, mtime);
+        if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
         if (opt.events_fd >= 0) {
             uint64_t ev = (uint64_t)f;
             if (write(opt.events_fd, &ev, sizeof ev) < 0) { /* full or closed: the hint is dropped */ }
@@ -510,6 +561,15 @@ int main(int argc, char *argv[]) {
     if (src_fd < 0) return die("cannot open the source directory", opt.source);
     index_fd = open(opt.index, O_RDONLY | O_CLOEXEC);
     if (index_fd < 0) return die("cannot open the index", opt.index);
+    {
+        char locks[PATH_MAX];
+        snprintf(locks, sizeof locks, "%s", opt.index);
+        char *slash = strrchr(locks, '/');
+        if (slash) {
+            snprintf(slash + 1, sizeof locks - (size_t)(slash + 1 - locks), "locks");
+            locks_fd = open(locks, O_RDWR | O_CLOEXEC);   /* absent: no waiting, reads go to the source */
+        }
+    }
     index_remap();
     int rc = load_listing(opt.listing);
     if (!rc) rc = load_info(opt.info);
