@@ -50,6 +50,7 @@ class Controller:
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
                       "not_staged": 0, "failed": 0, "handed_over": 0}
         self._plan_key: tuple | None = None
+        self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
         self._pending = 0          # bytes submitted for staging and not yet placed
         self._last_stats = 0.0
         self._threads = [threading.Thread(target=self._watch, name="clairvoyant-mount-orders", daemon=True),
@@ -185,7 +186,12 @@ class Controller:
         orders = {}
         for rank, path in published(self.m.orders_dir).items():
             try:
-                orders[rank] = read_order(path)
+                st = os.stat(path)
+                ident = (st.st_ino, st.st_mtime_ns, st.st_size)   # replaced by rename: a new inode
+                cached = self._parsed.get(path)
+                if cached is None or cached[0] != ident:   # parse a published order once, not every look
+                    cached = self._parsed[path] = (ident, read_order(path))
+                orders[rank] = cached[1]
             except Exception:
                 continue   # being replaced, or foreign: the next look sees it whole
         if not orders:
