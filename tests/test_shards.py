@@ -21,6 +21,7 @@ from clairvoyant.errors import ConfigError, SampleReadError
 from clairvoyant.pack import STATE, pack
 from clairvoyant.source import PosixSource, TarShardSource, as_source
 from clairvoyant.source import shards as shards_mod
+from clairvoyant.source import tarindex as tarindex_mod
 from clairvoyant.source.shards import ShardError, split_member
 
 
@@ -155,8 +156,8 @@ def test_persisted_index_is_reused_and_a_changed_shard_is_read_again(dataset, tm
     d = pack(dataset, tmp_path / "p", shard_size=SHARD).dst
     n = len([f for f in os.listdir(d) if f.endswith(".tar")])
     scans = []
-    real = shards_mod._scan_shard
-    monkeypatch.setattr(shards_mod, "_scan_shard", lambda p, k: scans.append(p) or real(p, k))
+    real = tarindex_mod._scan_shard
+    monkeypatch.setattr(tarindex_mod, "_scan_shard", lambda p, k: scans.append(p) or real(p, k))
     first = TarShardSource(d)
     assert len(scans) == n   # every shard's headers, once
     again = TarShardSource(d)
@@ -183,8 +184,8 @@ def test_a_damaged_index_file_is_rebuilt(tmp_path, monkeypatch):
     with open(src._index_file, "r+b") as f:
         f.truncate(100)
     scans = []
-    real = shards_mod._scan_shard
-    monkeypatch.setattr(shards_mod, "_scan_shard", lambda p, k: scans.append(p) or real(p, k))
+    real = tarindex_mod._scan_shard
+    monkeypatch.setattr(tarindex_mod, "_scan_shard", lambda p, k: scans.append(p) or real(p, k))
     assert TarShardSource(tmp_path / "a.tar").read("x/2.jpg") == blob(2)
     assert len(scans) == 1
 
@@ -214,8 +215,8 @@ def test_read_many_equals_read_per_key_and_coalesces(packed, monkeypatch):
 
 def _child_read(src, key, out):
     calls = []
-    real = shards_mod._open_shard
-    shards_mod._open_shard = lambda p: calls.append(p) or real(p)
+    real = tarindex_mod._open_shard
+    tarindex_mod._open_shard = lambda p: calls.append(p) or real(p)
     out.put((src.read(key), src.read_many([key])[0], len(calls), len(src._fds)))
 
 
@@ -223,8 +224,8 @@ def test_reads_after_fork_use_descriptors_of_their_own(packed, monkeypatch):
     src = TarShardSource(packed, max_open=4)
     keys = [k for k, _ in src.scan()]
     opens = []
-    real = shards_mod._open_shard
-    monkeypatch.setattr(shards_mod, "_open_shard", lambda p: opens.append(p) or real(p))
+    real = tarindex_mod._open_shard
+    monkeypatch.setattr(tarindex_mod, "_open_shard", lambda p: opens.append(p) or real(p))
     parent = src.read(keys[0])
     src.read(keys[1])   # same shard: no second open
     assert len(opens) == 1

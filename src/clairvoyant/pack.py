@@ -33,7 +33,7 @@ from . import manifest as manifest_mod
 from .errors import ConfigError, SourceChanged
 from .fileio import pid, write_all, write_atomically
 from .source import as_source
-from .source.shards import DATA_EXTENSIONS, split_member
+from .source.tarindex import DATA_EXTENSIONS, split_member
 from .units import parse_bytes
 
 STATE = ".clairvoyant-pack.json"
