@@ -9,10 +9,11 @@ by f (the offline optimum under a fresh permutation each epoch, and what the
 loader measures on one node: docs/benchmarks.md), and by what the node has
 read so far, since a node's tier holds only samples that node read. On N nodes
 a node reads a random 1/N of each epoch, so after k epochs it has seen
-1 - (1 - 1/N)^k of the data set, and epoch k's hit rate is about
-min(f, 1 - (1 - 1/N)^k): 1/N in the second epoch, f only after many epochs
-when N is large (the simulator found the budget's old "f from the second
-epoch on" wrong by 60x at 64 nodes). The shared storage is left with the
+1 - (1 - 1/N)^k of the data set; and what its tier can carry from one epoch to
+the next is bounded by f (``steady_hit_rate``). Epoch k's hit rate is the
+lesser of the two: 1/N (or less, for a small f) in the second epoch, the
+steady rate only after many epochs when N is large (the simulator found the
+budget's old "f from the second epoch on" wrong by 60x at 64 nodes). The shared storage is left with the
 misses of the second epoch, the worst after the first. The loader's RAM tier
 is the staging window of the samples about to be read, not a cache, so only
 the local capacity counts. Pure arithmetic, no I/O.
@@ -41,7 +42,7 @@ class Budget:
     bytes_per_s: float
     cache_fraction: float | None = None     # of the data set held per node (the local tier)
     hit_rate: float | None = None           # in the second epoch (the lowest after the first)
-    hit_rate_limit: float | None = None     # what later epochs approach (the cache fraction)
+    hit_rate_limit: float | None = None     # what later epochs approach (steady_hit_rate)
     epochs_to_limit: int | None = None      # epochs until within 1% of the limit
     shared_iops: float | None = None        # what is left on the shared storage
     shared_bytes_per_s: float | None = None
@@ -68,7 +69,7 @@ def loading_budget(*, batch_size: int, step_time: float, sample_bytes: float, gp
         if dataset_bytes <= 0:
             raise ConfigError("the data set size must be > 0")
         fraction = min(1.0, local_capacity / dataset_bytes)
-        hit, limit = epoch_hit_rate(fraction, nodes, 1), fraction
+        hit, limit = epoch_hit_rate(fraction, nodes, 1), steady_hit_rate(fraction, nodes)
         epochs = epochs_to_reach(fraction, nodes)
         shared_iops, shared_bw = iops * (1 - hit), bw * (1 - hit)
     return Budget(batch_size, step_time, sample_bytes, gpus_per_node, nodes, experiments, per_gpu, total,
@@ -76,51 +77,29 @@ def loading_budget(*, batch_size: int, step_time: float, sample_bytes: float, gp
 
 
 def epoch_hit_rate(fraction: float, nodes: int, epoch: int) -> float:
-    """The per-node tier's hit rate in ``epoch`` (0: the first, nothing cached): the cache fraction,
-    or what a node has seen of the data set by then, whichever is less."""
+    """The per-node tier's hit rate in ``epoch`` (0: the first, nothing cached), for farthest next
+    use with the next epoch in view: what the node has seen of the data set by then, or what the
+    tier can carry, whichever is less (``steady_hit_rate``)."""
     if epoch <= 0:
         return 0.0
-    return min(fraction, 1.0 - (1.0 - 1.0 / nodes) ** epoch)
+    return min(1.0 - (1.0 - 1.0 / nodes) ** epoch, steady_hit_rate(fraction, nodes))
+
+
+def steady_hit_rate(fraction: float, nodes: int) -> float:
+    """What the tier carries from epoch to epoch on ``nodes`` nodes, as a share of a node's reads.
+
+    A node reads 1/N of an epoch. Of what it reads, 1/N^2 of the data set is read by it again in
+    the next epoch: the planner keeps that (up to the capacity f), and each such sample is a hit.
+    Room left over (f - 1/N^2) holds samples it read before, each read by it in a later epoch with
+    chance 1/N. Hits over reads: N min(f, 1/N^2) + max(0, f - 1/N^2), at most 1; on one node, f.
+    Checked against the planner itself on 1-32 nodes (tests/test_budget.py)."""
+    q = 1.0 / nodes ** 2
+    return min(1.0, nodes * min(fraction, q) + max(0.0, fraction - q))
 
 
 def epochs_to_reach(fraction: float, nodes: int) -> int:
-    """Epochs until the hit rate is within 1% (of the data set) of ``fraction``."""
-    if fraction <= 0:
-        return 0
-    target = max(0.0, fraction - 0.01)
-    if nodes == 1 or target <= 0:
+    """Epochs until the hit rate is within 1% (of a node's reads) of the steady rate."""
+    target = max(0.0, steady_hit_rate(fraction, nodes) - 0.01)
+    if target <= 0 or nodes == 1:
         return 1
     return max(1, math.ceil(math.log(1.0 - target) / math.log(1.0 - 1.0 / nodes)))
-
-
-@dataclass(frozen=True)
-class Advice:
-    keeps_up: bool               # the source alone delivers what the node's GPUs need
-    need_per_node: float         # samples/s the node's GPUs consume
-    got: float                   # files/s the source gave this node (best number of readers)
-    readers: int
-    miss_need: float | None      # files/s still asked of the source with the cache, per node
-    lines: tuple[str, ...]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def advise(budget: Budget, got_files_per_s: float, readers: int) -> Advice:
-    """Hold what the source gave one node (``clairvoyant probe``) against the node's budget."""
-    need = budget.samples_per_s_per_gpu * budget.gpus_per_node
-    keeps = got_files_per_s >= need
-    head = (f"the source gives {got_files_per_s:,.0f} files/s at {readers} reader{'s' if readers > 1 else ''}; "
-            f"the {budget.gpus_per_node} GPU(s) of a node need {need:,.0f}/s")
-    lines = [head + (f": it keeps up ({got_files_per_s / need:.1f}x)" if keeps else ": stage to node-local storage")]
-    miss = None
-    if budget.hit_rate is not None:
-        miss = need * (1 - budget.hit_rate)
-        if miss == 0:
-            lines.append("the whole data set fits in the local tier: after the first epoch the source is not read")
-        else:
-            tail = ("the source keeps up with that" if got_files_per_s >= miss else
-                    f"still more than it gives: expect about {got_files_per_s / (1 - budget.hit_rate):,.0f} "
-                    "samples/s per node, bound by the source")
-            lines.append(f"with a {budget.hit_rate:.0%} cache the miss stream needs {miss:,.0f}/s: {tail}")
-    return Advice(keeps, need, got_files_per_s, readers, miss, tuple(lines))
