@@ -90,3 +90,31 @@ def test_the_descriptor_cache_is_bounded_and_never_closes_one_in_use(tmp_path):
     assert len(cache) <= 2
     cache.close()
     assert len(cache) == 0
+
+
+def test_an_index_grown_by_another_process_is_followed(tmp_path):
+    a = Index(str(tmp_path / "index"), expected=10)
+    b = Index(str(tmp_path / "index"), expected=10)          # maps the small layout
+    a.publish(key_digest("old"), 0, 0, 100)
+    a.recover(lambda n: 4096, expected=100_000)              # a new session's first process grows it
+    assert a.slots > b.slots
+    assert b.lookup(key_digest("old")) is not None           # b follows before it reads
+    assert b.slots == a.slots
+    b.publish(key_digest("new"), 0, 4096, 100)               # and before it writes
+    assert a.lookup(key_digest("new")) == (0, 4096, 100, a.session)
+    a.close()
+    b.close()
+
+
+def test_a_slot_torn_by_a_kill_is_usable_again(tmp_path):
+    index = Index(str(tmp_path / "index"), expected=10)
+    index.publish(key_digest("k"), 0, 0, 100)
+    i = index._find(key_digest("k"))
+    at = index._slots_at + _SLOT.size * i
+    index._mm[at + 8:at + 12] = (5).to_bytes(4, "little")   # a writer killed mid-update
+    assert index.lookup(key_digest("k")) is None             # not trusted
+    assert index.retract(key_digest("k")) is None            # nothing of it trusted, nor counted
+    assert index.live(0) == 1                                # (the recovery at the next start recounts)
+    index.publish(key_digest("k"), 0, 4096, 100)
+    assert index.lookup(key_digest("k")) == (0, 4096, 100, index.session)   # settled again
+    index.close()

@@ -114,9 +114,9 @@ class Index:
                 head = os.pread(self._fd, _HEAD.size, 0)
                 if len(head) < _HEAD.size or _HEAD.unpack(head)[0] != _MAGIC:
                     self._format(slot_bits_for(expected))
+                self._map()   # under the lock: never a file another process is growing
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self._map()
         except BaseException:
             os.close(self._fd)
             raise
@@ -152,9 +152,21 @@ class Index:
         self._tlock.acquire()
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._follow()
         except BaseException:
             self._tlock.release()
             raise
+
+    def _follow(self) -> None:
+        """Map the index again if another process grew it (a new session's first process, for a
+        data set that grew) since this one mapped it. Call with the file lock held."""
+        if _HEAD.unpack_from(self._mm, 0)[2] != self.slots.bit_length() - 1:
+            old = self._mm
+            self._map()
+            try:
+                old.close()
+            except BufferError:   # a numpy view still uses it: it goes with the view
+                pass
 
     def _unlock(self) -> None:
         try:
@@ -213,6 +225,9 @@ class Index:
 
     def lookup(self, digest: int) -> tuple[int, int, int, int] | None:
         """``(extent, offset, length, stamp)`` of the present entry of ``digest``, or None."""
+        if _HEAD.unpack_from(self._mm, 0)[2] != self.slots.bit_length() - 1:   # grown elsewhere
+            self._lock()
+            self._unlock()
         mm = self._mm
         for _ in range(1000):
             i = self._find(digest)
@@ -228,9 +243,10 @@ class Index:
     def _write(self, i: int, digest: int, extent: int, offset: int, length: int, stamp: int) -> None:
         at = self._slots_at + _SLOT.size * i
         seq = _SEQ.unpack_from(self._mm, at + 8)[0]
-        _SEQ.pack_into(self._mm, at + 8, (seq + 1) & 0xFFFFFFFF)   # odd: changing
-        _SLOT.pack_into(self._mm, at, digest, (seq + 1) & 0xFFFFFFFF, extent, offset, length, stamp)
-        _SEQ.pack_into(self._mm, at + 8, (seq + 2) & 0xFFFFFFFF)   # even: settled
+        odd = ((seq + 1) | 1) & 0xFFFFFFFF       # odd: changing (also after a writer killed mid-way)
+        _SEQ.pack_into(self._mm, at + 8, odd)
+        _SLOT.pack_into(self._mm, at, digest, odd, extent, offset, length, stamp)
+        _SEQ.pack_into(self._mm, at + 8, (odd + 1) & 0xFFFFFFFF)   # even: settled
 
     def _count(self, extent: int, delta: int) -> int:
         at = _COUNTS + 4 * extent
@@ -251,8 +267,8 @@ class Index:
                 if i >= self.slots:
                     raise IndexFull(self.path)
             else:
-                _, _, e, o, n, _ = _SLOT.unpack_from(self._mm, self._slots_at + _SLOT.size * i)
-                if n:
+                _, seq, e, o, n, _ = _SLOT.unpack_from(self._mm, self._slots_at + _SLOT.size * i)
+                if n and not seq & 1:   # a slot torn by a kill: its fields are not trusted
                     old = (e, o, n)
                     self._count(e, -1)
             self._write(i, digest, extent, offset, length, self.session)
@@ -269,7 +285,10 @@ class Index:
             i = self._find(digest)
             if i < 0:
                 return None
-            _, _, e, o, n, _ = _SLOT.unpack_from(self._mm, self._slots_at + _SLOT.size * i)
+            _, seq, e, o, n, _ = _SLOT.unpack_from(self._mm, self._slots_at + _SLOT.size * i)
+            if seq & 1:   # torn by a kill: now absent, and nothing of it is trusted
+                self._write(i, digest, 0, 0, 0, 0)
+                return None
             if not n:
                 return None
             self._write(i, digest, e, o, 0, 0)
