@@ -330,6 +330,21 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
         assert same_bytes(raw, m.path, keys) == [] and m.stats().opens_local == N
 
 
+def test_nothing_is_left_in_the_handoff_directory_when_the_tier_is_full(tmp_path):
+    """Read-through into a tier with room for a fifth of the files: what does not fit is let go,
+    not kept beside the tier (outside its capacity)."""
+    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), local_capacity="20%", stage_threads=2) as m:
+        keys = keys_of(m)
+        assert same_bytes(src, m.path, keys) == []
+        done = lambda: sum(m.staging().get(k, 0) for k in ("staged", "not_staged", "present")) >= N   # noqa: E731
+        assert wait_until(done, 20), m.staging()
+        assert m.staging()["not_staged"] > 0                       # the tier was full: the case at hand
+        assert wait_until(lambda: os.listdir(m.handoff) == [], 5), os.listdir(m.handoff)
+
+
 def test_eviction_keeps_the_tier_within_capacity(tmp_path):
     from clairvoyant.torch import DistributedSampler
 

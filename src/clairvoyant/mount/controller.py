@@ -82,7 +82,6 @@ class Controller:
             key, size = self.manifest.keys[i], int(self.sizes[i])
             if self.tiers.claim(key, size):
                 self._add("present")
-                self._discard(i)
                 return
             try:
                 placed = self.tiers.stage(key, size, True, lambda: self._fetch(i, key, size))
@@ -97,6 +96,7 @@ class Controller:
             self._add("failed")
             log.warning("clairvoyant mount: staging %s failed: %s", self.manifest.keys[i], e)
         finally:
+            self._discard(i)   # handed over but not taken (present, or no room): never left behind
             with self._lock:
                 self._pending -= entry_size(int(self.sizes[i]))
             self._inflight.release()
@@ -125,7 +125,7 @@ class Controller:
         return blob[:size], int.from_bytes(blob[size:], "little")
 
     def _discard(self, i: int) -> None:
-        """A handed-over file this process will not cache (present already): let it go."""
+        """A handed-over file this process did not cache (present already, or no room): let it go."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.m.handoff, str(i)))
 

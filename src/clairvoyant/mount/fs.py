@@ -122,16 +122,13 @@ def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers, handoff: str) -
 
 
 def _handoff_dir(tier_root: str) -> str:
-    """This mount's handoff directory in the tier (bytes the daemon read from the source, for the
+    """A handoff directory of this mount in the tier (bytes the daemon read from the source, for the
     mount process to cache); those of mount processes that are gone are removed."""
     for name in os.listdir(tier_root):
-        if name.startswith(HANDOFF_PREFIX) and name[len(HANDOFF_PREFIX):].isdigit() \
-                and not _alive(int(name[len(HANDOFF_PREFIX):])):
+        pid = name[len(HANDOFF_PREFIX):].split(".", 1)[0]
+        if name.startswith(HANDOFF_PREFIX) and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(tier_root, name), ignore_errors=True)
-    path = os.path.join(tier_root, f"{HANDOFF_PREFIX}{os.getpid()}")
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path, mode=0o700)
-    return path
+    return tempfile.mkdtemp(prefix=f"{HANDOFF_PREFIX}{os.getpid()}.", dir=tier_root)   # one per mount
 
 
 class Mount:

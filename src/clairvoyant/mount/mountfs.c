@@ -395,7 +395,12 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
         if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
         if (opt.events_fd >= 0) {
             uint64_t ev = (uint64_t)f;
-            if (write(opt.events_fd, &ev, sizeof ev) < 0) { /* full or closed: the hint is dropped */ }
+            if (write(opt.events_fd, &ev, sizeof ev) != (ssize_t)sizeof ev && opt.handoff) {
+                /* the mount process will not hear of it (pipe full or closed): take the handoff back */
+                char dst[PATH_MAX];
+                snprintf(dst, sizeof dst, "%s/%llu", opt.handoff, (unsigned long long)f);
+                unlink(dst);
+            }
         }
     }
     fi->fh = (uint64_t)(uintptr_t)h;
