@@ -78,3 +78,26 @@ def test_readers_keep_their_heap():
     if not os.path.exists("/lib/x86_64-linux-gnu/libc.so.6") and not os.path.exists("/lib64/libc.so.6"):
         pytest.skip("not glibc")
     assert keep_heap() is True
+
+
+def test_a_batch_that_falls_back_is_read_once(monkeypatch, tmp_path):
+    """A PNG in the batch sends it to the general path, which goes on from the bytes the fast path
+    read: every sample is read once (control: reading again would count each twice)."""
+    from clairvoyant.load import worker
+    from clairvoyant.load.decode import resolve
+
+    blobs = {"a": _jpeg(1), "b": _jpeg(2, fmt="PNG")}
+    reads = []
+
+    class Source:
+        def read(self, key):
+            reads.append(key)
+            return blobs[key]
+
+    spec = worker.ReaderSpec(decode=resolve("numpy", has_transform=False), transform=None, target_transform=None,
+                             collate_fn=None, source=Source(), seed=0, epoch=0, rank=0, num_workers=1, position=0,
+                             stride=2)
+    items = [worker.Item(k, None, len(b), 0, None, True) for k, b in blobs.items()]
+    out = worker._load_batch(worker.Job(0, 0, items, False), [Slot()], spec, default_collate)
+    assert isinstance(out, worker.Loaded)
+    assert sorted(reads) == ["a", "b"]

@@ -178,40 +178,50 @@ def _read(item: Item, source) -> tuple[bytes, str | None, str]:
 
 
 def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
+    reads = None
     if spec.collate_fn is None and direct.eligible(spec):
         out = _load_direct(job, slots[job.slot], spec)
-        if out is not None:
+        if not isinstance(out, list):
             return out
-    return _load_general(job, slots, spec, collate)
+        reads = out   # declined: the general path goes on from the bytes already read
+    return _load_general(job, slots, spec, collate, reads)
 
 
-def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | Failed | None:
+class _ReadFailed(NamedTuple):
+    error: Exception
+    traceback: str
+
+
+def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | list:
     """The default decoder's batch of same-sized JPEGs, each decoded straight into its place in the
-    slot: no decoded copy to allocate and collate. None (nothing sent) if the batch does not
-    qualify or anything goes wrong: the general path then does the batch, with its error handling."""
+    slot: no decoded copy to allocate and collate. When the batch does not qualify (another
+    format, mixed sizes, a read that failed), what was read (``(data, why, where)`` or a
+    ``_ReadFailed`` per item) for the general path, which never reads a sample a second time."""
     clock = time.perf_counter
     t0 = clock()
-    blobs, whys, wheres = [], [], []
+    reads: list = []
     for item in job.items:
         try:
-            data, why, where = _read(item, spec.source)
-        except Exception:
-            return None
-        blobs.append(data)
-        whys.append(why)
-        wheres.append(where)
+            reads.append(_read(item, spec.source))
+        except Exception as e:
+            reads.append(_ReadFailed(e, traceback.format_exc()))
+    if any(isinstance(r, _ReadFailed) for r in reads):
+        return reads
     t1 = clock()
+    blobs = [r[0] for r in reads]
     packed = direct.decode_batch(blobs, [item.label for item in job.items], slot, digests=spec.digests)
     if packed is None:
-        return None
+        return reads
     spec_, size, leaves = packed
-    repaired = [(j, why) for j, why in enumerate(whys) if why is not None]
-    served = ([(j, wheres[j], xxhash.xxh3_64_intdigest(b)) for j, b in enumerate(blobs)]
+    repaired = [(j, r[1]) for j, r in enumerate(reads) if r[1] is not None]
+    served = ([(j, r[2], xxhash.xxh3_64_intdigest(r[0])) for j, r in enumerate(reads)]
               if spec.digests else None)
     return Loaded(job.batch, job.slot, spec_, size, [], repaired, (t1 - t0, clock() - t1, 0.0), served, leaves)
 
 
-def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
+def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable,
+                  reads: list | None = None) -> Loaded | Failed:
+    """Read (unless ``reads`` holds what was read already), decode, transform and collate a batch."""
     samples, skipped, repaired = [], [], []
     served: list[tuple[int, str, int]] | None = [] if spec.digests else None
     fields_of = spec.source.fields_of if getattr(spec.source, "has_fields", False) else None
@@ -221,13 +231,17 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
     for j, item in enumerate(job.items):
         t0 = clock()
         try:
-            data, why, where = _read(item, spec.source)
+            got = _read(item, spec.source) if reads is None else reads[j]
+            if isinstance(got, _ReadFailed):
+                raise got.error
+            data, why, where = got
         except Exception as e:
             if job.skip:
                 skipped.append((item.key, f"{type(e).__name__}: {e}"))
                 continue
-            return Failed(k, slot_id, "read", item.key, f"cannot read sample {item.key!r}: {e}",
-                          traceback.format_exc())
+            tb = reads[j].traceback if reads is not None and isinstance(reads[j], _ReadFailed) \
+                else traceback.format_exc()
+            return Failed(k, slot_id, "read", item.key, f"cannot read sample {item.key!r}: {e}", tb)
         if why is not None:
             repaired.append((j, why))
         t1 = clock()
