@@ -118,3 +118,13 @@ def test_a_slot_torn_by_a_kill_is_usable_again(tmp_path):
     index.publish(key_digest("k"), 0, 4096, 100)
     assert index.lookup(key_digest("k")) == (0, 4096, 100, index.session)   # settled again
     index.close()
+
+
+def test_a_retract_for_an_entry_that_was_replaced_leaves_the_new_one(tmp_path):
+    index = Index(str(tmp_path / "index"), expected=10)
+    index.publish(key_digest("k"), 0, 0, 100)
+    index.publish(key_digest("k"), 0, 4096, 100)                 # another process staged it again
+    assert index.retract(key_digest("k"), at=(0, 0)) is None     # the stale one is gone already
+    assert index.lookup(key_digest("k"))[:3] == (0, 4096, 100)
+    assert index.retract(key_digest("k"), at=(0, 4096)) is not None   # control: the current one goes
+    index.close()

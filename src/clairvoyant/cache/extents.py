@@ -277,9 +277,10 @@ class Index:
         finally:
             self._unlock()
 
-    def retract(self, digest: int) -> tuple[int, int, int, bool] | None:
+    def retract(self, digest: int, at: tuple[int, int] | None = None) -> tuple[int, int, int, bool] | None:
         """Mark the entry of ``digest`` absent: ``(extent, offset, length, extent now empty and
-        sealed)``, or None if it was not there."""
+        sealed)``, or None if it was not there (or, with ``at``, no longer at that extent and
+        offset: another process replaced it meanwhile)."""
         self._lock()
         try:
             i = self._find(digest)
@@ -289,7 +290,7 @@ class Index:
             if seq & 1:   # torn by a kill: now absent, and nothing of it is trusted
                 self._write(i, digest, 0, 0, 0, 0)
                 return None
-            if not n:
+            if not n or (at is not None and (e, o) != at):
                 return None
             self._write(i, digest, e, o, 0, 0)
             return e, o, n, self._count(e, -1) == SEALED

@@ -176,9 +176,11 @@ class LocalStore:
         crashpoints.reached("published")
         return Loc(self.extent_path(ext.n), offset, n)
 
-    def delete(self, key: str) -> int:
-        """Remove the entry of ``key``; the bytes it held (0 if it was not there)."""
-        got = self.index.retract(key_digest(key))
+    def delete(self, key: str, loc: Loc | None = None) -> int:
+        """Remove the entry of ``key`` (with ``loc``: only if it is still that one); the bytes it held
+        (0 if it was not there)."""
+        at = None if loc is None else (int(os.path.basename(loc.path)), loc.offset)
+        got = self.index.retract(key_digest(key), at)
         if got is None:
             return 0
         crashpoints.reached("unlinked")

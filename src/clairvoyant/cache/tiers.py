@@ -147,7 +147,7 @@ class Tiers:
             self.local.restamp(key, loc)   # checked: no need to ask the source again in this session
             return loc
         self.counters.add("stale")
-        self.local.delete(key)
+        self.local.delete(key, loc)   # that entry only: another rank may have staged a fresh one since
         return None
 
     def claim(self, key: str, size: int) -> bool:

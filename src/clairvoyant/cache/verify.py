@@ -8,6 +8,7 @@ entries.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from dataclasses import dataclass, field
@@ -99,16 +100,33 @@ def verify_tier(root: str, repair: bool = False) -> TierReport:
 
 
 def verify(cache_dir: str, repair: bool = False) -> list[TierReport]:
-    return [verify_tier(r, repair) for r in tier_roots(cache_dir)]
+    """Check every source's tier in ``cache_dir``; with ``repair``, each under its join lock, so that
+    no job starts using a tier between the check that no one uses it and the repair."""
+    if not repair:
+        return [verify_tier(r) for r in tier_roots(cache_dir)]
+    out = []
+    for root in tier_roots(cache_dir):
+        with _joins_held(root):
+            out.append(verify_tier(root, repair=True))
+    return out
+
+
+@contextlib.contextmanager
+def _joins_held(root: str):
+    """Hold the local tier's join lock (session.py): no process joins or leaves meanwhile."""
+    fd = os.open(os.path.join(root, "local.init.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def clear(cache_dir: str) -> int:
     """Remove every entry of every source in ``cache_dir``; refuses while a job uses it."""
     removed = 0
     for root in tier_roots(cache_dir):
-        init = os.open(os.path.join(root, "local.init.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(init, fcntl.LOCK_EX)   # no one joins while we clear
+        with _joins_held(root):   # no one joins while we clear
             if in_use(root, "local"):
                 raise CacheError(f"the cache {root} is in use by a running job: stop it first, then clear")
             if os.path.exists(os.path.join(root, "index")):
@@ -129,6 +147,4 @@ def clear(cache_dir: str) -> int:
                     os.unlink(os.path.join(root, stale))
                 except FileNotFoundError:
                     pass
-        finally:
-            os.close(init)
     return removed
