@@ -128,3 +128,32 @@ def test_a_retract_for_an_entry_that_was_replaced_leaves_the_new_one(tmp_path):
     assert index.lookup(key_digest("k"))[:3] == (0, 4096, 100)
     assert index.retract(key_digest("k"), at=(0, 4096)) is not None   # control: the current one goes
     index.close()
+
+
+def test_a_claim_excludes_the_other_threads_of_the_process(tmp_path):
+    import threading
+
+    from clairvoyant.cache.local import LocalStore
+
+    store = LocalStore(str(tmp_path), "mem://claims")
+    inside, most = [0], [0]
+    guard = threading.Lock()
+
+    def stage():
+        for _ in range(20):
+            if not store.claim("k", 5):
+                with guard:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                threading.Event().wait(0.001)
+                with guard:
+                    inside[0] -= 1
+                store.release("k")
+
+    threads = [threading.Thread(target=stage) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1   # never two threads holding the key (a process-wide lockf alone let all four in)
+    store.close()

@@ -91,6 +91,7 @@ class LocalStore:
         self._files = FdCache(limit=32, opener=lambda p: os.open(p, os.O_RDWR | os.O_CLOEXEC),
                               recheck=True)   # extents this process punches holes in
         self._append = _Appender(self) if entries else None
+        self._threads = _KeyLocks()   # claims of this process's threads, one at a time per key
 
     def close(self) -> None:
         if self._append is not None:
@@ -128,9 +129,15 @@ class LocalStore:
 
     def claim(self, key: str, size: int) -> bool:
         """True if the entry of ``key`` (a ``size``-byte sample) is here; else False, and the caller
-        holds the node-wide lock of ``key`` until ``release(key)``."""
+        holds the node-wide lock of ``key`` until ``release(key)``. The lock excludes the threads of
+        this process too (a POSIX record lock alone belongs to the whole process)."""
         off = self._offset(key)
-        _publish.lock(self._lock_fd, off)
+        self._threads.acquire(off)
+        try:
+            _publish.lock(self._lock_fd, off)
+        except BaseException:
+            self._threads.release(off)
+            raise
         loc = self.find(key)
         present = loc is not None and loc.length == entry_size(size)
         if present:
@@ -138,7 +145,11 @@ class LocalStore:
         return present
 
     def release(self, key: str) -> None:
-        _publish.release(self._lock_fd, self._offset(key))
+        off = self._offset(key)
+        try:
+            _publish.release(self._lock_fd, off)
+        finally:
+            self._threads.release(off)
 
     def put(self, key: str, data: bytes, mtime_ns: int, capacity: int) -> Loc | None:
         """Publish ``data`` as the entry of ``key`` if the tier has room; where it is, or None if the
@@ -232,6 +243,31 @@ class LocalStore:
         """Every present entry: 16 hex digits of its key's digest -> entry bytes."""
         t = self.index.present()
         return {f"{int(d):016x}": int(n) for d, n in zip(t["digest"].tolist(), t["length"].tolist())}
+
+
+class _KeyLocks:
+    """One mutex per key slot held by a thread of this process (made on demand, dropped when no
+    thread holds or waits for it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, list] = {}   # slot -> [mutex, holders and waiters]
+
+    def acquire(self, slot: int) -> None:
+        with self._lock:
+            e = self._held.get(slot)
+            if e is None:
+                e = self._held[slot] = [threading.Lock(), 0]
+            e[1] += 1
+        e[0].acquire()
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            e = self._held[slot]
+            e[1] -= 1
+            if e[1] == 0:
+                del self._held[slot]
+        e[0].release()
 
 
 class _Extent:
