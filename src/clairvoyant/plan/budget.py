@@ -103,3 +103,36 @@ def epochs_to_reach(fraction: float, nodes: int) -> int:
     if target <= 0 or nodes == 1:
         return 1
     return max(1, math.ceil(math.log(1.0 - target) / math.log(1.0 - 1.0 / nodes)))
+
+
+@dataclass(frozen=True)
+class Advice:
+    keeps_up: bool               # the source alone delivers what the node's GPUs need
+    need_per_node: float         # samples/s the node's GPUs consume
+    got: float                   # files/s the source gave this node (best number of readers)
+    readers: int
+    miss_need: float | None      # files/s still asked of the source with the cache, per node
+    lines: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def advise(budget: Budget, got_files_per_s: float, readers: int) -> Advice:
+    """Hold what the source gave one node (``clairvoyant probe``) against the node's budget."""
+    need = budget.samples_per_s_per_gpu * budget.gpus_per_node
+    keeps = got_files_per_s >= need
+    head = (f"the source gives {got_files_per_s:,.0f} files/s at {readers} reader{'s' if readers > 1 else ''}; "
+            f"the {budget.gpus_per_node} GPU(s) of a node need {need:,.0f}/s")
+    lines = [head + (f": it keeps up ({got_files_per_s / need:.1f}x)" if keeps else ": stage to node-local storage")]
+    miss = None
+    if budget.hit_rate is not None:
+        miss = need * (1 - budget.hit_rate)
+        if miss == 0:
+            lines.append("the whole data set fits in the local tier: after the first epoch the source is not read")
+        else:
+            tail = ("the source keeps up with that" if got_files_per_s >= miss else
+                    f"still more than it gives: expect about {got_files_per_s / (1 - budget.hit_rate):,.0f} "
+                    "samples/s per node, bound by the source")
+            lines.append(f"with a {budget.hit_rate:.0%} cache the miss stream needs {miss:,.0f}/s: {tail}")
+    return Advice(keeps, need, got_files_per_s, readers, miss, tuple(lines))
