@@ -134,5 +134,6 @@ def advise(budget: Budget, got_files_per_s: float, readers: int) -> Advice:
             tail = ("the source keeps up with that" if got_files_per_s >= miss else
                     f"still more than it gives: expect about {got_files_per_s / (1 - budget.hit_rate):,.0f} "
                     "samples/s per node, bound by the source")
-            lines.append(f"with a {budget.hit_rate:.0%} cache the miss stream needs {miss:,.0f}/s: {tail}")
+            lines.append(f"with {budget.hit_rate:.0%} of a node's reads served by its local tier (the second "
+                         f"epoch), the misses need {miss:,.0f}/s: {tail}")
     return Advice(keeps, need, got_files_per_s, readers, miss, tuple(lines))
