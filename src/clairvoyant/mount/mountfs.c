@@ -314,18 +314,22 @@ static void read_whole(struct handle *h, uint64_t f, uint64_t mtime) {
     if (!ok || rename(tmp, dst) != 0) unlink(tmp);
 }
 
-/* Whether another process holds the node-wide lock of the key with ``digest`` (cache/local.py:
- * byte sha1[:4] of the tier's locks file), i.e. is copying that file into the tier right now. */
+/* fcntl ``cmd`` (F_GETLK or F_SETLK) on the node-wide lock of the key with ``digest`` (cache/local.py:
+ * byte sha1[:4] of the tier's locks file); ``fl`` holds the answer. 0 on success. */
+static int key_fcntl(uint64_t digest, int cmd, short type, struct flock *fl) {
+    if (locks_fd < 0) return -1;
+    memset(fl, 0, sizeof *fl);
+    fl->l_type = type;
+    fl->l_whence = SEEK_SET;
+    fl->l_start = (off_t)(digest >> 32);
+    fl->l_len = 1;
+    return fcntl(locks_fd, cmd, fl);
+}
+
+/* Whether another process holds that lock, i.e. is copying the file into the tier right now. */
 static int being_staged(uint64_t digest) {
-    if (locks_fd < 0) return 0;
     struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(digest >> 32);
-    fl.l_len = 1;
-    if (fcntl(locks_fd, F_GETLK, &fl) < 0) return 0;
-    return fl.l_type != F_UNLCK;
+    return key_fcntl(digest, F_GETLK, F_WRLCK, &fl) == 0 && fl.l_type != F_UNLCK;
 }
 
 /* A file the tier lacks but that the mount process (or a Loader of the node) is staging now: wait
@@ -339,14 +343,8 @@ static char *wait_for_staging(const struct lfile *f) {
  * daemon reads a file from the source and hands it over, the mount process's staging of that file
  * waits for the lock and then finds the handoff, instead of reading the source again. */
 static int key_lock(uint64_t digest, short type) {
-    if (locks_fd < 0) return 0;
     struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = (off_t)(digest >> 32);
-    fl.l_len = 1;
-    return fcntl(locks_fd, F_SETLK, &fl) == 0;
+    return key_fcntl(digest, F_SETLK, type, &fl) == 0;
 }
 
 static int mnt_open(const char *path, struct fuse_file_info *fi) {
