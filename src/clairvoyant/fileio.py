@@ -22,6 +22,19 @@ _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
+def process_alive(p: int) -> bool:
+    """Whether process ``p`` exists (this one does): who may still write a temporary file it named."""
+    if p == pid():
+        return True
+    try:
+        os.kill(p, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def pid() -> int:
     """This process's id, kept current across fork without a getpid() system call each time."""
     return _PID[0]
@@ -68,18 +81,15 @@ def write_all(fd: int, data: bytes | memoryview) -> int:
     return n
 
 
-def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected: int = -1,
-                     reuse: bool = False) -> int:
+def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected: int = -1) -> int:
     """Create ``tmp``, let ``fill(fd)`` write it, then rename it to ``final``; return ``fill``'s count.
 
     Readers of ``final`` see the old content or the new, never a part. Where
     ``expected`` >= 0 and the count differs, nothing is published. On any
-    failure, ``fill``'s own included, ``tmp`` is removed. With ``reuse``, ``tmp``
-    is an existing file of ours, rewritten from the start (no new inode).
+    failure, ``fill``'s own included, ``tmp`` is removed.
     """
     try:
-        flags = os.O_WRONLY | os.O_TRUNC if reuse else os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = os.open(tmp, flags, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             n = fill(fd)
         finally:

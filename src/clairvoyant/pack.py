@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from . import manifest as manifest_mod
 from .errors import ConfigError, SourceChanged
-from .fileio import pid, write_all, write_atomically
+from .fileio import pid, process_alive, write_all, write_atomically
 from .source import as_source
 from .source.tarindex import DATA_EXTENSIONS, split_member
 from .units import parse_bytes
@@ -146,24 +146,12 @@ def _prepare(dst: str, state: dict) -> None:
                           "or new directory")
     for n in names:
         m = _TMP.match(n)
-        if m and not _alive(int(m.group(1))):
+        if m and (int(m.group(1)) == pid() or not process_alive(int(m.group(1)))):   # ours: an earlier call's
             try:
                 os.unlink(os.path.join(dst, n))
             except FileNotFoundError:
                 pass
     _write_state(dst, state)
-
-
-def _alive(p: int) -> bool:
-    if p == pid():
-        return False   # ours from an earlier call that failed: it cleaned up, or this one may
-    try:
-        os.kill(p, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_state(dst: str, state: dict) -> None:

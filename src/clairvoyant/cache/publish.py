@@ -1,11 +1,10 @@
-"""Atomic publish, and the claim on a sample that comes before it.
+"""Writing a cache entry, and the claim on a sample that comes before it.
 
-Publishing writes to a temporary name in the destination's file system, then
-renames: a reader sees a whole sample or nothing. Temporary names carry the
-writer's pid, so a later process can remove what a killed writer left behind.
 The node-wide lock of one sample (a byte-range lock) lets the ranks of a
-node copy each sample once; cache entries themselves are written into
-extents (``write_at``; cache/extents.py).
+node copy each sample once; the entry itself is written at its offset in an
+extent (``write_at``; cache/extents.py). Files published whole (manifests,
+indexes) go through ``fileio.write_atomically`` under ``tmp_name``: a name
+that carries the writer's pid.
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ import fcntl
 import itertools
 import os
 import time
-from typing import Callable
 
-from ..errors import CacheError, ClairvoyantError, LocalStorageFull
-from ..fileio import pid, write_atomically
+from ..errors import CacheError, LocalStorageFull
+from ..fileio import pid
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -30,21 +28,6 @@ def tmp_name(tmp_dir: str, final: str) -> str:
     """Unique per process (pid) and per write (a counter); the pid lets a later process
     recognise orphans of a killed writer."""
     return os.path.join(tmp_dir, f"{pid()}.{os.path.basename(final)}.{next(_SEQ)}")
-
-
-def publish(final: str, tmp_dir: str, fill: Callable[[int], int]) -> int:
-    """Make ``final`` hold what ``fill(fd)`` writes, atomically; return ``fill``'s result.
-
-    On any failure, ``fill``'s own included, neither a partial nor a temporary file is left.
-    """
-    try:
-        return write_atomically(final, tmp_name(tmp_dir, final), fill)
-    except ClairvoyantError:  # the source's own error, raised inside fill
-        raise
-    except OSError as e:
-        raise local_error(e, tmp_dir, os.path.basename(final)) from e
-
-
 
 
 def write_at(fd: int, data: bytes, trailer: bytes, offset: int) -> None:
@@ -86,34 +69,3 @@ def local_error(e: OSError, root: str, what: str) -> CacheError:
             f"the node-local device of {root} is full ({e.strerror}) while staging {what!r}: free space "
             "there or choose another local_dir= on a larger node-local disk")
     return CacheError(f"cannot write {what!r} in the local cache {root}: {e.strerror or e}")
-
-
-def remove_orphans(tmp_dir: str) -> int:
-    """Delete temporary files whose writer process is gone; return how many."""
-    removed = 0
-    try:
-        names = os.listdir(tmp_dir)
-    except FileNotFoundError:
-        return 0
-    for name in names:
-        pid_text = name.split(".", 1)[0]
-        if pid_text.isdigit() and _alive(int(pid_text)):
-            continue
-        try:
-            os.unlink(os.path.join(tmp_dir, name))
-            removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -75,10 +75,6 @@ class TierCounters:
             return {n: getattr(self, n) for n in self.NAMES}
 
 
-def _first_local(store: LocalStore) -> dict[str, int]:
-    return store.recover()
-
-
 def _first_ram(store: LocalStore) -> dict[str, int]:
     store.ledger.set(0)   # the window's bytes live in processes' memory: a new session holds none yet
     return {}
@@ -103,7 +99,7 @@ class Tiers:
         self.local_capacity, self.ram_capacity = int(local_capacity), int(ram_capacity)
         self.source = source
         self.counters = TierCounters()
-        self._local_session = Session(local.root, "local", lambda: local, _first_local)
+        self._local_session = Session(local.root, "local", lambda: local, LocalStore.recover)
         try:
             self._ram_session = Session(local.root, "ram", open_ram, _first_ram)
         except BaseException:

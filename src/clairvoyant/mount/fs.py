@@ -30,8 +30,8 @@ from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
 from ..cache.tiers import Tiers
-from ..cache.publish import _alive
 from ..errors import ConfigError, SourceError
+from ..fileio import process_alive
 from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from ..paths import default_local_dir, default_ram_dir
 from ..source import PosixSource, as_source
@@ -126,7 +126,7 @@ def _handoff_dir(tier_root: str) -> str:
     mount process to cache); those of mount processes that are gone are removed."""
     for name in os.listdir(tier_root):
         pid = name[len(HANDOFF_PREFIX):].split(".", 1)[0]
-        if name.startswith(HANDOFF_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+        if name.startswith(HANDOFF_PREFIX) and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(os.path.join(tier_root, name), ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{HANDOFF_PREFIX}{os.getpid()}.", dir=tier_root)   # one per mount
 
