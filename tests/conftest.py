@@ -54,32 +54,33 @@ def differing(root_a: str, root_b: str, rels) -> list[str]:
     return [rel for rel in rels if content(os.path.join(root_a, rel)) != content(os.path.join(root_b, rel))]
 
 
-def orphan_extents(local_dir: str) -> list[str]:
-    """Extent files of the local tier that no entry of its index uses (what a killed or failed
-    writer would leave behind; a live store's current extent counts too, so call it after close)."""
+def _tier_roots(local_dir: str):
+    """The local tiers under ``local_dir`` (directories with an index and extents), each with its
+    present entries."""
     from clairvoyant.cache.extents import Index
-    out = []
     for root, dirs, files in os.walk(local_dir):
         if "index" in files and "ext" in dirs:
             index = Index(os.path.join(root, "index"))
             try:
-                live = {str(int(e)) for e in index.present()["extent"]}
+                present = index.present()
             finally:
                 index.close()
-            out += [os.path.join(root, "ext", n) for n in os.listdir(os.path.join(root, "ext")) if n not in live]
+            yield root, present
+
+
+def orphan_extents(local_dir: str) -> list[str]:
+    """Extent files of the local tier that no entry of its index uses (what a killed or failed
+    writer would leave behind; a live store's current extent counts too, so call it after close)."""
+    out = []
+    for root, present in _tier_roots(local_dir):
+        live = {str(int(e)) for e in present["extent"]}
+        out += [os.path.join(root, "ext", n) for n in os.listdir(os.path.join(root, "ext")) if n not in live]
     return out
 
 
 def entry_count(local_dir: str) -> int:
     """Entries the local tiers under ``local_dir`` hold, from their indexes."""
-    from clairvoyant.cache.extents import Index
-    n = 0
-    for root, dirs, files in os.walk(local_dir):
-        if "index" in files and "ext" in dirs:
-            index = Index(os.path.join(root, "index"))
-            n += len(index.present())
-            index.close()
-    return n
+    return sum(len(present) for _, present in _tier_roots(local_dir))
 
 
 @pytest.fixture
