@@ -12,6 +12,9 @@ from setuptools import Extension, setup
 ext = [] if sys.platform != "linux" else [
     Extension("clairvoyant._fastio", ["src/clairvoyant/_fastio.c"], optional=True,
               extra_compile_args=["-O2"]),
+    # staging threads in C (libxxhash-dev's header, inlined: nothing to link)
+    Extension("clairvoyant.cache._stager", ["src/clairvoyant/cache/_stager.c"], optional=True,
+              extra_compile_args=["-O2"]),
     Extension("clairvoyant.plan._belady", ["src/clairvoyant/plan/_belady.c"], optional=True,
               extra_compile_args=["-O2"]),
 ]

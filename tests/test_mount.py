@@ -312,7 +312,7 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
     from clairvoyant.testing import FuseStore
 
     if not handoff:
-        monkeypatch.setattr(Controller, "_handed_over", lambda self, i, size: None)
+        monkeypatch.setattr(Controller, "_handoff_dir", lambda self: None)
     raw = make_dataset(str(tmp_path / "raw"), N, num_classes=3, size=32)
     mnt = tmp_path / "mnt"
     mnt.mkdir()

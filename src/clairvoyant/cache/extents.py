@@ -260,22 +260,40 @@ class Index:
         Raises IndexFull when the key is new and no slot is free."""
         self._lock()
         try:
-            i = self._find(digest)
-            old = None
-            if i < 0:
-                i = -1 - i
-                if i >= self.slots:
-                    raise IndexFull(self.path)
-            else:
-                _, seq, e, o, n, _ = _SLOT.unpack_from(self._mm, self._slots_at + _SLOT.size * i)
-                if n and not seq & 1:   # a slot torn by a kill: its fields are not trusted
-                    old = (e, o, n)
-                    self._count(e, -1)
-            self._write(i, digest, extent, offset, length, self.session)
-            self._count(extent, +1)
-            return old
+            return self._publish(digest, extent, offset, length)
         finally:
             self._unlock()
+
+    def publish_many(self, entries: list[tuple[int, int, int, int]]) -> list:
+        """``publish`` of each ``(digest, extent, offset, length)`` under one lock: per entry, what it
+        replaced (or None), or an IndexFull instance where it found no slot."""
+        out: list = []
+        self._lock()
+        try:
+            for digest, extent, offset, length in entries:
+                try:
+                    out.append(self._publish(digest, extent, offset, length))
+                except IndexFull as e:
+                    out.append(e)
+            return out
+        finally:
+            self._unlock()
+
+    def _publish(self, digest: int, extent: int, offset: int, length: int) -> tuple[int, int, int] | None:
+        i = self._find(digest)
+        old = None
+        if i < 0:
+            i = -1 - i
+            if i >= self.slots:
+                raise IndexFull(self.path)
+        else:
+            _, seq, e, o, n, _ = _SLOT.unpack_from(self._mm, self._slots_at + _SLOT.size * i)
+            if n and not seq & 1:   # a slot torn by a kill: its fields are not trusted
+                old = (e, o, n)
+                self._count(e, -1)
+        self._write(i, digest, extent, offset, length, self.session)
+        self._count(extent, +1)
+        return old
 
     def retract(self, digest: int, at: tuple[int, int] | None = None) -> tuple[int, int, int, bool] | None:
         """Mark the entry of ``digest`` absent: ``(extent, offset, length, extent now empty and

@@ -187,6 +187,53 @@ class LocalStore:
         crashpoints.reached("published")
         return Loc(self.extent_path(ext.n), offset, n)
 
+    def place(self, nbytes: int) -> tuple[_Extent, int]:
+        """A place for an entry of ``nbytes`` (already reserved in the ledger) in this process's
+        extent: ``(extent, offset)``. Its writer writes the entry at ``extent.fd``, ``offset``, then
+        calls ``publish_placed`` (or ``abandon``), which lets the extent be sealed once full."""
+        return self._append.reserve(nbytes)
+
+    def abandon(self, ext: _Extent, nbytes: int) -> None:
+        """A place that will not be published: its reservation is given back."""
+        self._append.done(ext)
+        self.ledger.give_back(nbytes)
+
+    def publish_placed(self, items: list[tuple[str, _Extent, int, int]]) -> list[Loc | None]:
+        """Publish entries written at their places, ``(key, extent, offset, entry bytes)``, under one
+        lock of the index: where each is now, or None where the index had no slot (its bytes given
+        back). An entry it replaces is freed."""
+        try:
+            got = self.index.publish_many([(key_digest(k), e.n, o, n) for k, e, o, n in items])
+        except BaseException:
+            for _, ext, _, n in items:
+                self.abandon(ext, n)
+            raise
+        out: list[Loc | None] = []
+        for (_, ext, offset, n), old in zip(items, got):
+            self._append.done(ext)
+            if isinstance(old, IndexFull):
+                self.ledger.give_back(n)
+                out.append(None)
+                continue
+            if old is not None:
+                self._free(*old, False)
+                self.ledger.give_back(old[2])
+            out.append(Loc(self.extent_path(ext.n), offset, n))
+        return out
+
+    @property
+    def lock_fd(self) -> int:
+        """The node-wide locks file (byte ``lock_offset(key)`` is the lock of ``key``)."""
+        return self._lock_fd
+
+    def lock_offset(self, key: str) -> int:
+        return self._offset(key)
+
+    def unlock(self, key: str) -> None:
+        """Let go of a key's node-wide lock taken by another hand of this process (the native
+        stager's threads), without the in-process mutex ``claim`` takes."""
+        _publish.release(self._lock_fd, self._offset(key))
+
     def delete(self, key: str, loc: Loc | None = None) -> int:
         """Remove the entry of ``key`` (with ``loc``: only if it is still that one); the bytes it held
         (0 if it was not there)."""
@@ -288,7 +335,18 @@ class _Appender:
         self._pid = os.getpid()
 
     def write(self, data: bytes, trailer: bytes) -> tuple[_Extent, int]:
-        span = aligned(len(data) + len(trailer))
+        cur, offset = self.reserve(len(data) + len(trailer))
+        try:
+            _publish.write_at(cur.fd, data, trailer, offset)
+        except BaseException:
+            self.done(cur)
+            raise
+        return cur, offset
+
+    def reserve(self, nbytes: int) -> tuple[_Extent, int]:
+        """A range of ``nbytes`` in the current extent (a new one if it is full), to be written by
+        the caller and then ``done``."""
+        span = aligned(nbytes)
         with self._lock:
             if self._pid != os.getpid():   # a forked child appends to an extent of its own
                 self._pid, self._cur = os.getpid(), None
@@ -298,11 +356,6 @@ class _Appender:
             offset = cur.end
             cur.end += span
             cur.users += 1
-        try:
-            _publish.write_at(cur.fd, data, trailer, offset)
-        except BaseException:
-            self.done(cur)
-            raise
         return cur, offset
 
     def _rotate(self) -> _Extent:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..cache import native_stage
 from ..cache.entry import entry_size
 from ..cache.tiers import LOCAL
 from .listing import publish_bytes
@@ -43,7 +44,12 @@ class Controller:
         self._index: dict[str, int] | None = None
         self._stop = threading.Event()
         self._poll = poll
-        self._pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="clairvoyant-mount-stage")
+        # native threads copy the files where they are built (cache/native_stage.py); else Python's
+        self._native = native_stage.NativeStager(
+            self.tiers.local, self.tiers.local_capacity, mount.source.root, self._handoff_dir(), threads,
+            self._native_done) if native_stage.available() else None
+        self._pool = None if self._native else ThreadPoolExecutor(max(1, int(threads)),
+                                                                  thread_name_prefix="clairvoyant-mount-stage")
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._lock = threading.Lock()
         self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "frontier": 0, "consumed": 0,
@@ -109,8 +115,16 @@ class Controller:
             return data
         return self.source.read_versioned(key)
 
+    def _handoff_dir(self) -> str | None:
+        """Where the daemon hands over what it read from the source (None: staging takes nothing
+        from there, as the tests' control does)."""
+        return self.m.handoff
+
     def _handed_over(self, i: int, size: int) -> tuple[bytes, int] | None:
-        path = os.path.join(self.m.handoff, str(i))
+        handoff = self._handoff_dir()
+        if handoff is None:
+            return None
+        path = os.path.join(handoff, str(i))
         try:
             with open(path, "rb") as f:
                 blob = f.read()
@@ -133,10 +147,46 @@ class Controller:
         while not self._inflight.acquire(timeout=self._poll):
             if self._stop.is_set():
                 return False
+        if self._native is not None:
+            self._submit_native(i)
+            return True
         with self._lock:
             self._pending += entry_size(int(self.sizes[i]))
         self._pool.submit(self._stage, i)
         return True
+
+    def _submit_native(self, i: int) -> None:
+        key, size = self.manifest.keys[i], int(self.sizes[i])
+        try:
+            if self._native.busy(i):   # its copy is under way: a handoff is that copy's to take
+                self._add("present")
+                self._inflight.release()
+                return
+            if self.tiers.find_local(key, size) is not None:
+                self._add("present")
+            elif self._native.submit(i, key, size):
+                return   # _native_done hears of it
+            else:
+                self._add("not_staged")
+        except Exception as e:
+            self._add("failed")
+            log.warning("clairvoyant mount: staging %s failed: %s", key, e)
+        self._discard(i)
+        self._inflight.release()
+
+    def _native_done(self, d: native_stage.Done) -> None:
+        try:
+            if d.loc is not None:
+                self._add("staged")
+                self._add("staged_bytes", int(self.sizes[d.token]))
+                if d.handed_over:
+                    self._add("handed_over")
+            elif not self._stop.is_set():   # at the stop, files not started are simply not staged
+                self._add("failed")
+                log.warning("clairvoyant mount: staging %s failed: %s", d.key, d.error)
+        finally:
+            self._discard(d.token)
+            self._inflight.release()
 
     def _used(self) -> int:
         """Bytes in the local tier, counting those on their way there."""
@@ -293,4 +343,7 @@ class Controller:
         self._stop.set()
         for t in self._threads:
             t.join(5)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._native is not None:
+            self._native.close()
+        else:
+            self._pool.shutdown(wait=True, cancel_futures=True)

@@ -255,7 +255,10 @@ static void fill_dir(struct stat *st) {
 }
 
 static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
-    (void)conn;
+    /* readdir fills the kernel's dentries and attributes too (readdirplus, always): a program that
+     * lists a directory and then opens its files sends no lookup per file */
+    if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
     cfg->entry_timeout = cfg->attr_timeout = cfg->negative_timeout = 3600.0;  /* the listing never changes */
     cfg->kernel_cache = 1;   /* a file's bytes never change either: keep its pages between opens */
     return NULL;
@@ -403,6 +406,7 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
     }
     fi->fh = (uint64_t)(uintptr_t)h;
     fi->keep_cache = 1;
+    fi->noflush = 1;   /* read-only: nothing to flush at close, so close sends no request */
     return 0;
 }
 
@@ -439,7 +443,8 @@ static int mnt_release(const char *path, struct fuse_file_info *fi) {
 
 static int mnt_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t off,
                        struct fuse_file_info *fi, enum fuse_readdir_flags flags) {
-    (void)off; (void)fi; (void)flags;
+    (void)off; (void)fi;
+    enum fuse_fill_dir_flags plus = (flags & FUSE_READDIR_PLUS) ? FUSE_FILL_DIR_PLUS : 0;
     int64_t d;
     if (find(rel(path), &d) >= 0) return -ENOTDIR;
     if (d < 0) return -ENOENT;
@@ -450,7 +455,7 @@ static int mnt_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t 
     for (uint64_t k = 0; k < dirs[d].count; k++) {
         const struct lchild *c = &children[dirs[d].first + k];
         if (c->ref & 1) fill_dir(&st); else fill_file(&st, files[c->ref >> 1].size);
-        if (fill(buf, strs + c->name, &st, 0, 0)) break;
+        if (fill(buf, strs + c->name, &st, 0, plus)) break;
     }
     return 0;
 }

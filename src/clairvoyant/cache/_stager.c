@@ -1,0 +1,369 @@
+/* MECHANISM: copying files of a directory into places of the local tier's extents, on native
+ * threads that never take the GIL (cache/native_stage.py drives it).
+ *
+ * Python reserves each entry's place (ledger bytes, an extent and an offset) and publishes it in
+ * the tier's index once written; this engine does what lies between, per file:
+ *   1. take the node-wide lock of the file's key (a byte-range lock of the tier's locks file; the
+ *      mount daemon waits on it instead of reading the source a second time);
+ *   2. take the bytes from the handoff directory if a reader's open already read them from the
+ *      source (``<token>``: the bytes, then the source's mtime in ns), else read the source file
+ *      (openat, fstat, read, close) and check its size is the listed one;
+ *   3. write the entry (the bytes, then the 32-byte trailer of cache/entry.py: "CVENTRY1", xxh3-64
+ *      of the bytes, mtime in ns, size; little-endian) at its place with one pwrite.
+ * The lock stays held: Python lets go once the entry is published (or given up).
+ *
+ * One Python-level staging call per file costs a dozen GIL hand-offs among dozens of threads
+ * (docs/benchmarks.md: about 250 us of CPU per file on 2 cores); here it is one submit and a
+ * share of one collect.
+ *
+ *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
+ *   .submit(token, path, size, out_fd, offset, lock_offset)
+ *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
+ *   .close()   jobs not started come back from collect with ECANCELED; threads joined
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TRAILER 32
+#define MAX_THREADS 256
+
+struct job {
+    struct job *next;
+    long long token;
+    char *path;
+    uint64_t size;
+    int out_fd;
+    int64_t offset, lock_offset;
+    int err, handed, locked;
+    int64_t mtime;
+};
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    struct job *queue, *queue_tail, *finished, *finished_tail;
+    int src_fd, lock_fd, handoff_fd;
+    int nthreads, stopping, drained;   /* drained: stopped, and every job is on the finished list */
+    pthread_t threads[MAX_THREADS];
+} Stager;
+
+static void push(struct job **head, struct job **tail, struct job *j) {
+    j->next = NULL;
+    if (*tail) (*tail)->next = j; else *head = j;
+    *tail = j;
+}
+
+static int lock_key(int fd, int64_t at) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)at;
+    fl.l_len = 1;
+    for (;;) {
+        if (fcntl(fd, F_SETLKW, &fl) == 0) return 0;
+        if (errno == EINTR) continue;
+        /* POSIX locks belong to processes: two processes whose threads wait on each other's locks
+         * look like a deadlock to the kernel although no thread waits holding one */
+        if (errno == EDEADLK) { usleep(1000); continue; }
+        return errno;
+    }
+}
+
+/* Read exactly ``n`` bytes from ``fd`` into ``buf``: 0, or an errno (ESTALE: the file ended first). */
+static int read_exact(int fd, char *buf, uint64_t n) {
+    uint64_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0) { if (errno == EINTR) continue; return errno; }
+        if (r == 0) return ESTALE;
+        got += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* The bytes a reader's open handed over, if any (always removed once looked at). */
+static int from_handoff(Stager *s, struct job *j, char *buf) {
+    if (s->handoff_fd < 0) return 0;
+    char name[32];
+    snprintf(name, sizeof name, "%lld", j->token);
+    int fd = openat(s->handoff_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == j->size + 8 &&
+             read_exact(fd, buf, j->size) == 0 && read_exact(fd, (char *)&j->mtime, 8) == 0;
+    close(fd);
+    unlinkat(s->handoff_fd, name, 0);
+    return ok;
+}
+
+static int from_source(Stager *s, struct job *j, char *buf) {
+    int fd = openat(s->src_fd, j->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    struct stat st;
+    int err = fstat(fd, &st) < 0 ? errno : 0;
+    if (!err && (uint64_t)st.st_size != j->size) err = ESTALE;   /* changed since it was listed */
+    if (!err) err = read_exact(fd, buf, j->size);
+    close(fd);
+    if (!err) j->mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    return err;
+}
+
+static void run(Stager *s, struct job *j) {
+    int err = lock_key(s->lock_fd, j->lock_offset);
+    if (err) { j->err = err; return; }
+    j->locked = 1;
+    uint64_t n = j->size + TRAILER;
+    char *buf = malloc(n ? n : 1);
+    if (!buf) { j->err = ENOMEM; return; }
+    j->handed = from_handoff(s, j, buf);
+    if (!j->handed) err = from_source(s, j, buf);
+    if (!err) {
+        uint64_t sum = XXH3_64bits(buf, j->size);
+        char *t = buf + j->size;
+        memcpy(t, "CVENTRY1", 8);
+        memcpy(t + 8, &sum, 8);          /* little-endian hosts (as mountfs.c reads it) */
+        memcpy(t + 16, &j->mtime, 8);
+        memcpy(t + 24, &j->size, 8);
+        uint64_t put = 0;
+        while (put < n) {
+            ssize_t w = pwrite(j->out_fd, buf + put, n - put, (off_t)(j->offset + (int64_t)put));
+            if (w < 0) { if (errno == EINTR) continue; err = errno; break; }
+            if (w == 0) { err = EIO; break; }
+            put += (uint64_t)w;
+        }
+    }
+    free(buf);
+    j->err = err;
+}
+
+static void *worker(void *arg) {
+    Stager *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->queue && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
+        if (s->stopping) break;   /* jobs not started are cancelled by close */
+        struct job *j = s->queue;
+        s->queue = j->next;
+        if (!s->queue) s->queue_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        run(s, j);
+        pthread_mutex_lock(&s->mu);
+        push(&s->finished, &s->finished_tail, j);
+        pthread_cond_signal(&s->done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void free_list(struct job *j) {
+    while (j) { struct job *n = j->next; free(j->path); free(j); j = n; }
+}
+
+/* Stop the threads; jobs not started move to the finished list as ECANCELED. */
+static void stop(Stager *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i], NULL);
+    s->nthreads = 0;
+    pthread_mutex_lock(&s->mu);
+    while (s->queue) {
+        struct job *j = s->queue;
+        s->queue = j->next;
+        j->err = ECANCELED;
+        push(&s->finished, &s->finished_tail, j);
+    }
+    s->queue_tail = NULL;
+    s->drained = 1;
+    pthread_cond_broadcast(&s->done);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
+    static char *names[] = {"src_dir", "lock_fd", "handoff_dir", "threads", NULL};
+    PyObject *src, *handoff;
+    int lock_fd, threads;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&iOi", names, PyUnicode_FSConverter, &src, &lock_fd,
+                                     &handoff, &threads))
+        return -1;
+    if (s->nthreads) { Py_DECREF(src); PyErr_SetString(PyExc_RuntimeError, "Stager already started"); return -1; }
+    s->src_fd = s->handoff_fd = -1;
+    s->src_fd = open(PyBytes_AS_STRING(src), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->src_fd < 0) {
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, src);
+        Py_DECREF(src);
+        return -1;
+    }
+    Py_DECREF(src);
+    if (handoff != Py_None) {
+        PyObject *h;
+        if (!PyUnicode_FSConverter(handoff, &h)) return -1;
+        s->handoff_fd = open(PyBytes_AS_STRING(h), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (s->handoff_fd < 0) {
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, h);
+            Py_DECREF(h);
+            return -1;
+        }
+        Py_DECREF(h);
+    }
+    s->lock_fd = lock_fd;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    for (int i = 0; i < threads; i++) {
+        if (pthread_create(&s->threads[i], NULL, worker, s) != 0) {
+            stop(s);
+            PyErr_SetString(PyExc_OSError, "cannot start a staging thread");
+            return -1;
+        }
+        s->nthreads = i + 1;
+    }
+    return 0;
+}
+
+static PyObject *Stager_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    (void)args; (void)kw;
+    Stager *s = (Stager *)type->tp_alloc(type, 0);
+    if (!s) return NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->done, NULL);
+    s->src_fd = s->lock_fd = s->handoff_fd = -1;
+    return (PyObject *)s;
+}
+
+static PyObject *Stager_submit(Stager *s, PyObject *args) {
+    long long token;
+    PyObject *path;
+    unsigned long long size;
+    int out_fd;
+    long long offset, lock_offset;
+    if (!PyArg_ParseTuple(args, "LO&KiLL", &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset,
+                          &lock_offset))
+        return NULL;
+    struct job *j = calloc(1, sizeof *j);
+    char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
+    Py_DECREF(path);
+    if (!p) { free(j); return PyErr_NoMemory(); }
+    j->token = token;
+    j->path = p;
+    j->size = size;
+    j->out_fd = out_fd;
+    j->offset = offset;
+    j->lock_offset = lock_offset;
+    pthread_mutex_lock(&s->mu);
+    int open_ = s->nthreads > 0 && !s->stopping;
+    if (open_) {
+        push(&s->queue, &s->queue_tail, j);
+        pthread_cond_signal(&s->work);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!open_) {
+        free_list(j);
+        PyErr_SetString(PyExc_RuntimeError, "the stager is closed");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stager_collect(Stager *s, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d", &timeout)) return NULL;
+    struct job *got;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long long ns = (long long)(timeout * 1e9) + until.tv_nsec;
+    until.tv_sec += ns / 1000000000LL;
+    until.tv_nsec = ns % 1000000000LL;
+    pthread_mutex_lock(&s->mu);
+    while (!s->finished && !s->drained)
+        if (pthread_cond_timedwait(&s->done, &s->mu, &until) == ETIMEDOUT) break;
+    got = s->finished;
+    s->finished = s->finished_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    Py_END_ALLOW_THREADS
+    PyObject *out = PyList_New(0);
+    for (struct job *j = got; j && out; j = j->next) {
+        PyObject *t = Py_BuildValue("(LiLii)", j->token, j->err, (long long)j->mtime, j->handed, j->locked);
+        if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+    free_list(got);
+    return out;
+}
+
+static PyObject *Stager_close(Stager *s, PyObject *unused) {
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    stop(s);
+    Py_END_ALLOW_THREADS
+    if (s->src_fd >= 0) close(s->src_fd);
+    if (s->handoff_fd >= 0) close(s->handoff_fd);
+    s->src_fd = s->handoff_fd = -1;
+    Py_RETURN_NONE;
+}
+
+static void Stager_dealloc(Stager *s) {
+    Py_BEGIN_ALLOW_THREADS
+    stop(s);
+    Py_END_ALLOW_THREADS
+    if (s->src_fd >= 0) close(s->src_fd);
+    if (s->handoff_fd >= 0) close(s->handoff_fd);
+    free_list(s->queue);
+    free_list(s->finished);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->done);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyMethodDef Stager_methods[] = {
+    {"submit", (PyCFunction)Stager_submit, METH_VARARGS,
+     "submit(token, path, size, out_fd, offset, lock_offset): stage one file (path relative to src_dir)"},
+    {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
+     "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
+    {"close", (PyCFunction)Stager_close, METH_NOARGS, "stop and join the threads; queued jobs end ECANCELED"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StagerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "clairvoyant.cache._stager.Stager",
+    .tp_basicsize = sizeof(Stager),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Native threads that copy source files into reserved places of the local tier.",
+    .tp_new = Stager_new,
+    .tp_init = (initproc)Stager_init,
+    .tp_dealloc = (destructor)Stager_dealloc,
+    .tp_methods = Stager_methods,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stager", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__stager(void) {
+    if (PyType_Ready(&StagerType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&StagerType);
+    if (PyModule_AddObject(m, "Stager", (PyObject *)&StagerType) < 0) {
+        Py_DECREF(&StagerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
