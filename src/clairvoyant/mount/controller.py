@@ -34,6 +34,7 @@ from .listing import publish_bytes
 from .orders import published, read_order, read_progress
 
 log = logging.getLogger("clairvoyant")
+WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
 
 
 class Controller:
@@ -56,6 +57,7 @@ class Controller:
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
                       "not_staged": 0, "failed": 0, "handed_over": 0}
         self._plan_key: tuple | None = None
+        self._dir_seen, self._dir_looked = None, 0.0
         self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
         self._pending = 0          # bytes submitted for staging and not yet placed
         self._last_stats = 0.0
@@ -249,9 +251,26 @@ class Controller:
         epoch = max(o.epoch for o in orders.values())
         return {r: o for r, o in orders.items() if o.epoch == epoch}
 
+    def _changed(self) -> bool:
+        """Whether the orders directory may hold something new: its mtime moved (a rename into it),
+        or ``poll`` seconds passed (an mtime is as coarse as the kernel's tick: a rename within the
+        tick of the last look is seen at the latest then)."""
+        now = time.monotonic()
+        try:
+            st = os.stat(self.m.orders_dir)
+            ident = (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            ident = None
+        if ident != self._dir_seen or now - self._dir_looked >= self._poll:
+            self._dir_seen, self._dir_looked = ident, now
+            return True
+        return False
+
     def _watch(self) -> None:
-        while not self._stop.wait(self._poll):
+        while not self._stop.wait(WATCH_EVERY):   # a new epoch's order is seen within 10 ms
             self._maybe_publish_stats()
+            if not self._changed():
+                continue
             try:
                 cur = self._current()
                 if cur is None:

@@ -42,6 +42,7 @@ class _Published:
         from ..mount.fs import read_info
 
         self.mount = os.path.realpath(os.fspath(mount))
+        self._prefix = self.mount.rstrip("/") + "/"
         self.orders = read_info(self.mount)["orders"]
         self._dataset, self._files = dataset, files
         self._cache: list[list[str]] | None = None
@@ -59,7 +60,12 @@ class _Published:
         out = []
         for p in paths:
             p = os.fspath(p)
-            rel = os.path.relpath(os.path.realpath(p), self.mount) if os.path.isabs(p) else os.path.normpath(p)
+            if not os.path.isabs(p):
+                rel = os.path.normpath(p)
+            elif p.startswith(self._prefix) and "/." not in p and "//" not in p:   # plainly under the mount
+                rel = p[len(self._prefix):]
+            else:   # through a link, or with . and ..: one realpath (a few system calls per component)
+                rel = os.path.relpath(os.path.realpath(p), self.mount)
             if not rel.startswith(".." + os.sep) and rel != "..":
                 out.append(rel.replace(os.sep, "/"))
         return out
@@ -86,9 +92,23 @@ class _OrderSampler(Sampler[int]):
         self.total = n
         self.num_samples = n // self.num_replicas if drop_last else -(-n // self.num_replicas)
         self._pub = _Published(dataset, mount, files) if mount is not None else None
+        self._announced: int | None = None
+        self._announce(self.epoch)
+
+    def _announce(self, epoch: int) -> None:
+        """Publish ``epoch``'s order as soon as it is known (at construction and ``set_epoch``), so
+        that the mount stages while the DataLoader's workers start; iterating it does not publish
+        it again."""
+        if self._pub is None or self._announced == epoch:
+            return
+        from ..mount.orders import publish_order
+        publish_order(self._pub.orders, rank=self.rank, world_size=self.num_replicas, epoch=epoch, seed=self.seed,
+                      groups=self._pub.groups(self.order(epoch), self.total))
+        self._announced = epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+        self._announce(self.epoch)
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """This rank's indices of ``epoch`` (default: the current one), in the Loader's order."""
@@ -105,9 +125,9 @@ class _OrderSampler(Sampler[int]):
         if pub is None:
             yield from order.tolist()
             return
-        from ..mount.orders import PROGRESS_EVERY, publish_order, publish_progress
-        publish_order(pub.orders, rank=self.rank, world_size=self.num_replicas, epoch=epoch, seed=self.seed,
-                      groups=pub.groups(order, self.total))
+        from ..mount.orders import PROGRESS_EVERY, publish_progress
+        self._announce(epoch)
+        self._announced = None   # a second pass over the same epoch publishes it again (progress from 0)
         for j, i in enumerate(order.tolist()):
             if j and j % PROGRESS_EVERY == 0:
                 publish_progress(pub.orders, self.rank, epoch, j)
