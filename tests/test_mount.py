@@ -378,3 +378,33 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
         assert m.stats().opens_local > 0 and m.stats().corrupt == 0
     reports = verify(local)
     assert all(r.consistent for r in reports), [r.to_json() for r in reports]
+
+
+@pytest.mark.parametrize("changed", [True, False])
+def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, changed):
+    """A file rewritten at the source (same size) after an earlier session staged it: the next
+    mount's daemon compares the entry's recorded mtime with the source's once, and serves the new
+    bytes. Control (the rewrite keeps the old mtime, so nothing tells them apart): the cached old
+    bytes are served, which shows the check is what makes the difference."""
+    src, mnt, local = data
+    stage_with_loader(src, local)
+    keys = sorted(os.listdir(os.path.join(src, os.listdir(src)[0])))[:1]
+    key = os.path.join(os.listdir(src)[0], keys[0])
+    path = os.path.join(src, key)
+    old = content(path)
+    st = os.stat(path)
+    new = bytes(b ^ 0xFF for b in old)   # same size, other bytes
+    with open(path, "wb") as f:
+        f.write(new)
+    if changed:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    else:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with Mount(src, mnt, local_dir=local, stage=False) as m:
+        with open(os.path.join(m.path, key), "rb") as f:
+            got = f.read()
+        s = m.stats()
+    if changed:
+        assert got == new and s.stale == 1 and s.opens_source == 1, s
+    else:
+        assert got == old and s.stale == 0 and s.opens_local == 1, s

@@ -43,9 +43,10 @@ HANDOFF_PREFIX = "handoff."
 STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = threads (the Loader starts at 48)
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
-# magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid
-_LAYOUT = struct.Struct("<8sII8Q")
-_MAGIC, _VERSION = b"CVMNTST\0", 1
+# magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
+# stale
+_LAYOUT = struct.Struct("<8sII9Q")
+_MAGIC, _VERSION = b"CVMNTST\0", 2
 
 
 class MountStats(NamedTuple):
@@ -55,6 +56,7 @@ class MountStats(NamedTuple):
     bytes_source: int
     corrupt: int          # staged entries that failed their check (never served)
     reads: int
+    stale: int            # entries of an earlier session whose source file changed since (never served)
 
     def to_json(self) -> dict:
         return self._asdict()
@@ -74,7 +76,11 @@ def read_stats(path: str) -> MountStats:
     v = _LAYOUT.unpack(raw)
     if v[:3] != (_MAGIC, _VERSION, _LAYOUT.size):
         raise SourceError(f"{path}: stats file of another mountfs version (magic {v[0]!r}, version {v[1]})")
-    return MountStats(*v[3:9])
+    return _stats(v)
+
+
+def _stats(v: tuple) -> MountStats:
+    return MountStats(*v[3:9], v[11])
 
 
 def read_info(mnt: str) -> dict:
@@ -177,6 +183,7 @@ class Mount:
             cmd = [binary, "-f", "--watch-parent", f"--listing={work}/listing",
                    f"--index={self.tiers.local.index.path}", f"--extents={self.tiers.local.ext_dir}",
                    f"--stats={self.stats_path}", f"--info={work}/info.json", f"--events-fd={w}",
+                   f"--session={self.tiers.local.session}",
                    *([f"--handoff={self.handoff}"] if stage else []), src.root,
                    self.path]
             try:
@@ -229,7 +236,7 @@ class Mount:
         mm = self._held.get("stats")
         if mm is None:
             raise SourceError(f"the mount on {self.path} is closed")
-        return MountStats(*_LAYOUT.unpack_from(mm, 0)[3:9])
+        return _stats(_LAYOUT.unpack_from(mm, 0))
 
     def staging(self) -> dict:
         """What the mount's staging did (controller.py); empty without staging."""

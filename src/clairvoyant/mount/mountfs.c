@@ -56,7 +56,7 @@
 #endif
 
 #define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 1
+#define STATS_VERSION 2
 #define LISTING_MAGIC "CVMNTLS1"
 #define INDEX_MAGIC "CVINDEX1"
 #define ENTRY_MAGIC "CVENTRY1"
@@ -69,6 +69,7 @@ struct mountfs_stats {
     uint32_t version;
     uint32_t size;
     uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
+    uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
 };
 
 struct listing_head {   /* 64 bytes */
@@ -86,13 +87,15 @@ struct slot { uint64_t digest; uint32_t seq, extent; uint64_t offset; uint32_t l
 static struct {
     char *listing, *index, *extents, *stats, *info, *source, *handoff;
     int events_fd, watch_parent;
-} opt = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 0};
+    unsigned session;   /* the tier's present session: entries stamped otherwise are checked once */
+} opt = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 0, 0};
 
 static const struct lfile *files;
 static const struct ldir *dirs;
 static const struct lchild *children;
 static const char *strs;
 static uint64_t nfiles, ndirs;
+static uint8_t *checked;   /* per file: its entry of an earlier session matched the source here */
 static uint64_t total_bytes;
 
 static int src_fd = -1;
@@ -158,8 +161,9 @@ static int index_remap(void) {
     return 0;
 }
 
-/* The index's present entry of ``digest``: 1 and (extent, offset, length), or 0. */
-static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uint32_t *length) {
+/* The index's present entry of ``digest``: 1 and (extent, offset, length, the session it was written
+ * or checked in), or 0. */
+static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uint32_t *length, uint32_t *stamp) {
     int found = 0;
     pthread_rwlock_rdlock(&index_lock);
     uint32_t bits = 0;
@@ -189,9 +193,10 @@ static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uin
             uint32_t e = __atomic_load_n(&slots[i].extent, __ATOMIC_RELAXED);
             uint64_t o = __atomic_load_n(&slots[i].offset, __ATOMIC_RELAXED);
             uint32_t l = __atomic_load_n(&slots[i].length, __ATOMIC_RELAXED);
+            uint32_t t = __atomic_load_n(&slots[i].stamp, __ATOMIC_RELAXED);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             if (__atomic_load_n(&slots[i].seq, __ATOMIC_RELAXED) != s1) continue;
-            if (l) { *extent = e; *offset = o; *length = l; found = 1; }
+            if (l) { *extent = e; *offset = o; *length = l; *stamp = t; found = 1; }
             break;
         }
         break;
@@ -200,11 +205,30 @@ static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uin
     return found;
 }
 
-/* The verified bytes of file ``f`` from the local tier, or NULL (counting a corrupt entry). */
+/* Whether the entry of file ``f`` (its trailer at ``trailer``), written in an earlier session, still
+ * matches the source: one stat of the source file per file and daemon, as the Loader does once per
+ * entry and session (size and mtime against those the trailer recorded). */
+static int current(const struct lfile *f, const char *trailer) {
+    uint64_t i = (uint64_t)(f - files);
+    if (__atomic_load_n(&checked[i], __ATOMIC_RELAXED)) return 1;
+    struct stat st;
+    int64_t mtime;
+    memcpy(&mtime, trailer + 16, 8);
+    if (fstatat(src_fd, strs + f->path, &st, 0) != 0 || (uint64_t)st.st_size != f->size ||
+        (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != mtime) {
+        count(&sh->stale, 1);
+        return 0;
+    }
+    __atomic_store_n(&checked[i], 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* The verified, current bytes of file ``f`` from the local tier, or NULL (counting a corrupt or
+ * stale entry). */
 static char *read_local(const struct lfile *f) {
-    uint32_t extent, length;
+    uint32_t extent, length, stamp;
     uint64_t offset;
-    if (!index_lookup(f->digest, &extent, &offset, &length)) return NULL;
+    if (!index_lookup(f->digest, &extent, &offset, &length, &stamp)) return NULL;
     if ((uint64_t)length != f->size + TRAILER) return NULL;   /* another size: stale, not ours */
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%u", opt.extents, extent);
@@ -224,6 +248,7 @@ static char *read_local(const struct lfile *f) {
     memcpy(&sum, buf + f->size + 8, 8);
     memcpy(&n, buf + f->size + 24, 8);
     if (n != f->size || XXH3_64bits(buf, f->size) != sum) goto bad;
+    if (stamp != opt.session && !current(f, buf + f->size)) { free(buf); return NULL; }
     return buf;
 bad:
     count(&sh->corrupt, 1);
@@ -494,6 +519,7 @@ static const struct fuse_opt spec[] = {
     OPT("--info=%s", info, 0),
     OPT("--events-fd=%d", events_fd, 0),
     OPT("--handoff=%s", handoff, 0),
+    OPT("--session=%u", session, 0),
     OPT("--watch-parent", watch_parent, 1),
     FUSE_OPT_END
 };
@@ -526,7 +552,8 @@ static int load_listing(const char *path) {
     children = (const void *)(dirs + ndirs);
     strs = (const char *)(children + h->nchildren);
     for (uint64_t i = 0; i < nfiles; i++) total_bytes += files[i].size;
-    return 0;
+    checked = calloc(nfiles ? nfiles : 1, 1);
+    return checked ? 0 : die("out of memory for", path);
 }
 
 static int load_info(const char *path) {
