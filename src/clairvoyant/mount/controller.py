@@ -15,7 +15,6 @@ set that fits reads nothing from the source; one that does not fit keeps the fir
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import logging
@@ -30,6 +29,7 @@ import numpy as np
 from ..cache import native_stage
 from ..cache.entry import entry_size
 from ..cache.tiers import LOCAL
+from ..plan.ahead import StagedAhead
 from .listing import publish_bytes
 from .orders import published, read_order, read_progress
 
@@ -300,17 +300,15 @@ class Controller:
                         if i is not None:
                             seq.append(i)
             per_step.append(len(seq))
-        uses: dict[int, list[int]] = {}
-        for pos, i in enumerate(seq):
-            uses.setdefault(i, []).append(pos)
         with self._lock:
             self.stats.update(plans=self.stats["plans"] + 1, epoch=epoch, ranks=len(ranks), sequence=len(seq),
                               frontier=0, consumed=0)
         names = self.tiers.local.entries()
-        resident: set[int] = set()
+        resident: list[int] = []
         if names:
             found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
-            resident = {int(i) for i in found.tolist() if i >= 0}
+            resident = [i for i in found.tolist() if i >= 0]
+        held = StagedAhead(np.asarray(seq, dtype=np.int64), len(self.manifest), resident)
         capacity = self.tiers.local_capacity
 
         def consumed() -> int:
@@ -318,15 +316,10 @@ class Controller:
                              for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
             return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
 
-        def next_use(i: int, after: int) -> int:
-            u = uses.get(i, ())
-            k = bisect.bisect_left(u, after)
-            return u[k] if k < len(u) else 1 << 62
-
         for pos, i in enumerate(seq):
             if self._stop.is_set() or self._plan_key != key:
                 return
-            if i in resident:
+            if i in held:
                 continue
             need = entry_size(int(self.sizes[i]))
             self._maybe_publish_stats()
@@ -336,10 +329,9 @@ class Controller:
                 done = consumed()
                 with self._lock:
                     self.stats["consumed"] = done
-                victims = [(next_use(r, done), r) for r in resident]
-                far, victim = max(victims) if victims else (-1, -1)
-                if far > pos:   # farthest next use, after the file to stage: evict it
-                    resident.discard(victim)
+                held.consumed(done)
+                victim = held.evict_for(pos)
+                if victim is not None:   # farthest next use, after the file to stage: evict it
                     if self.tiers.local.delete(self.manifest.keys[victim]):
                         self._add("evicted")
                     continue
@@ -350,7 +342,7 @@ class Controller:
                     return
             if not self._submit(i):
                 return
-            resident.add(i)
+            held.staged(i, pos)
             with self._lock:
                 self.stats["frontier"] = pos + 1
 

@@ -61,6 +61,18 @@ class FarthestNextUse:
             heapq.heappop(self._heap)  # stale: evicted, touched since, or a duplicate entry
         return None
 
+    def pop_farthest(self, later_than: int) -> int | None:
+        """Evict the resident whose next use is farthest if that use comes after ``later_than``
+        (a position): the sample evicted, or None (nothing changes)."""
+        top = self._farthest()
+        if top is None or top[1] <= later_than:
+            return None
+        sample = top[0]
+        heapq.heappop(self._heap)
+        del self._next[sample]
+        self.used -= self._size.pop(sample)
+        return sample
+
     def admit(self, sample: int, size: int, next_use: int) -> list[int] | None:
         """Make room for ``sample`` if that evicts only samples needed later than it.
 
