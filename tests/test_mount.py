@@ -408,3 +408,47 @@ def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, chan
         assert got == new and s.stale == 1 and s.opens_source == 1, s
     else:
         assert got == old and s.stale == 0 and s.opens_local == 1, s
+
+
+def test_the_ranks_orders_are_merged_step_by_step(tmp_path):
+    """Two ranks of a node publish their orders (world size 2) to one mount whose tier holds about
+    a third of the data set, and read nothing: the mount stages the longest prefix of the merged
+    order that fits (rank 0's first file, rank 1's first, rank 0's second, ...) and then waits for
+    the readers. Control: the prefix of rank 0's order followed by rank 1's is another set."""
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.torch import DistributedSampler
+
+    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), local_capacity="35%", stage_threads=2) as m:
+        keys = keys_of(m)
+
+        class Dataset:
+            samples = [(os.path.join(m.path, k), 0) for k in keys]
+
+            def __len__(self):
+                return len(self.samples)
+
+        samplers = [DistributedSampler(Dataset(), num_replicas=2, rank=r, seed=3, mount=m.path) for r in (0, 1)]
+        orders = [s.order().tolist() for s in samplers]
+        merged = [i for pair in zip(*orders) for i in pair]
+
+        def prefix(seq):
+            out, used = [], 0
+            for i in seq:
+                need = entry_size(m.manifest.sizes[i])
+                if used + need > m.capacity.nbytes:
+                    break
+                out.append(i)
+                used += need
+            return {keys[i] for i in out}
+
+        want, control = prefix(merged), prefix(orders[0] + orders[1])
+        assert want != control
+        def staged():
+            return {k for k in keys if m.tiers.local.find(k) is not None}
+        assert wait_until(lambda: m.staging().get("ranks") == 2 and staged() == want, 20), \
+            (sorted(staged() ^ want), m.staging())
+        time.sleep(0.3)   # and it stays so: the next file does not fit and the readers have not moved
+        assert staged() == want
