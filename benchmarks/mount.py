@@ -9,7 +9,9 @@ with clairvoyant's decoder) read by PyTorch's DataLoader, batch 32, the best of 
   (c) on a local copy, PyTorch's RandomSampler.
 Then the mount's own cost per file: open + read + close of every staged file through the mount,
 against the same on the local copy, one thread, wall time and the CPU of this process and of the
-mount daemon. Writes benchmarks/results/mount.json.
+mount daemon. CPU per sample of each epoch, by process: this one (the DataLoader's main loop, and
+the mount's staging threads), the DataLoader's workers, the store's and the mount's daemons.
+Writes benchmarks/results/mount.json.
 
     python benchmarks/mount.py [--images 3200] [--workers 2,4,8,16]
     python benchmarks/mount.py --tiny
@@ -60,14 +62,33 @@ def epoch(loader) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
+class CpuMeter:
+    """CPU seconds per sample of this process (its threads: the mount's staging too), of the
+    DataLoader's workers (children reaped at the end of the epoch) and of given daemons."""
+
+    def __init__(self, **daemons: int | None) -> None:
+        self.daemons = {k: v for k, v in daemons.items() if v}
+        self.t0 = self._now()
+
+    def _now(self) -> dict:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {"main": me.ru_utime + me.ru_stime, "workers": kids.ru_utime + kids.ru_stime,
+                **{k: _daemon_cpu(p) for k, p in self.daemons.items()}}
+
+    def per_sample_us(self, n: int) -> dict:
+        t1 = self._now()
+        return {k: (t1[k] - self.t0[k]) / n * 1e6 for k in t1}
+
+
 def plain(root: str, workers: int, batch: int, seed: int) -> dict:
     ds = FolderDataset(root)
     g = torch.Generator()
     g.manual_seed(seed)
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=torch.utils.data.RandomSampler(ds, generator=g),
                                      num_workers=workers)
+    meter = CpuMeter()
     secs, n = epoch(dl)
-    return {"workers": workers, "images_per_s": n / secs, "seconds": secs}
+    return {"workers": workers, "images_per_s": n / secs, "seconds": secs, "cpu_us": meter.per_sample_us(n)}
 
 
 def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) -> dict:
@@ -80,10 +101,12 @@ def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) ->
         out = {"workers": workers, "epochs": []}
         for e in range(2):
             store.reset()
+            meter = CpuMeter(store=store.pid, mount=m.pid)
             secs, n = epoch(dl)
             c, s = store.counters(), m.stats()
             out["epochs"].append({"images_per_s": n / secs, "seconds": secs, "store_opens": c.opens,
-                                  "store_bytes": c.bytes, "mount": s._asdict()})
+                                  "store_bytes": c.bytes, "mount": s._asdict(),
+                                  "cpu_us": meter.per_sample_us(n)})
         out["per_file"] = per_file(ds.samples, m.pid)
     return out
 
@@ -152,6 +175,13 @@ def format_table(s: dict) -> str:
               f"(b) epoch 1 / best (c): {t['mount_first_over_local']:.2f}x   (target >= 0.8)",
               f"(b) epoch 2 / best (c): {t['mount_second_over_local']:.2f}x",
               f"(b) epoch 2 bytes from the store: {t['second_epoch_store_bytes']}   (target 0)"]
+    def cpu(d: dict) -> str:
+        return ", ".join(f"{k} {v:.0f}" for k, v in d.items()) + f" (total {sum(d.values()):.0f})"
+    b = max(s["mount"], key=lambda r: r["epochs"][0]["images_per_s"])
+    c = max(s["local"], key=lambda r: r["images_per_s"])
+    lines.append(f"CPU us per sample, (b) {b['workers']} workers, epoch 1: {cpu(b['epochs'][0]['cpu_us'])}; "
+                 f"epoch 2: {cpu(b['epochs'][1]['cpu_us'])}")
+    lines.append(f"CPU us per sample, (c) {c['workers']} workers: {cpu(c['cpu_us'])}")
     pf, lf = s["mount"][-1]["per_file"], s["local_per_file"]
     lines.append(f"open+read+close of a staged file: through the mount {pf['wall_us']:.0f} us wall "
                  f"({pf['user_us']:.0f} user + {pf['sys_us']:.0f} kernel here, {pf.get('daemon_us', 0):.0f} in the "
