@@ -63,39 +63,40 @@ class NativeStager:
         self._thread = threading.Thread(target=self._collect, name="clairvoyant-native-stage", daemon=True)
         self._thread.start()
 
-    def busy(self, token: int) -> bool:
-        with self._lock:
-            return token in self._jobs
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._jobs)
-
-    def submit(self, token: int, key: str, size: int) -> bool:
-        """Stage ``key`` (``size`` bytes as listed); False, with nothing reserved, if the tier has no
-        room for it."""
+    def submit(self, token: int, key: str, size: int) -> bool | None:
+        """Stage ``key`` (``size`` bytes as listed): True when under way; False, with nothing
+        reserved, if the tier has no room for it; None if ``token`` is under way already (its job
+        will tell, once)."""
         n = entry_size(size)
         store = self.store
-        if not store.ledger.reserve(n, self.capacity):
-            return False
+        with self._lock:   # claim the token first: two callers never both submit it
+            if self._closing:
+                raise RuntimeError("the stager is closed")
+            if token in self._jobs:
+                return None
+            self._jobs[token] = None
+        placed = False
         try:
-            ext, offset = store.place(n)
-        except BaseException:
-            store.ledger.give_back(n)
-            raise
-        with self._lock:
-            if self._closing or token in self._jobs:
-                store.abandon(ext, n)
-                raise RuntimeError("the stager is closed" if self._closing else f"token {token} is in flight")
-            self._jobs[token] = (key, ext, offset, n)
-        try:
-            self._engine.submit(token, key, size, ext.fd, offset, store.lock_offset(key))
-        except BaseException:
+            if not store.ledger.reserve(n, self.capacity):
+                return False
+            try:
+                ext, offset = store.place(n)
+            except BaseException:
+                store.ledger.give_back(n)
+                raise
             with self._lock:
-                self._jobs.pop(token, None)
-            store.abandon(ext, n)
-            raise
-        return True
+                self._jobs[token] = (key, ext, offset, n)
+            try:
+                self._engine.submit(token, key, size, ext.fd, offset, store.lock_offset(key))
+            except BaseException:
+                store.abandon(ext, n)
+                raise
+            placed = True
+            return True
+        finally:
+            if not placed:
+                with self._lock:
+                    self._jobs.pop(token, None)
 
     def _collect(self) -> None:
         while True:
@@ -111,8 +112,9 @@ class NativeStager:
                 break
         with self._lock:
             left, self._jobs = list(self._jobs.values()), {}
-        for key, ext, _, n in left:   # none should be left; were one, its place is given back
-            self.store.abandon(ext, n)
+        for job in left:   # none should be left; were one, its place is given back
+            if job is not None:
+                self.store.abandon(job[1], job[3])
 
     def _finish(self, done: list[tuple[int, int, int, int, int]]) -> None:
         store = self.store

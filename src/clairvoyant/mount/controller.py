@@ -160,16 +160,16 @@ class Controller:
     def _submit_native(self, i: int) -> None:
         key, size = self.manifest.keys[i], int(self.sizes[i])
         try:
-            if self._native.busy(i):   # its copy is under way: a handoff is that copy's to take
-                self._add("present")
-                self._inflight.release()
-                return
             if self.tiers.find_local(key, size) is not None:
                 self._add("present")
-            elif self._native.submit(i, key, size):
-                return   # _native_done hears of it
             else:
-                self._add("not_staged")
+                got = self._native.submit(i, key, size)
+                if got:
+                    return   # _native_done hears of it
+                self._add("present" if got is None else "not_staged")
+                if got is None:   # its copy is under way: a handoff is that copy's to take
+                    self._inflight.release()
+                    return
         except Exception as e:
             self._add("failed")
             log.warning("clairvoyant mount: staging %s failed: %s", key, e)
