@@ -452,3 +452,46 @@ def test_the_ranks_orders_are_merged_step_by_step(tmp_path):
             (sorted(staged() ^ want), m.staging())
         time.sleep(0.3)   # and it stays so: the next file does not fit and the readers have not moved
         assert staged() == want
+
+
+@pytest.mark.parametrize("following", [True, False])
+def test_the_next_epoch_counts_when_the_tier_holds_half(tmp_path, monkeypatch, following):
+    """A tier that holds half the data set: the sampler also publishes the next epoch's order, so
+    the mount weighs next uses across the epoch boundary (as the Loader plans) and stages on into
+    the next epoch once this one is staged. At the end of the first epoch the tier holds the files
+    the second needs first. Control (the next epoch's order withheld): what it holds then has
+    nothing to do with the second epoch's order."""
+    from clairvoyant.mount import controller
+    from clairvoyant.torch import DistributedSampler
+
+    if not following:
+        real = controller.read_order
+        monkeypatch.setattr(controller, "read_order", lambda p: real(p)._replace(following=[]))
+    n = 48
+    src = make_dataset(str(tmp_path / "src"), n, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), local_capacity="50%", stage_threads=2) as m:
+        keys = keys_of(m)
+
+        class Dataset:
+            samples = [(os.path.join(m.path, k), 0) for k in keys]
+
+            def __len__(self):
+                return len(self.samples)
+
+        sampler = DistributedSampler(Dataset(), num_replicas=1, rank=0, seed=5, mount=m.path)
+        assert wait_until(lambda: m.staging()["frontier"] > 0, 10)
+        for i in sampler:
+            time.sleep(0.02)   # a training step: staging runs ahead
+            with open(Dataset.samples[i][0], "rb") as f:
+                assert f.read() == content(os.path.join(src, keys[i]))
+        time.sleep(0.3)        # the end of the epoch; the next one is not published yet
+        assert m.staging()["following"] == (n if following else 0)
+        resident = {i for i, k in enumerate(keys) if m.tiers.local.find(k) is not None}
+        nxt = sampler.order(1).tolist()
+        prefix = next((j for j, i in enumerate(nxt) if i not in resident), n)
+    if following:
+        assert prefix >= 10, (prefix, sorted(nxt.index(i) for i in resident))
+    else:
+        assert prefix <= 5, (prefix, sorted(nxt.index(i) for i in resident))

@@ -53,7 +53,8 @@ class Controller:
                                                                   thread_name_prefix="clairvoyant-mount-stage")
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._lock = threading.Lock()
-        self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "frontier": 0, "consumed": 0,
+        self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "following": 0, "frontier": 0,
+                      "consumed": 0,
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
                       "not_staged": 0, "failed": 0, "handed_over": 0}
         self._plan_key: tuple | None = None
@@ -285,30 +286,22 @@ class Controller:
         self._publish_stats()
 
     def _run_plan(self, cur: dict, key: tuple) -> None:
-        index = self._key_index()
         ranks = sorted(cur)
         epoch = cur[ranks[0]].epoch
-        seq: list[int] = []
-        steps = max(len(o.groups) for o in cur.values())
-        per_step = []
-        for j in range(steps):   # the node's sequence: step by step, ranks in order, like the Loader's
-            for r in ranks:
-                g = cur[r].groups
-                if j < len(g):
-                    for k in g[j]:
-                        i = index.get(k)
-                        if i is not None:
-                            seq.append(i)
-            per_step.append(len(seq))
+        seq, per_step = self._merge([cur[r].groups for r in ranks])
+        # the next epoch's order, where every rank sent one: its uses count as next uses, and once
+        # this epoch is staged, staging goes on into it (within the capacity)
+        following = [cur[r].following for r in ranks]
+        after = self._merge(following)[0] if all(following) else []
         with self._lock:
             self.stats.update(plans=self.stats["plans"] + 1, epoch=epoch, ranks=len(ranks), sequence=len(seq),
-                              frontier=0, consumed=0)
+                              following=len(after), frontier=0, consumed=0)
         names = self.tiers.local.entries()
         resident: list[int] = []
         if names:
             found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
             resident = [i for i in found.tolist() if i >= 0]
-        held = StagedAhead(np.asarray(seq, dtype=np.int64), len(self.manifest), resident)
+        held = StagedAhead(np.asarray(seq + after, dtype=np.int64), len(self.manifest), resident)
         capacity = self.tiers.local_capacity
 
         def consumed() -> int:
@@ -316,7 +309,7 @@ class Controller:
                              for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
             return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
 
-        for pos, i in enumerate(seq):
+        for pos, i in enumerate(seq + after):
             if self._stop.is_set() or self._plan_key != key:
                 return
             if i in held:
@@ -345,6 +338,22 @@ class Controller:
             held.staged(i, pos)
             with self._lock:
                 self.stats["frontier"] = pos + 1
+
+    def _merge(self, orders: list[list[list[str]]]) -> tuple[list[int], list[int]]:
+        """The node's sequence of file numbers from the ranks' orders (in rank order): step by step,
+        ranks in order, like the Loader's; and the sequence's length after each step."""
+        index = self._key_index()
+        seq: list[int] = []
+        per_step: list[int] = []
+        for j in range(max((len(o) for o in orders), default=0)):
+            for o in orders:
+                if j < len(o):
+                    for k in o[j]:
+                        i = index.get(k)
+                        if i is not None:
+                            seq.append(i)
+            per_step.append(len(seq))
+        return seq, per_step
 
     def _current_key(self):
         cur = self._current()

@@ -2,7 +2,9 @@
 
 A sampler of rank r writes ``<orders>/rank-<r>.order.json`` once per epoch: its rank, the world
 size, the epoch, the seed and, in the order it will yield its indices, the files behind each index
-as paths relative to the mount (``groups``: one list per index, e.g. an image and its mask). As it
+as paths relative to the mount (``groups``: one list per index, e.g. an image and its mask), and
+the same for the epoch after (``following``; empty if unknown), so that the mount can weigh next
+uses across the epoch boundary and stage the next epoch once this one is staged. As it
 yields, it writes ``rank-<r>.progress.json`` (the epoch and how many indices it has handed out),
 every ``PROGRESS_EVERY`` indices. Both are written under a temporary name and renamed: a reader
 sees a whole file or the previous one. ``<orders>`` is named by the mount's ``.clairvoyant.json``.
@@ -30,6 +32,7 @@ class PublishedOrder(NamedTuple):
     seed: int
     groups: list[list[str]]   # per yielded index, the files behind it (relative to the mount)
     stamp: int                # when it was written (ns): a new publication of the same epoch differs
+    following: list[list[str]] = []   # the same for the next epoch (empty: not known)
 
 
 def order_path(orders: str, rank: int) -> str:
@@ -41,9 +44,10 @@ def progress_path(orders: str, rank: int) -> str:
 
 
 def publish_order(orders: str, *, rank: int, world_size: int, epoch: int, seed: int,
-                  groups: list[list[str]]) -> str:
+                  groups: list[list[str]], following: list[list[str]] | None = None) -> str:
     doc = {"version": VERSION, "rank": int(rank), "world_size": int(world_size), "epoch": int(epoch),
-           "seed": int(seed), "pid": os.getpid(), "stamp": time_ns(), "groups": groups}
+           "seed": int(seed), "pid": os.getpid(), "stamp": time_ns(), "groups": groups,
+           "following": following or []}
     path = order_path(orders, rank)
     publish_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
     publish_progress(orders, rank, epoch, 0)
@@ -70,12 +74,13 @@ def read_order(path: str) -> PublishedOrder:
     try:
         if doc["version"] != VERSION:
             raise ValueError(f"version {doc['version']}")
-        groups = doc["groups"]
-        if not isinstance(groups, list) or not all(isinstance(g, list) and all(isinstance(k, str) for k in g)
-                                                   for g in groups):
-            raise ValueError("groups is not a list of lists of paths")
+        groups, following = doc["groups"], doc.get("following", [])
+        for name, g in (("groups", groups), ("following", following)):
+            if not isinstance(g, list) or not all(isinstance(x, list) and all(isinstance(k, str) for k in x)
+                                                  for x in g):
+                raise ValueError(f"{name} is not a list of lists of paths")
         return PublishedOrder(int(doc["rank"]), int(doc["world_size"]), int(doc["epoch"]), int(doc["seed"]),
-                              groups, int(doc["stamp"]))
+                              groups, int(doc["stamp"]), following)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{path} is not a published order of this version ({e}): delete it") from e
 

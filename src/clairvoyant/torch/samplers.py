@@ -96,14 +96,16 @@ class _OrderSampler(Sampler[int]):
         self._announce(self.epoch)
 
     def _announce(self, epoch: int) -> None:
-        """Publish ``epoch``'s order as soon as it is known (at construction and ``set_epoch``), so
-        that the mount stages while the DataLoader's workers start; iterating it does not publish
-        it again."""
+        """Publish ``epoch``'s order, and the next epoch's, as soon as they are known (at
+        construction and ``set_epoch``), so that the mount stages while the DataLoader's workers
+        start and weighs next uses across the epoch boundary; iterating it does not publish it
+        again."""
         if self._pub is None or self._announced == epoch:
             return
         from ..mount.orders import publish_order
         publish_order(self._pub.orders, rank=self.rank, world_size=self.num_replicas, epoch=epoch, seed=self.seed,
-                      groups=self._pub.groups(self.order(epoch), self.total))
+                      groups=self._pub.groups(self.order(epoch), self.total),
+                      following=self._pub.groups(self.order(epoch + 1), self.total))
         self._announced = epoch
 
     def set_epoch(self, epoch: int) -> None:
