@@ -45,6 +45,18 @@ def same_bytes(src: str, mnt: str, keys: list[str]) -> list[str]:
     return differing(src, mnt, keys)
 
 
+def forget_pages(root: str, keys: list[str]) -> None:
+    """Have the kernel drop the cached pages of ``keys`` under ``root`` (as memory pressure would),
+    so that their next reads reach the mount's daemon again: the mount needs no open per file
+    (no_open), and the kernel keeps a file's pages between opens."""
+    for k in keys:
+        fd = os.open(os.path.join(root, k), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def md5sums(root: str, keys: list[str]) -> str:
     """md5sum (a program that is not Python) over ``keys`` under ``root``."""
     return subprocess.run(["md5sum", *keys], cwd=root, capture_output=True, text=True, check=True).stdout
@@ -89,9 +101,12 @@ def test_bytes_identical_and_metadata_from_the_listing(data):
         # control: the comparison sees a difference when there is one
         assert md5sums(mnt, keys[1:]) != md5sums(src, keys[:-1])
         s = m.stats()
-        assert s.opens_source == 3 * N - 1 and s.opens_local == 0
-        # the bytes crossed once: the kernel keeps a file's pages between opens (they never change)
+        # each file's bytes crossed once, at its first read: the kernel keeps a file's pages between
+        # opens (they never change), and sends no request for an open (no_open)
+        assert s.opens_source == N and s.opens_local == 0
         assert s.bytes_source == sum(os.path.getsize(os.path.join(src, k)) for k in keys)
+        forget_pages(mnt, keys)   # control: without the pages, every file is read from the daemon again
+        assert same_bytes(src, mnt, keys) == [] and m.stats().opens_source == 2 * N
         one = keys[0].split("/")[0]
         tar = subprocess.run(f"tar cf - {one} | wc -c", shell=True, cwd=mnt, capture_output=True, text=True)
         assert int(tar.stdout) > sum(os.path.getsize(os.path.join(src, k)) for k in keys if k.startswith(one))
@@ -124,13 +139,18 @@ def test_reads_come_from_the_tier_after_a_loader_staged_it(data):
         before = m.stats()
         assert before.opens_local == 0 and before.opens_source == N   # control: nothing staged yet
         stage_with_loader(src, local)   # another process stages into the same local_dir meanwhile
+        forget_pages(mnt, keys)
         assert same_bytes(src, mnt, keys) == []
         after = m.stats()
         assert after.opens_local - before.opens_local == N
         assert after.opens_source == before.opens_source and after.corrupt == 0
 
 
-def test_a_corrupt_staged_entry_is_never_served(data):
+@pytest.mark.parametrize("opens", [False, True])
+def test_a_corrupt_staged_entry_is_never_served(data, monkeypatch, opens):
+    """(``opens``: the daemon answers every open with a handle, as on kernels without no_open.)"""
+    if opens:
+        monkeypatch.setenv("CLAIRVOYANT_MOUNT_OPENS", "1")
     src, mnt, local = data
     stage_with_loader(src, local)
     with Mount(src, mnt, local_dir=local, stage=False) as m:
@@ -148,6 +168,42 @@ def test_a_corrupt_staged_entry_is_never_served(data):
         s = m.stats()
         assert s.corrupt == 1 and s.opens_source == 1   # the source served the victim
         assert s.opens_local == N - 1                   # control: every other file came from the tier
+
+
+@pytest.mark.parametrize("corrupt_tail", [False, True])
+def test_a_large_file_is_read_in_several_requests_and_checked_once(tmp_path, corrupt_tail):
+    """A 3 MiB file arrives in several READ requests: the first checks the whole entry, the later
+    ones read that very entry in place. A byte flipped near its end before any read: no request
+    serves the tier's copy (each one checks it whole, finds it corrupt and reads the source)."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    big = os.urandom(3 << 20)
+    (src / "a" / "big.bin").write_bytes(big)
+    (src / "a" / "small.bin").write_bytes(b"x" * 100)
+    mnt, local = tmp_path / "mnt", str(tmp_path / "local")
+    mnt.mkdir()
+    with Mount(str(src), str(mnt), local_dir=local, stage_threads=2) as m:   # read through: staged
+        with open(os.path.join(m.path, "a", "big.bin"), "rb") as f:
+            assert f.read() == big
+        assert wait_until(lambda: m.staging().get("staged", 0) == 1, 20), m.staging()
+    store = LocalStore(local, as_source(str(src)).uri)
+    loc = store.find("a/big.bin")
+    store.close()
+    if corrupt_tail:
+        with open(loc.path, "r+b") as f:
+            f.seek(loc.offset + len(big) - 10)
+            b = f.read(1)
+            f.seek(loc.offset + len(big) - 10)
+            f.write(bytes([b[0] ^ 0xFF]))
+    with Mount(str(src), str(mnt), local_dir=local, stage=False) as m:
+        with open(os.path.join(m.path, "a", "big.bin"), "rb") as f:
+            assert f.read() == big
+        s = m.stats()
+        assert s.reads > 1   # several requests
+    if corrupt_tail:
+        assert s.opens_local == 0 and s.corrupt >= 1 and s.bytes_local == 0 and s.bytes_source == len(big)
+    else:
+        assert s.opens_local == 1 and s.corrupt == 0 and s.bytes_local == len(big) and s.bytes_source == 0
 
 
 def _start_cli_mount(src: str, mnt: str, local: str) -> subprocess.Popen:
@@ -281,6 +337,7 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
         s1 = m.stats()
         assert s1.opens_local == N and s1.opens_source == 0
         store.reset()
+        forget_pages(m.path, keys)   # the second epoch is served by the daemon, not the kernel's pages
         sampler.set_epoch(1)
         for i in sampler:   # the second epoch fits: nothing from the store
             with open(Dataset.samples[i][0], "rb") as f:
@@ -298,7 +355,7 @@ def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
         assert same_bytes(src, m.path, keys) == []
         assert m.stats().opens_source == N
         assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
-        # every open reaches the daemon (only the pages are kept by the kernel): now from the tier
+        forget_pages(m.path, keys)   # the kernel's pages gone, the reads reach the daemon: now the tier
         assert same_bytes(src, m.path, keys) == []
         assert m.stats().opens_local == N and m.stats().opens_source == N
 
@@ -327,6 +384,7 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
         assert m.staging()["handed_over"] == (N if handoff else 0)
         if handoff:
             assert os.listdir(m.handoff) == []        # nothing left behind in the handoff directory
+        forget_pages(m.path, keys)
         assert same_bytes(raw, m.path, keys) == [] and m.stats().opens_local == N
 
 

@@ -9,15 +9,22 @@
  * path, size and key digest, and the directories derived from them), so a training job's
  * `stat`/`listdir` storm stays on this node.
  *
- * An open looks its file's digest up in the local tier's shared index (cache/extents.py: a
- * mapped open-addressing table, slots read under their seqlock, never written here). When the
- * slot holds an entry of the file's size plus the 32-byte trailer, the whole entry is read and
- * its xxh3-64 checksum compared with the trailer's; only then is the open served from those
- * bytes. Anything else (absent, another length, a bad trailer, a failed checksum, a vanished
- * extent) opens the source file instead: a corrupt staged entry is never served.
+ * Opens cost nothing: where the kernel allows (no_open), the first open answers ENOSYS, and the
+ * kernel then sends no OPEN or RELEASE for any file, only READs, and keeps a file's pages between
+ * opens (CLAIRVOYANT_MOUNT_OPENS=1 in the environment keeps one OPEN and RELEASE per open, as on
+ * kernels without no_open). A file's first READ (offset 0, i.e. each time the kernel lacks its
+ * first page) looks its digest up in the local tier's shared index (cache/extents.py: a mapped
+ * open-addressing table, slots read under their seqlock, never written here). When the slot
+ * holds an entry of the file's size plus the 32-byte trailer, the whole entry is read and its
+ * xxh3-64 checksum compared with the trailer's; only then is the READ served from those bytes.
+ * Anything else (absent, another length, a bad trailer, a failed checksum, a vanished extent, an
+ * entry of an earlier session whose source file changed) reads the source instead: a corrupt
+ * staged entry is never served. A later READ of a large file reads in place the very entry that
+ * was verified whole (the slot's extent, offset and sequence number unchanged), else checks again.
  *
  * Counters live in the --stats file (struct mountfs_stats, mapped shared; the Python reader
- * clairvoyant/mount/fs.py must match it field for field). Each open served from SOURCE writes
+ * clairvoyant/mount/fs.py must match it field for field); "opens" count first READs. Each one
+ * served from SOURCE writes
  * the file's number (u64) to --events-fd, if given, without blocking: the mount process stages
  * what is read (read-through caching) and learns the first-open order. With --handoff=DIR such
  * an open reads the whole file at once and leaves its bytes, then the source file's mtime in ns
@@ -95,6 +102,7 @@ static const struct ldir *dirs;
 static const struct lchild *children;
 static const char *strs;
 static uint64_t nfiles, ndirs;
+static int no_open;        /* the kernel sends no OPEN/RELEASE (see mnt_open) */
 static uint8_t *checked;   /* per file: its entry of an earlier session matched the source here */
 static uint64_t total_bytes;
 
@@ -111,10 +119,11 @@ static struct mountfs_stats *sh;
 static struct timespec started;
 
 struct handle {
-    int fd;          /* source file, or -1 when served from buf */
+    int fd;          /* source file or (4) extent, or -1 when served from buf */
     char *buf;       /* the verified sample's bytes (local), the source's (read whole), or the info file */
-    uint64_t size;
-    int local;       /* 1: from the tier, 2: the info file, 3: read whole from the source */
+    uint64_t size, base;   /* base: (4) where the entry starts in the extent */
+    int local;       /* 1: from the tier, 2: the info file, 3: read whole from the source,
+                      * 4: a later part of an entry verified whole here (read in place) */
 };
 
 static void count(uint64_t *field, uint64_t n) { __atomic_fetch_add(field, n, __ATOMIC_RELAXED); }
@@ -162,8 +171,9 @@ static int index_remap(void) {
 }
 
 /* The index's present entry of ``digest``: 1 and (extent, offset, length, the session it was written
- * or checked in), or 0. */
-static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uint32_t *length, uint32_t *stamp) {
+ * or checked in, the slot's sequence number: it changes with every write of the slot), or 0. */
+static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uint32_t *length, uint32_t *stamp,
+                        uint32_t *seq) {
     int found = 0;
     pthread_rwlock_rdlock(&index_lock);
     uint32_t bits = 0;
@@ -196,7 +206,7 @@ static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uin
             uint32_t t = __atomic_load_n(&slots[i].stamp, __ATOMIC_RELAXED);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             if (__atomic_load_n(&slots[i].seq, __ATOMIC_RELAXED) != s1) continue;
-            if (l) { *extent = e; *offset = o; *length = l; *stamp = t; found = 1; }
+            if (l) { *extent = e; *offset = o; *length = l; *stamp = t; *seq = s1; found = 1; }
             break;
         }
         break;
@@ -223,16 +233,30 @@ static int current(const struct lfile *f, const char *trailer) {
     return 1;
 }
 
+/* Which publication of each file's entry was last verified whole here: a hash of (extent, offset,
+ * the slot's sequence number), 0 if none. A later part of a large file is then read in place
+ * (``read_local_part``) instead of verifying the whole entry again for every READ. */
+static uint64_t *verified;
+
+static uint64_t publication(uint32_t extent, uint64_t offset, uint32_t seq) {
+    uint64_t k[2] = {(uint64_t)extent << 32 | seq, offset};
+    return XXH3_64bits(k, sizeof k) | 1;
+}
+
+static int open_extent(uint32_t extent) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%u", opt.extents, extent);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
 /* The verified, current bytes of file ``f`` from the local tier, or NULL (counting a corrupt or
  * stale entry). */
 static char *read_local(const struct lfile *f) {
-    uint32_t extent, length, stamp;
+    uint32_t extent, length, stamp, seq;
     uint64_t offset;
-    if (!index_lookup(f->digest, &extent, &offset, &length, &stamp)) return NULL;
+    if (!index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq)) return NULL;
     if ((uint64_t)length != f->size + TRAILER) return NULL;   /* another size: stale, not ours */
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%u", opt.extents, extent);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open_extent(extent);
     if (fd < 0) return NULL;   /* evicted meanwhile */
     char *buf = malloc(length ? length : 1);
     size_t got = 0;
@@ -249,11 +273,25 @@ static char *read_local(const struct lfile *f) {
     memcpy(&n, buf + f->size + 24, 8);
     if (n != f->size || XXH3_64bits(buf, f->size) != sum) goto bad;
     if (stamp != opt.session && !current(f, buf + f->size)) { free(buf); return NULL; }
+    __atomic_store_n(&verified[f - files], publication(extent, offset, seq), __ATOMIC_RELAXED);
     return buf;
 bad:
     count(&sh->corrupt, 1);
     free(buf);
     return NULL;
+}
+
+/* An open extent and the entry's offset in it, if the tier holds the very publication of file
+ * ``f``'s entry that was verified whole here last; else -1. */
+static int read_local_part(const struct lfile *f, uint64_t *base) {
+    uint32_t extent, length, stamp, seq;
+    uint64_t offset;
+    if (!index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq)) return -1;
+    if ((uint64_t)length != f->size + TRAILER ||
+        __atomic_load_n(&verified[f - files], __ATOMIC_RELAXED) != publication(extent, offset, seq)) return -1;
+    int fd = open_extent(extent);
+    *base = offset;
+    return fd;
 }
 
 /* -- operations ------------------------------------------------------------------------------ */
@@ -283,6 +321,10 @@ static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
     /* readdir fills the kernel's dentries and attributes too (readdirplus, always): a program that
      * lists a directory and then opens its files sends no lookup per file */
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+    if (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) {
+        conn->want |= FUSE_CAP_NO_OPEN_SUPPORT;
+        no_open = getenv("CLAIRVOYANT_MOUNT_OPENS") == NULL;   /* set: every open reaches the daemon */
+    }
     conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
     cfg->entry_timeout = cfg->attr_timeout = cfg->negative_timeout = 3600.0;  /* the listing never changes */
     cfg->kernel_cache = 1;   /* a file's bytes never change either: keep its pages between opens */
@@ -375,26 +417,29 @@ static int key_lock(uint64_t digest, short type) {
     return key_fcntl(digest, F_SETLK, type, &fl) == 0;
 }
 
-static int mnt_open(const char *path, struct fuse_file_info *fi) {
-    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_CREAT))) return -EROFS;
-    struct handle *h = calloc(1, sizeof *h);
-    if (!h) return -ENOMEM;
+/* Make ``h`` serve the file at ``path``: the info file, the verified entry from the tier, or the
+ * source (read whole and handed over when staging runs). ``first``: this is the file's first
+ * request (counted as an open, and a source read is reported to the mount process). 0 or -errno. */
+static int prepare(const char *path, struct handle *h, int first) {
+    memset(h, 0, sizeof *h);
     h->fd = -1;
     if (strcmp(path, INFO_NAME) == 0) {
         h->buf = info_bytes;   /* not freed at release */
         h->size = info_len;
         h->local = 2;
-        count(&sh->info_opens, 1);
-        fi->fh = (uint64_t)(uintptr_t)h;
-        fi->direct_io = 1;
+        if (first) count(&sh->info_opens, 1);
         return 0;
     }
     int64_t d, f = find(rel(path), &d);
-    if (f < 0) { free(h); return d >= 0 ? -EISDIR : -ENOENT; }
+    if (f < 0) return d >= 0 ? -EISDIR : -ENOENT;
     h->size = files[f].size;
+    if (!first && (h->fd = read_local_part(&files[f], &h->base)) >= 0) {
+        h->local = 4;
+        return 0;
+    }
     h->buf = read_local(&files[f]);
     int locked = 0;
-    if (!h->buf && opt.handoff) {   /* staging runs: read the source once, whoever reads it */
+    if (!h->buf && opt.handoff && first) {   /* staging runs: read the source once, whoever reads it */
         locked = key_lock(files[f].digest, F_WRLCK);
         if (!locked) h->buf = wait_for_staging(&files[f]);   /* the mount process is copying it now */
         else if ((h->buf = read_local(&files[f])) != NULL) {  /* staged just before we took the lock */
@@ -404,41 +449,41 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
     }
     if (h->buf) {
         h->local = 1;
-        count(&sh->opens_local, 1);
-    } else {
-        h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
-        if (h->fd < 0) {
-            int e = errno;
-            if (locked) key_lock(files[f].digest, F_UNLCK);
-            free(h);
-            return -e;
-        }
-        count(&sh->opens_source, 1);
-        struct stat st;
-        uint64_t mtime = 0;
-        if (fstat(h->fd, &st) == 0) mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-        if (opt.handoff) read_whole(h, (uint64_t)f, mtime);
-        if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
-        if (opt.events_fd >= 0) {
-            uint64_t ev = (uint64_t)f;
-            if (write(opt.events_fd, &ev, sizeof ev) != (ssize_t)sizeof ev && opt.handoff) {
-                /* the mount process will not hear of it (pipe full or closed): take the handoff back */
-                char dst[PATH_MAX];
-                snprintf(dst, sizeof dst, "%s/%llu", opt.handoff, (unsigned long long)f);
-                unlink(dst);
-            }
+        if (first) count(&sh->opens_local, 1);
+        return 0;
+    }
+    h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
+    if (h->fd < 0) {
+        int e = errno;
+        if (locked) key_lock(files[f].digest, F_UNLCK);
+        return -e;
+    }
+    if (!first) return 0;   /* a later part of a file: straight from the source, nothing handed over */
+    count(&sh->opens_source, 1);
+    struct stat st;
+    uint64_t mtime = 0;
+    if (fstat(h->fd, &st) == 0) mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+    if (opt.handoff) read_whole(h, (uint64_t)f, mtime);
+    if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
+    if (opt.events_fd >= 0) {
+        uint64_t ev = (uint64_t)f;
+        if (write(opt.events_fd, &ev, sizeof ev) != (ssize_t)sizeof ev && opt.handoff) {
+            /* the mount process will not hear of it (pipe full or closed): take the handoff back */
+            char dst[PATH_MAX];
+            snprintf(dst, sizeof dst, "%s/%llu", opt.handoff, (unsigned long long)f);
+            unlink(dst);
         }
     }
-    fi->fh = (uint64_t)(uintptr_t)h;
-    fi->keep_cache = 1;
-    fi->noflush = 1;   /* read-only: nothing to flush at close, so close sends no request */
     return 0;
 }
 
-static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi) {
-    (void)path;
-    struct handle *h = (struct handle *)(uintptr_t)fi->fh;
-    count(&sh->reads, 1);
+static void unprepare(struct handle *h) {
+    if (h->fd >= 0) close(h->fd);
+    if (h->local == 1 || h->local == 3) free(h->buf);
+}
+
+/* Serve ``size`` bytes at ``off`` of the file ``h`` serves. */
+static int serve(struct handle *h, char *buf, size_t size, off_t off) {
     if (off < 0 || (uint64_t)off >= h->size) return 0;
     if (size > h->size - (uint64_t)off) size = (size_t)(h->size - (uint64_t)off);
     if (h->buf) {
@@ -447,22 +492,54 @@ static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct 
         return (int)size;
     }
     size_t got = 0;
+    off_t at = off + (off_t)h->base;
     while (got < size) {
-        ssize_t r = pread(h->fd, buf + got, size - got, off + (off_t)got);
+        ssize_t r = pread(h->fd, buf + got, size - got, at + (off_t)got);
         if (r < 0) { if (errno == EINTR) continue; return got ? (int)got : -errno; }
         if (r == 0) break;
         got += (size_t)r;
     }
-    count(&sh->bytes_source, got);
+    count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, got);
     return (int)got;
+}
+
+/* Where the kernel can do without opens (no_open, Linux 3.19 and later), the first open answers
+ * ENOSYS: the kernel then sends no OPEN and no RELEASE for any file, only READs, and keeps a
+ * file's pages between opens. Each READ is then served on its own (``prepare`` at the request's
+ * offset: a file's first page counts as its open). A read-only mount has the kernel refuse
+ * writes before they get here; the check below covers a kernel that still asks. */
+static int mnt_open(const char *path, struct fuse_file_info *fi) {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_CREAT))) return -EROFS;
+    if (no_open) return -ENOSYS;
+    struct handle *h = malloc(sizeof *h);
+    if (!h) return -ENOMEM;
+    int r = prepare(path, h, 1);
+    if (r) { free(h); return r; }
+    fi->fh = (uint64_t)(uintptr_t)h;
+    fi->keep_cache = 1;
+    fi->noflush = 1;   /* read-only: nothing to flush at close, so close sends no request */
+    if (h->local == 2) fi->direct_io = 1;
+    return 0;
+}
+
+static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi) {
+    count(&sh->reads, 1);
+    if (fi->fh) return serve((struct handle *)(uintptr_t)fi->fh, buf, size, off);
+    struct handle h;
+    int r = prepare(path, &h, off == 0);
+    if (r) return r;
+    r = serve(&h, buf, size, off);
+    unprepare(&h);
+    return r;
 }
 
 static int mnt_release(const char *path, struct fuse_file_info *fi) {
     (void)path;
     struct handle *h = (struct handle *)(uintptr_t)fi->fh;
-    if (h->fd >= 0) close(h->fd);
-    if (h->local == 1 || h->local == 3) free(h->buf);
-    free(h);
+    if (h) {
+        unprepare(h);
+        free(h);
+    }
     return 0;
 }
 
@@ -553,7 +630,8 @@ static int load_listing(const char *path) {
     strs = (const char *)(children + h->nchildren);
     for (uint64_t i = 0; i < nfiles; i++) total_bytes += files[i].size;
     checked = calloc(nfiles ? nfiles : 1, 1);
-    return checked ? 0 : die("out of memory for", path);
+    verified = calloc(nfiles ? nfiles : 1, sizeof *verified);
+    return checked && verified ? 0 : die("out of memory for", path);
 }
 
 static int load_info(const char *path) {
