@@ -438,8 +438,8 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
     assert all(r.consistent for r in reports), [r.to_json() for r in reports]
 
 
-@pytest.mark.parametrize("changed", [True, False])
-def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, changed):
+@pytest.mark.parametrize("changed,stage", [(True, False), (True, True), (False, False)])
+def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, changed, stage):
     """A file rewritten at the source (same size) after an earlier session staged it: the next
     mount's daemon compares the entry's recorded mtime with the source's once, and serves the new
     bytes. Control (the rewrite keeps the old mtime, so nothing tells them apart): the cached old
@@ -458,10 +458,16 @@ def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, chan
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
     else:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with Mount(src, mnt, local_dir=local, stage=False) as m:
+    with Mount(src, mnt, local_dir=local, stage=stage, stage_threads=2) as m:
         with open(os.path.join(m.path, key), "rb") as f:
             got = f.read()
         s = m.stats()
+        if stage:   # the mount process replaces the stale entry with the bytes the daemon read
+            assert wait_until(lambda: m.staging().get("staged", 0) == 1, 20), m.staging()
+            forget_pages(m.path, [key])
+            with open(os.path.join(m.path, key), "rb") as f:
+                assert f.read() == new
+            assert m.stats().opens_local == 1 and m.stats().stale == 1
     if changed:
         assert got == new and s.stale == 1 and s.opens_source == 1, s
     else:

@@ -324,8 +324,7 @@ static void Stager_dealloc(Stager *s) {
     Py_END_ALLOW_THREADS
     if (s->src_fd >= 0) close(s->src_fd);
     if (s->handoff_fd >= 0) close(s->handoff_fd);
-    free_list(s->queue);
-    free_list(s->finished);
+    free_list(s->finished);   /* stop() emptied the queue */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done);

@@ -266,14 +266,15 @@ class Index:
 
     def publish_many(self, entries: list[tuple[int, int, int, int]]) -> list:
         """``publish`` of each ``(digest, extent, offset, length)`` under one lock: per entry, what it
-        replaced (or None), or an IndexFull instance where it found no slot."""
+        replaced (or None), or the exception that kept it out (IndexFull: no free slot). It raises
+        only before publishing anything (taking the lock)."""
         out: list = []
         self._lock()
         try:
             for digest, extent, offset, length in entries:
                 try:
                     out.append(self._publish(digest, extent, offset, length))
-                except IndexFull as e:
+                except Exception as e:
                     out.append(e)
             return out
         finally:

@@ -111,7 +111,8 @@ class LocalStore:
     def extent_path(self, n: int) -> str:
         return os.path.join(self.ext_dir, str(n))
 
-    def _offset(self, key: str) -> int:
+    def lock_offset(self, key: str) -> int:
+        """The byte of the locks file that is ``key``'s node-wide lock."""
         return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
 
     def locate(self, key: str) -> tuple[Loc, int] | None:
@@ -131,7 +132,7 @@ class LocalStore:
         """True if the entry of ``key`` (a ``size``-byte sample) is here; else False, and the caller
         holds the node-wide lock of ``key`` until ``release(key)``. The lock excludes the threads of
         this process too (a POSIX record lock alone belongs to the whole process)."""
-        off = self._offset(key)
+        off = self.lock_offset(key)
         self._threads.acquire(off)
         try:
             _publish.lock(self._lock_fd, off)
@@ -145,7 +146,7 @@ class LocalStore:
         return present
 
     def release(self, key: str) -> None:
-        off = self._offset(key)
+        off = self.lock_offset(key)
         try:
             _publish.release(self._lock_fd, off)
         finally:
@@ -193,10 +194,17 @@ class LocalStore:
         calls ``publish_placed`` (or ``abandon``), which lets the extent be sealed once full."""
         return self._append.reserve(nbytes)
 
-    def abandon(self, ext: _Extent, nbytes: int) -> None:
-        """A place that will not be published: its reservation is given back."""
-        self._append.done(ext)
-        self.ledger.give_back(nbytes)
+    def abandon(self, ext: _Extent, offset: int, nbytes: int) -> None:
+        """A place that will not be published: whatever was written there is punched out and its
+        reservation given back."""
+        try:
+            if ext.fd >= 0:
+                punch(ext.fd, offset, aligned(nbytes))
+        except OSError:
+            pass   # a file system without hole punching: the extent goes whole once empty
+        finally:
+            self._append.done(ext)
+            self.ledger.give_back(nbytes)
 
     def publish_placed(self, items: list[tuple[str, _Extent, int, int]]) -> list[Loc | None]:
         """Publish entries written at their places, ``(key, extent, offset, entry bytes)``, under one
@@ -204,17 +212,17 @@ class LocalStore:
         back). An entry it replaces is freed."""
         try:
             got = self.index.publish_many([(key_digest(k), e.n, o, n) for k, e, o, n in items])
-        except BaseException:
-            for _, ext, _, n in items:
-                self.abandon(ext, n)
+        except BaseException:   # raised before anything was published (publish_many's contract)
+            for _, ext, offset, n in items:
+                self.abandon(ext, offset, n)
             raise
         out: list[Loc | None] = []
         for (_, ext, offset, n), old in zip(items, got):
-            self._append.done(ext)
-            if isinstance(old, IndexFull):
-                self.ledger.give_back(n)
+            if isinstance(old, Exception):   # not published (no free slot)
+                self.abandon(ext, offset, n)
                 out.append(None)
                 continue
+            self._append.done(ext)
             if old is not None:
                 self._free(*old, False)
                 self.ledger.give_back(old[2])
@@ -226,13 +234,10 @@ class LocalStore:
         """The node-wide locks file (byte ``lock_offset(key)`` is the lock of ``key``)."""
         return self._lock_fd
 
-    def lock_offset(self, key: str) -> int:
-        return self._offset(key)
-
     def unlock(self, key: str) -> None:
         """Let go of a key's node-wide lock taken by another hand of this process (the native
         stager's threads), without the in-process mutex ``claim`` takes."""
-        _publish.release(self._lock_fd, self._offset(key))
+        _publish.release(self._lock_fd, self.lock_offset(key))
 
     def delete(self, key: str, loc: Loc | None = None) -> int:
         """Remove the entry of ``key`` (with ``loc``: only if it is still that one); the bytes it held

@@ -14,6 +14,7 @@ Each token (the caller's number for a file) must not be submitted again while it
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -31,6 +32,15 @@ except ImportError:
     _Engine = None
 
 log = logging.getLogger("clairvoyant")
+
+
+_ABSENT = object()
+
+
+def _why(err: int) -> str:
+    if err == errno.ESTALE:
+        return "its size is no longer the listed one (the source changed: re-index it)"
+    return os.strerror(err)
 
 
 def available() -> bool:
@@ -66,7 +76,7 @@ class NativeStager:
     def submit(self, token: int, key: str, size: int) -> bool | None:
         """Stage ``key`` (``size`` bytes as listed): True when under way; False, with nothing
         reserved, if the tier has no room for it; None if ``token`` is under way already (its job
-        will tell, once)."""
+        will tell, once, after its entry is published)."""
         n = entry_size(size)
         store = self.store
         with self._lock:   # claim the token first: two callers never both submit it
@@ -75,7 +85,7 @@ class NativeStager:
             if token in self._jobs:
                 return None
             self._jobs[token] = None
-        placed = False
+        job, ok = None, False
         try:
             if not store.ledger.reserve(n, self.capacity):
                 return False
@@ -84,19 +94,27 @@ class NativeStager:
             except BaseException:
                 store.ledger.give_back(n)
                 raise
+            job = (key, ext, offset, n)
             with self._lock:
-                self._jobs[token] = (key, ext, offset, n)
-            try:
-                self._engine.submit(token, key, size, ext.fd, offset, store.lock_offset(key))
-            except BaseException:
-                store.abandon(ext, n)
-                raise
-            placed = True
+                swept = token not in self._jobs   # closed meanwhile: the last sweep took the placeholder
+                if not swept:
+                    self._jobs[token] = job
+            if swept:
+                job = None
+                store.abandon(ext, offset, n)
+                raise RuntimeError("the stager is closed")
+            self._engine.submit(token, key, size, ext.fd, offset, store.lock_offset(key))
+            ok = True   # the engine's now: it comes back from collect
             return True
         finally:
-            if not placed:
+            if not ok:   # only who takes a job out of _jobs gives its place back
                 with self._lock:
-                    self._jobs.pop(token, None)
+                    cur = self._jobs.get(token, _ABSENT)
+                    mine = cur is None or (job is not None and cur is job)
+                    if mine:
+                        del self._jobs[token]
+                if mine and job is not None:
+                    store.abandon(job[1], job[2], job[3])
 
     def _collect(self) -> None:
         while True:
@@ -104,45 +122,65 @@ class NativeStager:
                 closed = self._engine_closed   # closed before this collect: it returns every job left
             done = self._engine.collect(0.1)
             if done:
-                try:
-                    self._finish(done)
-                except Exception as e:   # never leave the collector: the jobs' owners would wait forever
-                    log.warning("clairvoyant: publishing staged entries failed: %s", e)
+                self._finish(done)
             elif closed:
                 break
         with self._lock:
             left, self._jobs = list(self._jobs.values()), {}
         for job in left:   # none should be left; were one, its place is given back
             if job is not None:
-                self.store.abandon(job[1], job[3])
+                self.store.abandon(job[1], job[2], job[3])
 
     def _finish(self, done: list[tuple[int, int, int, int, int]]) -> None:
+        """Publish what was written (unless another process of the node published the same file
+        while this one waited for its lock), give back the places of the rest, then, for each job
+        whatever happened: let go of its lock, forget its token, tell its owner."""
         store = self.store
         with self._lock:
-            jobs = [(self._jobs.pop(t), t, err, handed, locked) for t, err, _, handed, locked in done]
-        written, results = [], []
-        for (key, ext, offset, n), token, err, handed, locked in jobs:
-            if err == 0:
-                written.append((token, key, ext, offset, n, bool(handed)))
-                continue
-            store.abandon(ext, n)
-            if locked:
-                store.unlock(key)
-            results.append(Done(token, key, None, os.strerror(err), bool(handed)))
+            jobs = [(t, self._jobs[t], err, bool(handed), bool(locked)) for t, err, _, handed, locked in done]
+        outcome: dict[int, tuple] = {}   # token -> (loc, error)
+        written = []
+        for token, (key, ext, offset, n), err, _, _ in jobs:
+            try:
+                if err == 0 and self._published_meanwhile(key, n):
+                    err, why = -1, "staged meanwhile by another process of the node"
+                if err == 0:
+                    written.append((token, key, ext, offset, n))
+                    continue
+                why = _why(err) if err > 0 else why
+                outcome[token] = (None, why)
+                store.abandon(ext, offset, n)
+            except Exception as e:
+                outcome[token] = (None, f"cannot give its place back: {e}")
         if written:
             try:
-                locs = store.publish_placed([(key, ext, offset, n) for _, key, ext, offset, n, _ in written])
+                locs = store.publish_placed([(key, ext, offset, n) for _, key, ext, offset, n in written])
                 why = "the tier's index has no free slot"
-            except OSError as e:   # given back by publish_placed
+            except Exception as e:   # nothing was published, and every place was given back
                 locs, why = [None] * len(written), f"cannot publish: {e}"
-            for (token, key, _, _, _, handed), loc in zip(written, locs):
-                store.unlock(key)   # published (or not): a reader waiting on the key goes on
-                results.append(Done(token, key, loc, None if loc is not None else why, handed))
-        for r in results:
+            for (token, *_), loc in zip(written, locs):
+                outcome[token] = (loc, None if loc is not None else why)
+        for token, (key, *_), _, handed, locked in jobs:
+            loc, why = outcome.get(token, (None, "not published"))
             try:
-                self._on_done(r)
+                if locked:
+                    store.unlock(key)   # published (or not): a reader waiting on the key goes on
             except Exception as e:
-                log.warning("clairvoyant: after staging %s: %s", r.key, e)
+                log.warning("clairvoyant: cannot let go of the lock of %s: %s", key, e)
+            finally:
+                with self._lock:
+                    self._jobs.pop(token, None)   # from here a new submit of it finds it published
+                try:
+                    self._on_done(Done(token, key, loc, why, handed))
+                except Exception as e:
+                    log.warning("clairvoyant: after staging %s: %s", key, e)
+
+    def _published_meanwhile(self, key: str, nbytes: int) -> bool:
+        """Whether the tier holds an entry of ``key`` written in this session already: another
+        process of the node staged it while this job waited for the key's lock (with the lock held
+        now, nothing can change that)."""
+        got = self.store.locate(key)
+        return got is not None and got[0].length == nbytes and got[1] == self.store.session
 
     def close(self) -> None:
         """Stop: files not started are not staged (their reservations given back); the threads are

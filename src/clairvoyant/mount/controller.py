@@ -167,10 +167,10 @@ class Controller:
                 got = self._native.submit(i, key, size)
                 if got:
                     return   # _native_done hears of it
-                self._add("present" if got is None else "not_staged")
                 if got is None:   # its copy is under way: a handoff is that copy's to take
                     self._inflight.release()
                     return
+                self._add("not_staged")
         except Exception as e:
             self._add("failed")
             log.warning("clairvoyant mount: staging %s failed: %s", key, e)
@@ -188,7 +188,8 @@ class Controller:
                 self._add("failed")
                 log.warning("clairvoyant mount: staging %s failed: %s", d.key, d.error)
         finally:
-            self._discard(d.token)
+            if d.loc is None:   # the C thread removes a handoff it read; one it never got to goes here
+                self._discard(d.token)
             self._inflight.release()
 
     def _used(self) -> int:

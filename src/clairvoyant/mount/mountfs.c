@@ -225,10 +225,8 @@ static int current(const struct lfile *f, const char *trailer) {
     int64_t mtime;
     memcpy(&mtime, trailer + 16, 8);
     if (fstatat(src_fd, strs + f->path, &st, 0) != 0 || (uint64_t)st.st_size != f->size ||
-        (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != mtime) {
-        count(&sh->stale, 1);
+        (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != mtime)
         return 0;
-    }
     __atomic_store_n(&checked[i], 1, __ATOMIC_RELAXED);
     return 1;
 }
@@ -249,15 +247,24 @@ static int open_extent(uint32_t extent) {
     return open(path, O_RDONLY | O_CLOEXEC);
 }
 
-/* The verified, current bytes of file ``f`` from the local tier, or NULL (counting a corrupt or
- * stale entry). */
-static char *read_local(const struct lfile *f) {
+/* The verified, current bytes of file ``f`` from the local tier, or NULL (counting a corrupt
+ * entry; *stale set for one of an earlier session whose source changed: its trailer alone is read). */
+static char *read_local(const struct lfile *f, int *stale) {
     uint32_t extent, length, stamp, seq;
     uint64_t offset;
     if (!index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq)) return NULL;
     if ((uint64_t)length != f->size + TRAILER) return NULL;   /* another size: stale, not ours */
     int fd = open_extent(extent);
     if (fd < 0) return NULL;   /* evicted meanwhile */
+    if (stamp != opt.session && !__atomic_load_n(&checked[f - files], __ATOMIC_RELAXED)) {
+        char trailer[TRAILER];
+        if (pread(fd, trailer, TRAILER, (off_t)(offset + f->size)) == TRAILER &&
+            memcmp(trailer, ENTRY_MAGIC, 8) == 0 && !current(f, trailer)) {
+            close(fd);
+            *stale = 1;
+            return NULL;
+        }
+    }
     char *buf = malloc(length ? length : 1);
     size_t got = 0;
     while (buf && got < length) {
@@ -272,7 +279,7 @@ static char *read_local(const struct lfile *f) {
     memcpy(&sum, buf + f->size + 8, 8);
     memcpy(&n, buf + f->size + 24, 8);
     if (n != f->size || XXH3_64bits(buf, f->size) != sum) goto bad;
-    if (stamp != opt.session && !current(f, buf + f->size)) { free(buf); return NULL; }
+    if (stamp != opt.session && !current(f, buf + f->size)) { free(buf); *stale = 1; return NULL; }
     __atomic_store_n(&verified[f - files], publication(extent, offset, seq), __ATOMIC_RELAXED);
     return buf;
 bad:
@@ -404,9 +411,9 @@ static int being_staged(uint64_t digest) {
 
 /* A file the tier lacks but that the mount process (or a Loader of the node) is staging now: wait
  * for that copy (up to 2 s) rather than read the shared store a second time. */
-static char *wait_for_staging(const struct lfile *f) {
+static char *wait_for_staging(const struct lfile *f, int *stale) {
     for (int i = 0; i < 2000 && being_staged(f->digest); i++) usleep(1000);
-    return read_local(f);
+    return read_local(f, stale);
 }
 
 /* Take or let go of the key's lock for this daemon (F_SETLK: never waits); 1 if taken. While the
@@ -437,16 +444,18 @@ static int prepare(const char *path, struct handle *h, int first) {
         h->local = 4;
         return 0;
     }
-    h->buf = read_local(&files[f]);
+    int stale = 0;
+    h->buf = read_local(&files[f], &stale);
     int locked = 0;
     if (!h->buf && opt.handoff && first) {   /* staging runs: read the source once, whoever reads it */
         locked = key_lock(files[f].digest, F_WRLCK);
-        if (!locked) h->buf = wait_for_staging(&files[f]);   /* the mount process is copying it now */
-        else if ((h->buf = read_local(&files[f])) != NULL) {  /* staged just before we took the lock */
+        if (!locked) h->buf = wait_for_staging(&files[f], &stale);   /* the mount process copies it now */
+        else if ((h->buf = read_local(&files[f], &stale)) != NULL) {  /* staged just before the lock */
             key_lock(files[f].digest, F_UNLCK);
             locked = 0;
         }
     }
+    if (stale && first) count(&sh->stale, 1);   /* once per open, however often it was looked at */
     if (h->buf) {
         h->local = 1;
         if (first) count(&sh->opens_local, 1);

@@ -1,0 +1,199 @@
+"""The native stager (cache/_stager.c driven by cache/native_stage.py) on its own: entries written
+and published whole, errors reported with nothing left reserved, one job per file, the key's lock
+waited for and held until the publish, and a file another process staged meanwhile left alone.
+Each check has a control that shows it can fail."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import pytest
+
+from clairvoyant.cache import native_stage
+from clairvoyant.cache.entry import entry_size, unseal
+from clairvoyant.cache.extents import read_entry
+from clairvoyant.cache.local import LocalStore
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.skipif(not native_stage.available(), reason="the native stager is not built here")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    files = {f"d/f{i}.bin": os.urandom(1000 + 37 * i) for i in range(12)}
+    for k, v in files.items():
+        (src / k).write_bytes(v)
+    return str(src), files, str(tmp_path / "local")
+
+
+class Run:
+    """A NativeStager over a LocalStore, recording what it reports."""
+
+    def __init__(self, src: str, local: str, capacity: int = 1 << 30, handoff: str | None = None) -> None:
+        self.store = LocalStore(local, "file://" + src, expected=64)
+        self.done: dict[int, native_stage.Done] = {}
+        self.cv = threading.Condition()
+        self.stager = native_stage.NativeStager(self.store, capacity, src, handoff, 4, self._on_done)
+
+    def _on_done(self, d: native_stage.Done) -> None:
+        with self.cv:
+            assert d.token not in self.done, "a job reported twice"
+            self.done[d.token] = d
+            self.cv.notify_all()
+
+    def wait(self, n: int, timeout: float = 20) -> None:
+        with self.cv:
+            assert self.cv.wait_for(lambda: len(self.done) >= n, timeout), self.done
+
+    def close(self) -> None:
+        self.stager.close()
+        self.store.close()
+
+
+def test_entries_are_written_whole_and_published(tree):
+    src, files, local = tree
+    run = Run(src, local)
+    keys = sorted(files)
+    try:
+        for t, k in enumerate(keys):
+            assert run.stager.submit(t, k, len(files[k])) is True
+        run.wait(len(keys))
+        for t, k in enumerate(keys):
+            d = run.done[t]
+            assert d.error is None and d.loc is not None and not d.handed_over
+            assert unseal(read_entry(d.loc), len(files[k]), k) == files[k]
+            assert run.store.find(k) == d.loc
+        assert run.store.ledger.read()[0] == sum(entry_size(len(v)) for v in files.values())
+        assert locks_held(run.store, keys) == 0   # every key's lock let go once published
+        # control: the check reads what is there (a flipped byte is caught)
+        loc = run.done[0].loc
+        with open(loc.path, "r+b") as f:
+            f.seek(loc.offset)
+            b = f.read(1)
+            f.seek(loc.offset)
+            f.write(bytes([b[0] ^ 1]))
+        with pytest.raises(Exception):
+            unseal(read_entry(loc), len(files[keys[0]]), keys[0])
+    finally:
+        run.close()
+
+
+def test_errors_come_back_with_nothing_reserved(tree):
+    src, files, local = tree
+    run = Run(src, local)
+    try:
+        k = sorted(files)[0]
+        assert run.stager.submit(0, "d/missing.bin", 10) is True
+        assert run.stager.submit(1, k, len(files[k]) + 5) is True   # not the listed size any more
+        run.wait(2)
+        assert run.done[0].loc is None and "No such file" in run.done[0].error
+        assert run.done[1].loc is None and "re-index" in run.done[1].error
+        assert run.store.ledger.read()[0] == 0 and run.store.entries() == {}
+        assert run.stager.submit(2, "d/big.bin", 1 << 40) is False   # more than the capacity: refused
+        assert run.store.ledger.read()[0] == 0
+    finally:
+        run.close()
+
+
+def _held(root: str, offsets: list[int], out) -> None:
+    """In another process: how many of ``offsets`` (key locks) someone holds."""
+    import fcntl
+
+    fd = os.open(os.path.join(root, "locks"), os.O_RDWR)
+    held = 0
+    for off in offsets:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, off)
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, off)
+        except OSError:
+            held += 1
+    out.put(held)
+
+
+def locks_held(store: LocalStore, keys: list[str]) -> int:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_held, args=(store.root, [store.lock_offset(k) for k in keys], q))
+    p.start()
+    n = q.get(timeout=30)
+    p.join(30)
+    return n
+
+
+def _hold(root: str, offset: int, publish: tuple | None, ready, go) -> None:
+    """In another process: hold a key's lock until told, optionally publishing its entry first."""
+    import fcntl
+
+    if publish is not None:   # first: closing the store's descriptor of the locks file would drop
+        local, uri, key, data = publish   # every POSIX lock this process holds on that file
+        store = LocalStore(local, uri)
+        store.put(key, data, 1, 1 << 30)
+        store.close()
+    fd = os.open(os.path.join(root, "locks"), os.O_RDWR)
+    fcntl.lockf(fd, fcntl.LOCK_EX, 1, offset)
+    ready.set()
+    go.wait(20)
+    fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+    os.close(fd)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_job_waits_for_the_lock_and_leaves_alone_what_another_process_staged(tree, monkeypatch, check):
+    """Another process of the node has staged the file and holds its lock: the job waits for the
+    lock (a second submit of it is refused as in flight), then finds the entry there and leaves
+    it. Control (the check after the lock skipped): the job replaces that entry."""
+    if not check:
+        monkeypatch.setattr(native_stage.NativeStager, "_published_meanwhile", lambda self, key, n: False)
+    src, files, local = tree
+    run = Run(src, local)
+    k = sorted(files)[3]
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold, args=(run.store.root, run.store.lock_offset(k),
+                                            (local, "file://" + src, k, files[k]), ready, go))
+    other.start()
+    try:
+        assert ready.wait(20)
+        assert locks_held(run.store, [k]) == 1   # control of locks_held: it sees a lock held
+        theirs = run.store.find(k)
+        assert theirs is not None
+        assert run.stager.submit(7, k, len(files[k])) is True
+        time.sleep(0.3)
+        assert 7 not in run.done                               # waiting for the lock
+        assert run.stager.submit(7, k, len(files[k])) is None  # one job per file
+        go.set()
+        run.wait(1)
+        d = run.done[7]
+        if check:
+            assert d.loc is None and "meanwhile" in d.error and run.store.find(k) == theirs
+            assert run.store.ledger.read()[0] == entry_size(len(files[k]))
+        else:
+            assert d.loc is not None and run.store.find(k) != theirs
+    finally:
+        go.set()
+        other.join(20)
+        run.close()
+
+
+def test_close_with_work_queued_leaves_the_ledger_right_and_no_thread(tree):
+    src, files, local = tree
+    threads_before = len(os.listdir("/proc/self/task"))
+    run = Run(src, local)
+    keys = sorted(files)
+    for t in range(200):   # far more than 4 threads can do before the close
+        k = keys[t % len(keys)]
+        run.stager.submit(t, k, len(files[k]))
+    run.close()
+    store = LocalStore(local, "file://" + src)
+    try:
+        assert len(run.done) == 200   # every job told once: done, failed or cancelled
+        assert store.ledger.read()[0] == sum(store.entries().values())   # nothing reserved is left over
+    finally:
+        store.close()
+    assert wait_until(lambda: len(os.listdir("/proc/self/task")) <= threads_before, 5)
