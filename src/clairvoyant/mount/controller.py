@@ -89,7 +89,8 @@ class Controller:
         """Read sample ``i`` from the source into the local tier if it is not there and fits."""
         try:
             key, size = self.manifest.keys[i], int(self.sizes[i])
-            if self.tiers.claim(key, size):
+            # present and current (a stale entry of an earlier session is removed here), or claimed
+            if self.tiers.find_local(key, size) is not None or self.tiers.claim(key, size):
                 self._add("present")
                 return
             try:
