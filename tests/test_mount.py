@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -38,6 +39,26 @@ def data(tmp_path):
 
 def keys_of(m: Mount) -> list[str]:
     return [m.manifest.keys[i] for i in range(len(m.manifest))]
+
+
+@contextlib.contextmanager
+def small_mount(tmp_path, n: int = N, **kw):
+    """A data set of ``n`` small JPEGs and a staging mount of it (``kw``: Mount's options)."""
+    src = make_dataset(str(tmp_path / "src"), n, num_classes=3, size=32)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=2, **kw) as m:
+        yield src, m
+
+
+class MountedFolder:
+    """What a sampler sees of a torchvision folder dataset on the mount: ``samples`` of (path, class)."""
+
+    def __init__(self, m: Mount) -> None:
+        self.samples = [(os.path.join(m.path, k), 0) for k in keys_of(m)]
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
 
 def same_bytes(src: str, mnt: str, keys: list[str]) -> list[str]:
@@ -318,13 +339,8 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
             Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=4) as m:
         keys = keys_of(m)
 
-        class Dataset:
-            samples = [(os.path.join(m.path, k), 0) for k in keys]
-
-            def __len__(self):
-                return len(self.samples)
-
-        sampler = DistributedSampler(Dataset(), num_replicas=1, rank=0, seed=1, mount=m.path)
+        ds = MountedFolder(m)
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=1, mount=m.path)
         store.reset()
         it = iter(sampler)
         first = next(it)   # the order is published; nothing of the epoch has been opened yet
@@ -332,7 +348,7 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
         assert m.stats().opens_source == 0 and m.stats().opens_local == 0   # staged before any open
         assert store.counters().opens == N   # each file read once from the store, by the staging
         for i in [first, *it]:
-            with open(Dataset.samples[i][0], "rb") as f:
+            with open(ds.samples[i][0], "rb") as f:
                 assert f.read() == content(os.path.join(raw, keys[i]))
         s1 = m.stats()
         assert s1.opens_local == N and s1.opens_source == 0
@@ -340,7 +356,7 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
         forget_pages(m.path, keys)   # the second epoch is served by the daemon, not the kernel's pages
         sampler.set_epoch(1)
         for i in sampler:   # the second epoch fits: nothing from the store
-            with open(Dataset.samples[i][0], "rb") as f:
+            with open(ds.samples[i][0], "rb") as f:
                 f.read()
         assert store.counters().opens == 0 and store.counters().bytes == 0
         assert m.stats().opens_local == 2 * N - 0 and m.stats().opens_source == 0
@@ -413,13 +429,8 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
     with Mount(src, str(mnt), local_dir=local, local_capacity="50%", stage_threads=2) as m:
         keys = keys_of(m)
 
-        class Dataset:
-            samples = [(os.path.join(m.path, k), 0) for k in keys]
-
-            def __len__(self):
-                return len(self.samples)
-
-        sampler = DistributedSampler(Dataset(), num_replicas=1, rank=0, mount=m.path)
+        ds = MountedFolder(m)
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, mount=m.path)
         for epoch in range(2):
             sampler.set_epoch(epoch)
             it = iter(sampler)
@@ -427,7 +438,7 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
             assert wait_until(lambda: m.staging()["epoch"] == epoch and m.staging()["frontier"] > 0, 10)
             for i in [first, *it]:
                 time.sleep(0.02)   # a training step: staging runs ahead, evicting what is used farthest
-                with open(Dataset.samples[i][0], "rb") as f:
+                with open(ds.samples[i][0], "rb") as f:
                     assert f.read() == content(os.path.join(src, keys[i]))
                 used, _ = m.tiers.local.ledger.read()
                 assert used <= m.capacity.nbytes
@@ -482,19 +493,11 @@ def test_the_ranks_orders_are_merged_step_by_step(tmp_path):
     from clairvoyant.cache.entry import entry_size
     from clairvoyant.torch import DistributedSampler
 
-    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), local_capacity="35%", stage_threads=2) as m:
+    with small_mount(tmp_path, local_capacity="35%") as (src, m):
         keys = keys_of(m)
 
-        class Dataset:
-            samples = [(os.path.join(m.path, k), 0) for k in keys]
-
-            def __len__(self):
-                return len(self.samples)
-
-        samplers = [DistributedSampler(Dataset(), num_replicas=2, rank=r, seed=3, mount=m.path) for r in (0, 1)]
+        ds = MountedFolder(m)
+        samplers = [DistributedSampler(ds, num_replicas=2, rank=r, seed=3, mount=m.path) for r in (0, 1)]
         orders = [s.order().tolist() for s in samplers]
         merged = [i for pair in zip(*orders) for i in pair]
 
@@ -532,23 +535,15 @@ def test_the_next_epoch_counts_when_the_tier_holds_half(tmp_path, monkeypatch, f
         real = controller.read_order
         monkeypatch.setattr(controller, "read_order", lambda p: real(p)._replace(following=[]))
     n = 48
-    src = make_dataset(str(tmp_path / "src"), n, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), local_capacity="50%", stage_threads=2) as m:
+    with small_mount(tmp_path, n, local_capacity="50%") as (src, m):
         keys = keys_of(m)
 
-        class Dataset:
-            samples = [(os.path.join(m.path, k), 0) for k in keys]
-
-            def __len__(self):
-                return len(self.samples)
-
-        sampler = DistributedSampler(Dataset(), num_replicas=1, rank=0, seed=5, mount=m.path)
+        ds = MountedFolder(m)
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=5, mount=m.path)
         assert wait_until(lambda: m.staging()["frontier"] > 0, 10)
         for i in sampler:
             time.sleep(0.02)   # a training step: staging runs ahead
-            with open(Dataset.samples[i][0], "rb") as f:
+            with open(ds.samples[i][0], "rb") as f:
                 assert f.read() == content(os.path.join(src, keys[i]))
         time.sleep(0.3)        # the end of the epoch; the next one is not published yet
         assert m.staging()["following"] == (n if following else 0)

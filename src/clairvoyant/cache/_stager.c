@@ -194,33 +194,24 @@ static void stop(Stager *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* A directory's descriptor from a path object (str, bytes or os.PathLike); -1 with OSError set. */
+static int open_dir(PyObject *path) {
+    PyObject *b;
+    if (!PyUnicode_FSConverter(path, &b)) return -1;
+    int fd = open(PyBytes_AS_STRING(b), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, b);
+    Py_DECREF(b);
+    return fd;
+}
+
 static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
     static char *names[] = {"src_dir", "lock_fd", "handoff_dir", "threads", NULL};
     PyObject *src, *handoff;
     int lock_fd, threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&iOi", names, PyUnicode_FSConverter, &src, &lock_fd,
-                                     &handoff, &threads))
-        return -1;
-    if (s->nthreads) { Py_DECREF(src); PyErr_SetString(PyExc_RuntimeError, "Stager already started"); return -1; }
-    s->src_fd = s->handoff_fd = -1;
-    s->src_fd = open(PyBytes_AS_STRING(src), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (s->src_fd < 0) {
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, src);
-        Py_DECREF(src);
-        return -1;
-    }
-    Py_DECREF(src);
-    if (handoff != Py_None) {
-        PyObject *h;
-        if (!PyUnicode_FSConverter(handoff, &h)) return -1;
-        s->handoff_fd = open(PyBytes_AS_STRING(h), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (s->handoff_fd < 0) {
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, h);
-            Py_DECREF(h);
-            return -1;
-        }
-        Py_DECREF(h);
-    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OiOi", names, &src, &lock_fd, &handoff, &threads)) return -1;
+    if (s->nthreads) { PyErr_SetString(PyExc_RuntimeError, "Stager already started"); return -1; }
+    if ((s->src_fd = open_dir(src)) < 0) return -1;
+    if (handoff != Py_None && (s->handoff_fd = open_dir(handoff)) < 0) return -1;   /* src_fd: dealloc */
     s->lock_fd = lock_fd;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
