@@ -122,7 +122,10 @@ class NativeStager:
                 closed = self._engine_closed   # closed before this collect: it returns every job left
             done = self._engine.collect(0.1)
             if done:
-                self._finish(done)
+                try:
+                    self._finish(done)   # finishes each job on its own; this guard is for the unforeseen
+                except Exception as e:   # the collector must live on: the jobs' owners wait on it
+                    log.warning("clairvoyant: finishing staged entries failed: %s", e)
             elif closed:
                 break
         with self._lock:
