@@ -554,3 +554,60 @@ def test_the_next_epoch_counts_when_the_tier_holds_half(tmp_path, monkeypatch, f
         assert prefix >= 10, (prefix, sorted(nxt.index(i) for i in resident))
     else:
         assert prefix <= 5, (prefix, sorted(nxt.index(i) for i in resident))
+
+
+def _rank(mnt: str, src: str, rank: int, out) -> None:
+    """One rank of two on this node, in its own process: its sampler's order, each file read
+    through the mount and compared with the source."""
+    from clairvoyant.torch import DistributedSampler
+
+    keys = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs
+                  if not f.startswith("."))   # as the manifest lists them (make_dataset's marker is hidden)
+
+    class Folder:
+        samples = [(os.path.join(mnt, k), 0) for k in keys]
+
+        def __len__(self):
+            return len(self.samples)
+
+    sampler = DistributedSampler(Folder(), num_replicas=2, rank=rank, seed=11, mount=mnt)
+    time.sleep(0.5)   # both ranks have published before either reads: they step in lockstep
+    wrong = 0
+    for i in sampler:
+        time.sleep(0.02)   # a training step
+        with open(Folder.samples[i][0], "rb") as f:
+            wrong += f.read() != content(os.path.join(src, keys[i]))
+    out.put((rank, len(sampler), wrong))
+
+
+@pytest.mark.parametrize("both", [True, False])
+def test_two_rank_processes_read_one_mount(tmp_path, monkeypatch, both):
+    """Two processes, ranks 0 and 1 of a node, each with its DistributedSampler on one mount: every
+    file they read is the source's, and the mount stages both ranks' orders ahead (nothing is read
+    from the source at an open). Control (the mount heeds rank 0's order of this epoch only): rank
+    1's files are read from the source when it opens them."""
+    import multiprocessing as mp
+
+    from clairvoyant.mount import controller
+
+    if not both:
+        real = controller.Controller._current
+        monkeypatch.setattr(controller.Controller, "_current",
+                            lambda self: {r: o._replace(following=[])
+                                          for r, o in (real(self) or {}).items() if r == 0} or None)
+    with small_mount(tmp_path, 32) as (src, m):
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_rank, args=(m.path, src, r, q)) for r in (0, 1)]
+        for p in procs:
+            p.start()
+        got = sorted(q.get(timeout=30) for _ in procs)
+        for p in procs:
+            p.join(30)
+        assert got == [(0, 16, 0), (1, 16, 0)]   # each read its half, every byte the source's
+        s = m.stats()
+        assert s.corrupt == 0
+        if both:
+            assert m.staging()["ranks"] == 2 and s.opens_source == 0 and s.opens_local == 32, (s, m.staging())
+        else:
+            assert s.opens_source >= 8, s   # rank 1's 16 files come from the source
