@@ -171,7 +171,7 @@ def test_a_job_waits_for_the_lock_and_leaves_alone_what_another_process_staged(t
         run.wait(1)
         d = run.done[7]
         if check:
-            assert d.loc is None and "meanwhile" in d.error and run.store.find(k) == theirs
+            assert d.loc is None and d.present and "meanwhile" in d.error and run.store.find(k) == theirs
             assert run.store.ledger.read()[0] == entry_size(len(files[k]))
         else:
             assert d.loc is not None and run.store.find(k) != theirs

@@ -54,6 +54,7 @@ class Done(NamedTuple):
     loc: Loc | None          # where the entry is, or None if it was not staged
     error: str | None        # why not (the source's errno text, a full index), or None
     handed_over: bool        # the bytes came from a reader's handoff, not from the source
+    present: bool = False    # not staged because another process of the node had staged it meanwhile
 
 
 class NativeStager:
@@ -142,11 +143,13 @@ class NativeStager:
         with self._lock:
             jobs = [(t, self._jobs[t], err, bool(handed), bool(locked)) for t, err, _, handed, locked in done]
         outcome: dict[int, tuple] = {}   # token -> (loc, error)
+        meanwhile: set[int] = set()
         written = []
         for token, (key, ext, offset, n), err, _, _ in jobs:
             try:
                 if err == 0 and self._published_meanwhile(key, n):
                     err, why = -1, "staged meanwhile by another process of the node"
+                    meanwhile.add(token)
                 if err == 0:
                     written.append((token, key, ext, offset, n))
                     continue
@@ -174,7 +177,7 @@ class NativeStager:
                 with self._lock:
                     self._jobs.pop(token, None)   # from here a new submit of it finds it published
                 try:
-                    self._on_done(Done(token, key, loc, why, handed))
+                    self._on_done(Done(token, key, loc, why, handed, token in meanwhile))
                 except Exception as e:
                     log.warning("clairvoyant: after staging %s: %s", key, e)
 

@@ -185,6 +185,8 @@ class Controller:
                 self._add("staged_bytes", int(self.sizes[d.token]))
                 if d.handed_over:
                     self._add("handed_over")
+            elif d.present:   # another process of the node staged it meanwhile
+                self._add("present")
             elif not self._stop.is_set():   # at the stop, files not started are simply not staged
                 self._add("failed")
                 log.warning("clairvoyant mount: staging %s failed: %s", d.key, d.error)
@@ -311,6 +313,7 @@ class Controller:
                              for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
             return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
 
+        late: list[int] = []   # evicted while their copy was on the way
         for pos, i in enumerate(seq + after):
             if self._stop.is_set() or self._plan_key != key:
                 return
@@ -329,7 +332,10 @@ class Controller:
                 if victim is not None:   # farthest next use, after the file to stage: evict it
                     if self.tiers.local.delete(self.manifest.keys[victim]):
                         self._add("evicted")
+                    else:   # its copy is still on the way: its entry goes once it is there
+                        late.append(victim)
                     continue
+                late = [v for v in late if v not in held and not self._evict_late(v)]
                 if self._plan_key != key or self._stop.wait(self._poll):
                     return
                 self._plan_key = key if self._current_key() == key else None
@@ -340,6 +346,13 @@ class Controller:
             held.staged(i, pos)
             with self._lock:
                 self.stats["frontier"] = pos + 1
+
+    def _evict_late(self, i: int) -> bool:
+        """Delete the entry of a file evicted while its copy was on the way, if it is there now."""
+        if self.tiers.local.delete(self.manifest.keys[i]):
+            self._add("evicted")
+            return True
+        return False
 
     def _merge(self, orders: list[list[list[str]]]) -> tuple[list[int], list[int]]:
         """The node's sequence of file numbers from the ranks' orders (in rank order): step by step,
