@@ -197,14 +197,10 @@ class LocalStore:
     def abandon(self, ext: _Extent, offset: int, nbytes: int) -> None:
         """A place that will not be published: whatever was written there is punched out and its
         reservation given back."""
-        try:
-            if ext.fd >= 0:
-                punch(ext.fd, offset, aligned(nbytes))
-        except OSError:
-            pass   # a file system without hole punching: the extent goes whole once empty
-        finally:
-            self._append.done(ext)
-            self.ledger.give_back(nbytes)
+        if ext.fd >= 0:   # (where the file system cannot punch, the extent goes whole once empty)
+            punch(ext.fd, offset, nbytes)
+        self._append.done(ext)
+        self.ledger.give_back(nbytes)
 
     def publish_placed(self, items: list[tuple[str, _Extent, int, int]]) -> list[Loc | None]:
         """Publish entries written at their places, ``(key, extent, offset, entry bytes)``, under one

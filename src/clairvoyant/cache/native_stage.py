@@ -142,22 +142,19 @@ class NativeStager:
         store = self.store
         with self._lock:
             jobs = [(t, self._jobs[t], err, bool(handed), bool(locked)) for t, err, _, handed, locked in done]
-        outcome: dict[int, tuple] = {}   # token -> (loc, error)
-        meanwhile: set[int] = set()
+        outcome: dict[int, tuple] = {}   # token -> (loc, error, staged meanwhile by another process)
         written = []
         for token, (key, ext, offset, n), err, _, _ in jobs:
+            present = err == 0 and self._published_meanwhile(key, n)
+            if err == 0 and not present:
+                written.append((token, key, ext, offset, n))
+                continue
+            outcome[token] = (None, "staged meanwhile by another process of the node" if present else _why(err),
+                              present)
             try:
-                if err == 0 and self._published_meanwhile(key, n):
-                    err, why = -1, "staged meanwhile by another process of the node"
-                    meanwhile.add(token)
-                if err == 0:
-                    written.append((token, key, ext, offset, n))
-                    continue
-                why = _why(err) if err > 0 else why
-                outcome[token] = (None, why)
                 store.abandon(ext, offset, n)
             except Exception as e:
-                outcome[token] = (None, f"cannot give its place back: {e}")
+                outcome[token] = (None, f"cannot give its place back: {e}", present)
         if written:
             try:
                 locs = store.publish_placed([(key, ext, offset, n) for _, key, ext, offset, n in written])
@@ -165,9 +162,9 @@ class NativeStager:
             except Exception as e:   # nothing was published, and every place was given back
                 locs, why = [None] * len(written), f"cannot publish: {e}"
             for (token, *_), loc in zip(written, locs):
-                outcome[token] = (loc, None if loc is not None else why)
+                outcome[token] = (loc, None if loc is not None else why, False)
         for token, (key, *_), _, handed, locked in jobs:
-            loc, why = outcome.get(token, (None, "not published"))
+            loc, why, present = outcome.get(token, (None, "not published", False))
             try:
                 if locked:
                     store.unlock(key)   # published (or not): a reader waiting on the key goes on
@@ -177,7 +174,7 @@ class NativeStager:
                 with self._lock:
                     self._jobs.pop(token, None)   # from here a new submit of it finds it published
                 try:
-                    self._on_done(Done(token, key, loc, why, handed, token in meanwhile))
+                    self._on_done(Done(token, key, loc, why, handed, present))
                 except Exception as e:
                     log.warning("clairvoyant: after staging %s: %s", key, e)
 
@@ -185,7 +182,10 @@ class NativeStager:
         """Whether the tier holds an entry of ``key`` written in this session already: another
         process of the node staged it while this job waited for the key's lock (with the lock held
         now, nothing can change that)."""
-        got = self.store.locate(key)
+        try:
+            got = self.store.locate(key)
+        except Exception:   # the index cannot say: publish, which replaces (and frees) any such entry
+            return False
         return got is not None and got[0].length == nbytes and got[1] == self.store.session
 
     def close(self) -> None:

@@ -37,6 +37,11 @@ log = logging.getLogger("clairvoyant")
 WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
 
 
+def _plan_key(cur: dict) -> tuple:
+    """What identifies a set of published orders: each rank's epoch and publication stamp."""
+    return tuple(sorted((r, o.epoch, o.stamp) for r, o in cur.items()))
+
+
 class Controller:
     def __init__(self, mount, threads: int = 16, poll: float = 0.1) -> None:
         self.m, self.tiers, self.source = mount, mount.tiers, mount.source
@@ -81,9 +86,6 @@ class Controller:
         if self._index is None:
             self._index = {self.manifest.keys[i]: i for i in range(len(self.manifest))}
         return self._index
-
-    def _present(self, i: int) -> bool:
-        return self.tiers.find_local(self.manifest.keys[i], int(self.sizes[i])) is not None
 
     def _stage(self, i: int) -> None:
         """Read sample ``i`` from the source into the local tier if it is not there and fits."""
@@ -280,7 +282,7 @@ class Controller:
                 cur = self._current()
                 if cur is None:
                     continue
-                key = tuple(sorted((r, o.epoch, o.stamp) for r, o in cur.items()))
+                key = _plan_key(cur)
                 if key == self._plan_key:
                     continue
                 self._plan_key = key
@@ -330,12 +332,10 @@ class Controller:
                 held.consumed(done)
                 victim = held.evict_for(pos)
                 if victim is not None:   # farthest next use, after the file to stage: evict it
-                    if self.tiers.local.delete(self.manifest.keys[victim]):
-                        self._add("evicted")
-                    else:   # its copy is still on the way: its entry goes once it is there
+                    if not self._evict(victim):   # its copy is still on the way: it goes once there
                         late.append(victim)
                     continue
-                late = [v for v in late if v not in held and not self._evict_late(v)]
+                late = [v for v in late if v not in held and not self._evict(v)]
                 if self._plan_key != key or self._stop.wait(self._poll):
                     return
                 self._plan_key = key if self._current_key() == key else None
@@ -347,8 +347,8 @@ class Controller:
             with self._lock:
                 self.stats["frontier"] = pos + 1
 
-    def _evict_late(self, i: int) -> bool:
-        """Delete the entry of a file evicted while its copy was on the way, if it is there now."""
+    def _evict(self, i: int) -> bool:
+        """Delete the entry of file ``i`` if it is there (False: not, e.g. its copy is on the way)."""
         if self.tiers.local.delete(self.manifest.keys[i]):
             self._add("evicted")
             return True
@@ -372,7 +372,7 @@ class Controller:
 
     def _current_key(self):
         cur = self._current()
-        return None if cur is None else tuple(sorted((r, o.epoch, o.stamp) for r, o in cur.items()))
+        return None if cur is None else _plan_key(cur)
 
     def stop(self) -> None:
         self._stop.set()
