@@ -35,7 +35,7 @@ from fusebench import run_and_report
 from clairvoyant.load.decode import decode_image
 from clairvoyant.mount import Mount
 from clairvoyant.paths import cache_home
-from clairvoyant.testing import FuseStore, make_dataset
+from clairvoyant.testing import FuseStore, drop_pages, make_dataset
 from clairvoyant.torch import RandomSampler
 
 
@@ -109,7 +109,7 @@ def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) ->
                                   "store_bytes": c.bytes, "mount": s._asdict(),
                                   "cpu_us": meter.per_sample_us(n)})
         out["per_file_cached"] = per_file(ds.samples, m.pid)   # the kernel's pages, kept from epoch 2
-        forget_pages(ds.samples)
+        drop_pages(p for p, _ in ds.samples)   # the kernel's pages gone: the daemon serves each
         out["per_file"] = per_file(ds.samples, m.pid)          # the daemon serves every file
     return out
 
@@ -118,18 +118,6 @@ def _daemon_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(") ", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def forget_pages(samples) -> None:
-    """Drop the kernel's cached pages of every file (as memory pressure would): their next reads
-    reach the mount's daemon, which needs no request per open (no_open) and would otherwise not
-    be asked at all."""
-    for path, _ in samples:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def per_file(samples, daemon_pid: int | None) -> dict:

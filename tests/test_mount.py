@@ -19,7 +19,7 @@ from clairvoyant.cache.verify import verify
 from clairvoyant.fusebase import mounted
 from clairvoyant.mount import Mount, mount_available, read_info, read_stats
 from clairvoyant.source import as_source
-from clairvoyant.testing import make_dataset
+from clairvoyant.testing import drop_pages, make_dataset
 
 from conftest import content, differing, wait_until
 
@@ -31,24 +31,39 @@ N = 24
 
 @pytest.fixture
 def data(tmp_path):
-    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    return src, str(mnt), str(tmp_path / "local")
+    src, mnt = _small_source(tmp_path, N)
+    return src, mnt, str(tmp_path / "local")
 
 
 def keys_of(m: Mount) -> list[str]:
     return [m.manifest.keys[i] for i in range(len(m.manifest))]
 
 
-@contextlib.contextmanager
-def small_mount(tmp_path, n: int = N, **kw):
-    """A data set of ``n`` small JPEGs and a staging mount of it (``kw``: Mount's options)."""
+def _small_source(tmp_path, n: int) -> tuple[str, str]:
+    """A data set of ``n`` small JPEGs and an empty mount point."""
     src = make_dataset(str(tmp_path / "src"), n, num_classes=3, size=32)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=2, **kw) as m:
+    return src, str(mnt)
+
+
+@contextlib.contextmanager
+def small_mount(tmp_path, n: int = N, **kw):
+    """A data set of ``n`` small JPEGs and a staging mount of it (``kw``: Mount's options)."""
+    src, mnt = _small_source(tmp_path, n)
+    with Mount(src, mnt, local_dir=str(tmp_path / "local"), stage_threads=2, **kw) as m:
         yield src, m
+
+
+@contextlib.contextmanager
+def store_mount(tmp_path, open_latency: float, stage_threads: int = 2):
+    """``N`` small JPEGs behind a FuseStore (its opens counted) and a staging mount of that store."""
+    from clairvoyant.testing import FuseStore
+
+    raw, mnt = _small_source(tmp_path, N)
+    with FuseStore(raw, open_latency=open_latency, read_latency=0.0) as store, \
+            Mount(store.path, mnt, local_dir=str(tmp_path / "local"), stage_threads=stage_threads) as m:
+        yield raw, store, m
 
 
 class MountedFolder:
@@ -67,15 +82,9 @@ def same_bytes(src: str, mnt: str, keys: list[str]) -> list[str]:
 
 
 def forget_pages(root: str, keys: list[str]) -> None:
-    """Have the kernel drop the cached pages of ``keys`` under ``root`` (as memory pressure would),
-    so that their next reads reach the mount's daemon again: the mount needs no open per file
-    (no_open), and the kernel keeps a file's pages between opens."""
-    for k in keys:
-        fd = os.open(os.path.join(root, k), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """The kernel's cached pages of ``keys`` under ``root`` dropped: their next reads reach the
+    mount's daemon again (it needs no open per file, and the kernel keeps pages between opens)."""
+    drop_pages(os.path.join(root, k) for k in keys)
 
 
 def md5sums(root: str, keys: list[str]) -> str:
@@ -329,14 +338,9 @@ def test_mountpoint_checks(data, tmp_path):
 # -- staging by the mount process (controller.py) ---------------------------------------------------
 
 def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_the_store(tmp_path):
-    from clairvoyant.testing import FuseStore
     from clairvoyant.torch import DistributedSampler
 
-    raw = make_dataset(str(tmp_path / "raw"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    with FuseStore(raw, open_latency=0.002, read_latency=0.0) as store, \
-            Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=4) as m:
+    with store_mount(tmp_path, open_latency=0.002, stage_threads=4) as (raw, store, m):
         keys = keys_of(m)
 
         ds = MountedFolder(m)
@@ -363,10 +367,7 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
 
 
 def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
-    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=2) as m:
+    with small_mount(tmp_path) as (src, m):
         keys = keys_of(m)
         assert same_bytes(src, m.path, keys) == []
         assert m.stats().opens_source == N
@@ -382,15 +383,10 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
     them from there; the shared store sees one open per file. Control (handoff off): the mount
     process reads each file from the store a second time, and the count says so."""
     from clairvoyant.mount.controller import Controller
-    from clairvoyant.testing import FuseStore
 
     if not handoff:
         monkeypatch.setattr(Controller, "_handoff_dir", lambda self: None)
-    raw = make_dataset(str(tmp_path / "raw"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    with FuseStore(raw, open_latency=0.0, read_latency=0.0) as store, \
-            Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=2) as m:
+    with store_mount(tmp_path, open_latency=0.0) as (raw, store, m):
         keys = keys_of(m)
         store.reset()
         assert same_bytes(raw, m.path, keys) == []
@@ -407,10 +403,7 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
 def test_nothing_is_left_in_the_handoff_directory_when_the_tier_is_full(tmp_path):
     """Read-through into a tier with room for a fifth of the files: what does not fit is let go,
     not kept beside the tier (outside its capacity)."""
-    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    with Mount(src, str(mnt), local_dir=str(tmp_path / "local"), local_capacity="20%", stage_threads=2) as m:
+    with small_mount(tmp_path, local_capacity="20%") as (src, m):
         keys = keys_of(m)
         assert same_bytes(src, m.path, keys) == []
         done = lambda: sum(m.staging().get(k, 0) for k in ("staged", "not_staged", "present")) >= N   # noqa: E731
@@ -422,11 +415,8 @@ def test_nothing_is_left_in_the_handoff_directory_when_the_tier_is_full(tmp_path
 def test_eviction_keeps_the_tier_within_capacity(tmp_path):
     from clairvoyant.torch import DistributedSampler
 
-    src = make_dataset(str(tmp_path / "src"), N, num_classes=3, size=32)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
     local = str(tmp_path / "local")
-    with Mount(src, str(mnt), local_dir=local, local_capacity="50%", stage_threads=2) as m:
+    with small_mount(tmp_path, local_capacity="50%") as (src, m):
         keys = keys_of(m)
 
         ds = MountedFolder(m)
