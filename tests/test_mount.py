@@ -236,6 +236,38 @@ def test_a_large_file_is_read_in_several_requests_and_checked_once(tmp_path, cor
         assert s.opens_local == 1 and s.corrupt == 0 and s.bytes_local == len(big) and s.bytes_source == 0
 
 
+@pytest.mark.parametrize("stage", [True, False])
+def test_a_file_read_page_by_page_is_read_once_from_the_store(tmp_path, stage):
+    """The kernel asks for a file in several READs when it reads ahead no further (a long queue of
+    background requests does that; here POSIX_FADV_RANDOM): the first READ reads the whole file from
+    the store and hands it over, the later ones are served from that handoff or from the entry
+    staged from it, never from the store again. Control (no staging, so no handoff): every READ
+    reaches the store, and the count says so."""
+    from clairvoyant.testing import FuseStore
+
+    raw = tmp_path / "src"
+    (raw / "a").mkdir(parents=True)
+    blobs = {f"a/{i}.bin": os.urandom(5 * 4096 + 100) for i in range(4)}
+    for k, b in blobs.items():
+        (raw / k).write_bytes(b)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with FuseStore(str(raw), open_latency=0.0, read_latency=0.0) as store, \
+            Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage=stage, stage_threads=2) as m:
+        store.reset()
+        for k, b in blobs.items():
+            fd = os.open(os.path.join(m.path, k), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)   # no read-ahead: one READ per page
+                got = b"".join(os.pread(fd, 4096, off) for off in range(0, len(b), 4096))
+            finally:
+                os.close(fd)
+            assert got == b, k
+        pages = sum(-(-len(b) // 4096) for b in blobs.values())
+        assert m.stats().reads == pages          # the case at hand: several READs per file
+        assert store.counters().opens == (len(blobs) if stage else pages), store.counters()
+
+
 def _start_cli_mount(src: str, mnt: str, local: str) -> subprocess.Popen:
     log = os.path.join(os.path.dirname(mnt), "mount.log")
     p = cli("mount", src, mnt, "--local-dir", local, "--no-stage", log=log)

@@ -123,7 +123,8 @@ struct handle {
     char *buf;       /* the verified sample's bytes (local), the source's (read whole), or the info file */
     uint64_t size, base;   /* base: (4) where the entry starts in the extent */
     int local;       /* 1: from the tier, 2: the info file, 3: read whole from the source,
-                      * 4: a later part of an entry verified whole here (read in place) */
+                      * 4: a later part of an entry verified whole here (read in place),
+                      * 5: a later part of a file this daemon read whole and handed over */
 };
 
 static void count(uint64_t *field, uint64_t n) { __atomic_fetch_add(field, n, __ATOMIC_RELAXED); }
@@ -333,6 +334,11 @@ static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
         no_open = getenv("CLAIRVOYANT_MOUNT_OPENS") == NULL;   /* set: every open reaches the daemon */
     }
     conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
+    /* Read-ahead is background work, and the kernel skips it once this many background requests
+     * wait (9 by default): with dozens of readers, a file would arrive a page per READ. As many as
+     * the daemon has threads may wait. */
+    conn->max_background = 64;
+    conn->congestion_threshold = 64;
     cfg->entry_timeout = cfg->attr_timeout = cfg->negative_timeout = 3600.0;  /* the listing never changes */
     cfg->kernel_cache = 1;   /* a file's bytes never change either: keep its pages between opens */
     return NULL;
@@ -416,6 +422,18 @@ static char *wait_for_staging(const struct lfile *f, int *stale) {
     return read_local(f, stale);
 }
 
+/* The bytes of file number ``f`` that this daemon read whole from the source and left for the
+ * mount process, while they are still there (the stager removes them under the key's lock, then
+ * publishes the entry before letting go); -1 if not. When the kernel asks for a file in several
+ * READs (it does when its queue of background requests is long), the later ones come from here,
+ * not from the source a second time. */
+static int open_handoff(uint64_t f) {
+    if (!opt.handoff) return -1;
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%llu", opt.handoff, (unsigned long long)f);
+    return open(p, O_RDONLY | O_CLOEXEC);
+}
+
 /* Take or let go of the key's lock for this daemon (F_SETLK: never waits); 1 if taken. While the
  * daemon reads a file from the source and hands it over, the mount process's staging of that file
  * waits for the lock and then finds the handoff, instead of reading the source again. */
@@ -444,6 +462,10 @@ static int prepare(const char *path, struct handle *h, int first) {
         h->local = 4;
         return 0;
     }
+    if (!first && (h->fd = open_handoff((uint64_t)f)) >= 0) {
+        h->local = 5;
+        return 0;
+    }
     int stale = 0;
     h->buf = read_local(&files[f], &stale);
     int locked = 0;
@@ -454,6 +476,8 @@ static int prepare(const char *path, struct handle *h, int first) {
             key_lock(files[f].digest, F_UNLCK);
             locked = 0;
         }
+    } else if (!h->buf && opt.handoff) {   /* a later part: its handoff may be in the copy under way */
+        h->buf = wait_for_staging(&files[f], &stale);
     }
     if (stale && first) count(&sh->stale, 1);   /* once per open, however often it was looked at */
     if (h->buf) {
@@ -508,7 +532,7 @@ static int serve(struct handle *h, char *buf, size_t size, off_t off) {
         if (r == 0) break;
         got += (size_t)r;
     }
-    count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, got);
+    if (h->local != 5) count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, got);  /* 5: counted whole */
     return (int)got;
 }
 
