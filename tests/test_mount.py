@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from clairvoyant import Loader
@@ -56,11 +57,11 @@ def small_mount(tmp_path, n: int = N, **kw):
 
 
 @contextlib.contextmanager
-def store_mount(tmp_path, open_latency: float, stage_threads: int = 2):
-    """``N`` small JPEGs behind a FuseStore (its opens counted) and a staging mount of that store."""
+def store_mount(tmp_path, open_latency: float, stage_threads: int = 2, n: int = N):
+    """``n`` small JPEGs behind a FuseStore (its opens counted) and a staging mount of that store."""
     from clairvoyant.testing import FuseStore
 
-    raw, mnt = _small_source(tmp_path, N)
+    raw, mnt = _small_source(tmp_path, n)
     with FuseStore(raw, open_latency=open_latency, read_latency=0.0) as store, \
             Mount(store.path, mnt, local_dir=str(tmp_path / "local"), stage_threads=stage_threads) as m:
         yield raw, store, m
@@ -400,7 +401,7 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
 
 def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
     with small_mount(tmp_path) as (src, m):
-        keys = keys_of(m)
+        keys = keys_of(m)[::-1]   # an order no read-ahead guesses: each file comes from the source
         assert same_bytes(src, m.path, keys) == []
         assert m.stats().opens_source == N
         assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
@@ -419,7 +420,7 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
     if not handoff:
         monkeypatch.setattr(Controller, "_handoff_dir", lambda self: None)
     with store_mount(tmp_path, open_latency=0.0) as (raw, store, m):
-        keys = keys_of(m)
+        keys = keys_of(m)[::-1]   # an order no read-ahead guesses: each file is read by the program
         store.reset()
         assert same_bytes(raw, m.path, keys) == []
         assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
@@ -430,6 +431,39 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
             assert os.listdir(m.handoff) == []        # nothing left behind in the handoff directory
         forget_pages(m.path, keys)
         assert same_bytes(raw, m.path, keys) == [] and m.stats().opens_local == N
+
+
+@pytest.mark.parametrize("order", ["listing", "again", "reversed"])
+def test_without_a_sampler_a_scan_is_read_ahead(tmp_path, order):
+    """A program reading the files in the listing's order (tar, md5sum), or a second pass repeating
+    the first one's order: the files after the ones opened are staged ahead, so most opens find
+    them in the tier, and the store still sees one open per file. Control: a pass in reverse order
+    follows neither order, nothing is read ahead and every open reaches the store."""
+    n = 96
+    with store_mount(tmp_path, open_latency=0.004, stage_threads=4, n=n) as (raw, store, m):
+        keys = keys_of(m)
+        if order == "again":   # a first pass in a shuffled order, then the same order again
+            keys = [keys[i] for i in np.random.default_rng(0).permutation(n)]
+            assert same_bytes(raw, m.path, keys) == []
+            assert wait_until(lambda: m.staging().get("staged", 0) == n, 20), m.staging()
+            assert m.staging()["read_ahead"] == 0   # a shuffled first pass: nothing to guess from
+            for k in keys:   # the tier emptied: the second pass starts from the store
+                assert m.tiers.local.delete(k)
+            forget_pages(m.path, keys)
+        elif order == "reversed":
+            keys = keys[::-1]
+        store.reset()
+        before, done = m.stats().opens_local, m.staging().get("staged", 0)
+        assert same_bytes(raw, m.path, keys) == []
+        local = m.stats().opens_local - before
+        assert wait_until(lambda: m.staging().get("staged", 0) - done == n, 20), m.staging()
+        assert store.counters().opens == n, (store.counters(), m.staging())   # never twice
+        if order == "reversed":
+            assert local == 0 and m.staging()["read_ahead"] == 0, (local, m.staging())
+        else:
+            # the first few opens show the order; the daemon reports opens served from the tier
+            # too, so read-ahead keeps going once it has caught up (72 of 96 without those reports)
+            assert local >= n - 12 and m.staging()["read_ahead"] >= n - 12, (local, m.staging())
 
 
 def test_nothing_is_left_in_the_handoff_directory_when_the_tier_is_full(tmp_path):

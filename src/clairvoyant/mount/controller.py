@@ -11,6 +11,9 @@ bound: a file that does not fit is simply not staged (its reader reads the sourc
 Without a sampler: each file a program opens from the source is staged after that open if the
 tier has room (read-through caching in first-open order, no eviction): a second pass over a data
 set that fits reads nothing from the source; one that does not fit keeps the first files opened.
+And where the opens follow the listing's order (tar, md5sum, a sequential DataLoader over a sorted
+folder) or repeat an earlier pass's order, the files that come next in that order are staged ahead
+of the opens, within the room the tier has (plan/readahead.py decides which).
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from ..cache import native_stage
 from ..cache.entry import entry_size
 from ..cache.tiers import LOCAL
 from ..plan.ahead import StagedAhead
+from ..plan.readahead import Readahead
 from .listing import publish_bytes
 from .orders import published, read_order, read_progress
 
 log = logging.getLogger("clairvoyant")
 WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
+EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
 
 
 def _plan_key(cur: dict) -> tuple:
@@ -61,7 +66,8 @@ class Controller:
         self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "following": 0, "frontier": 0,
                       "consumed": 0,
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
-                      "not_staged": 0, "failed": 0, "handed_over": 0}
+                      "not_staged": 0, "failed": 0, "handed_over": 0, "read_ahead": 0, "ahead_no_room": 0}
+        self._readahead = Readahead(len(self.manifest))
         self._plan_key: tuple | None = None
         self._dir_seen, self._dir_looked = None, 0.0
         self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
@@ -232,11 +238,26 @@ class Controller:
                 return   # the daemon is gone
             buf += chunk
             n = len(buf) // 8
-            files = np.frombuffer(buf[:8 * n], dtype="<u8").tolist()
+            events = np.frombuffer(buf[:8 * n], dtype="<u8").tolist()
             buf = buf[8 * n:]
-            for f in files:   # with or without a sampler: what was read is cached from its handoff
-                if f < len(self.manifest) and self._submit(int(f)):
+            for ev in events:
+                f = ev & ~EVENT_LOCAL
+                if f >= len(self.manifest):
+                    continue
+                # with or without a sampler: what was read from the source is cached from its handoff
+                if not ev & EVENT_LOCAL and self._submit(f):
                     self._add("read_through")
+                if self.stats["plans"] == 0:   # no sampler's order: guess the next files from the opens
+                    self._read_ahead(f)
+
+    def _read_ahead(self, f: int) -> None:
+        capacity = self.tiers.local_capacity
+        for g in self._readahead.opened(f):
+            if self._used() + entry_size(int(self.sizes[g])) > capacity:
+                self._add("ahead_no_room")   # read-through and read-ahead never evict
+                return
+            if self._submit(g):
+                self._add("read_ahead")
 
     # -- with samplers: ahead in the node's merged order -----------------------------------------
 

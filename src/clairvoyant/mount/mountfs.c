@@ -434,6 +434,14 @@ static int open_handoff(uint64_t f) {
     return open(p, O_RDONLY | O_CLOEXEC);
 }
 
+/* Tell the mount process of a file's first read (its number; EVENT_LOCAL set: served from the
+ * tier, else read from the source and handed over): it caches what came from the source, and reads
+ * ahead from the order of the opens when no sampler publishes one. 1 if told. */
+#define EVENT_LOCAL (1ull << 63)
+static int report(uint64_t ev) {
+    return opt.events_fd >= 0 && write(opt.events_fd, &ev, sizeof ev) == (ssize_t)sizeof ev;
+}
+
 /* Take or let go of the key's lock for this daemon (F_SETLK: never waits); 1 if taken. While the
  * daemon reads a file from the source and hands it over, the mount process's staging of that file
  * waits for the lock and then finds the handoff, instead of reading the source again. */
@@ -482,7 +490,10 @@ static int prepare(const char *path, struct handle *h, int first) {
     if (stale && first) count(&sh->stale, 1);   /* once per open, however often it was looked at */
     if (h->buf) {
         h->local = 1;
-        if (first) count(&sh->opens_local, 1);
+        if (first) {
+            count(&sh->opens_local, 1);
+            report((uint64_t)f | EVENT_LOCAL);
+        }
         return 0;
     }
     h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
@@ -499,8 +510,7 @@ static int prepare(const char *path, struct handle *h, int first) {
     if (opt.handoff) read_whole(h, (uint64_t)f, mtime);
     if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
     if (opt.events_fd >= 0) {
-        uint64_t ev = (uint64_t)f;
-        if (write(opt.events_fd, &ev, sizeof ev) != (ssize_t)sizeof ev && opt.handoff) {
+        if (!report((uint64_t)f) && opt.handoff) {
             /* the mount process will not hear of it (pipe full or closed): take the handoff back */
             char dst[PATH_MAX];
             snprintf(dst, sizeof dst, "%s/%llu", opt.handoff, (unsigned long long)f);

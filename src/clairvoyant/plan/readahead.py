@@ -1,0 +1,108 @@
+"""POLICY, pure: which files to stage next when no sampler says, from the files programs open.
+
+Without a published order (``clairvoyant.torch``'s samplers), the mount sees only opens. Two
+orders can still be guessed from them:
+
+- **the listing's** (file ``f`` is followed by ``f + 1``, files numbered in path order): ``tar``,
+  ``find``, ``md5sum`` over a glob, a preprocessing tool, a DataLoader with ``shuffle=False`` over a
+  sorted ``ImageFolder``;
+- **the order the files were first opened in**, when a later pass repeats it (a validation loop
+  over an unsorted list, a tool run twice).
+
+An open of ``f`` *hits* an order when the file before ``f`` in that order was opened recently (within
+``recent`` opens) and after ``f``'s own last open (so in this pass). DataLoader workers and several
+programs each reading a run of their own interleave, and each of their opens still hits. Once at
+least three of the last four opens hit an order, the files after ``f`` in that order are staged, up
+to a window that starts at ``min_window`` files, doubles each time an open keeps the run going and
+halves at a miss, up to ``max_window`` (the kernel's page read-ahead does the same with pages).
+A shuffled order hits about as often as ``recent`` / number of files, too rarely to stage anything
+much.
+
+What it does not decide: whether a file fits (the tier's ledger does) and whether it is staged
+already (the stager looks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NEVER = -(1 << 62)
+
+
+class Readahead:
+    """Feed ``opened(f)`` each first read of file ``f`` (its number in the listing); it answers the
+    files to stage now, in the order they will be wanted."""
+
+    def __init__(self, num_files: int, min_window: int = 8, max_window: int = 512,
+                 recent: int | None = None) -> None:
+        self.n = int(num_files)
+        self.min_window, self.max_window = int(min_window), int(max_window)
+        # how far back a predecessor's open counts: enough for dozens of interleaved readers, far
+        # less than a pass, so that a shuffled order rarely hits
+        self.recent = int(recent) if recent is not None else max(4, min(256, self.n // 16))
+        self.count = 0                                     # opens so far
+        self.last_open = np.full(self.n, NEVER, dtype=np.int64)
+        self.asked = np.full(self.n, NEVER, dtype=np.int64)  # when a file was last handed out to stage
+        self.record = np.full(self.n, -1, dtype=np.int64)  # files in first-open order
+        self.rank = np.full(self.n, -1, dtype=np.int64)    # each file's place in the record
+        self.recorded = 0
+        self._hits = {"listing": [], "record": []}          # the last four opens: hit or not
+        self.window = {"listing": self.min_window, "record": self.min_window}
+        self.staged = 0                                     # files handed out, in all
+
+    # -- the two orders -------------------------------------------------------------------------
+
+    def _before(self, order: str, f: int) -> int:
+        if order == "listing":
+            return f - 1
+        r = int(self.rank[f])
+        return int(self.record[r - 1]) if r > 0 else -1
+
+    def _after(self, order: str, f: int, k: int) -> np.ndarray:
+        if order == "listing":
+            return np.arange(f + 1, min(f + 1 + k, self.n), dtype=np.int64)
+        r = int(self.rank[f])
+        return self.record[r + 1:min(r + 1 + k, self.recorded)]
+
+    def _hit(self, order: str, f: int, prev_open: int) -> bool:
+        if order == "record" and prev_open == NEVER:
+            return False   # a first open is in the record's order by construction: no evidence
+        b = self._before(order, f)
+        if b < 0:
+            return False
+        t = int(self.last_open[b])
+        return t > prev_open and t >= self.count - self.recent
+
+    # -- feeding ----------------------------------------------------------------------------------
+
+    def opened(self, f: int) -> list[int]:
+        """Note the first read of file ``f``; the files to stage now (possibly none)."""
+        f = int(f)
+        if not 0 <= f < self.n:
+            return []
+        prev_open = int(self.last_open[f])
+        if prev_open == NEVER:
+            self.rank[f] = self.recorded
+            self.record[self.recorded] = f
+            self.recorded += 1
+        out: list[int] = []
+        for order in ("listing", "record"):
+            hits = self._hits[order]
+            hit = self._hit(order, f, prev_open)
+            hits.append(hit)
+            del hits[:-4]
+            if not hit:   # a run broke (or another reader's started): shrink, as the kernel does
+                self.window[order] = max(self.min_window, self.window[order] // 2)
+                continue
+            if sum(hits) < 3:
+                continue
+            ahead = self._after(order, f, self.window[order])
+            # each file once per pass: not if handed out since its last open
+            fresh = ahead[self.asked[ahead] <= self.last_open[ahead]]
+            self.asked[fresh] = self.count
+            out.extend(fresh.tolist())
+            self.window[order] = min(2 * self.window[order], self.max_window)
+        self.last_open[f] = self.count
+        self.count += 1
+        self.staged += len(out)
+        return out

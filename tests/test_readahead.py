@@ -1,0 +1,75 @@
+"""Read-ahead without a sampler (plan/readahead.py): the files a program will open next, guessed
+from the listing's order or from the order of an earlier pass. Each check has a shuffled control."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clairvoyant.plan.readahead import Readahead
+
+N = 3200
+
+
+def run(ra: Readahead, opens) -> tuple[float, int]:
+    """Feed ``opens``; the share of opens whose file was handed out before it was opened, and how
+    many files were handed out twice without an open in between."""
+    asked: set[int] = set()
+    ahead = twice = 0
+    for f in opens:
+        f = int(f)
+        ahead += f in asked
+        asked.discard(f)
+        for g in ra.opened(f):
+            twice += g in asked
+            asked.add(g)
+    return ahead / len(opens), twice
+
+
+def interleaved(n: int, workers: int, batch: int) -> list[int]:
+    """The opens of a DataLoader with ``shuffle=False``: worker k reads batches k, k + workers, ...,
+    the workers one file each in turn."""
+    batches = [list(range(s, min(s + batch, n))) for s in range(0, n, batch)]
+    out: list[int] = []
+    for r in range(0, len(batches), workers):
+        group = batches[r:r + workers]
+        for j in range(batch):
+            out.extend(b[j] for b in group if j < len(b))
+    return out
+
+
+def test_a_scan_in_listing_order_is_staged_ahead_and_a_shuffled_one_is_not():
+    seq, twice = run(Readahead(N), range(N))
+    assert seq > 0.99 and twice == 0
+    shuffled, _ = run(Readahead(N), np.random.default_rng(0).permutation(N))
+    assert shuffled < 0.02, shuffled   # control
+
+
+def test_dataloader_workers_reading_interleaved_runs_each_hit():
+    opens = interleaved(N, workers=4, batch=32)
+    assert sorted(opens) == list(range(N))
+    share, twice = run(Readahead(N), opens)
+    assert share > 0.95 and twice == 0, share
+    share16, _ = run(Readahead(N), interleaved(N, workers=16, batch=32))
+    assert share16 > 0.9, share16
+
+
+def test_a_pass_that_repeats_the_first_passs_order_is_staged_ahead():
+    rng = np.random.default_rng(1)
+    first = rng.permutation(N)
+    ra = Readahead(N)
+    run(ra, first)
+    again, twice = run(ra, first)
+    assert again > 0.99 and twice == 0, again
+    ra2 = Readahead(N)
+    run(ra2, first)
+    other, _ = run(ra2, rng.permutation(N))
+    assert other < 0.02, other   # control: a new shuffle is not the record's order
+
+
+def test_each_file_is_handed_out_once_per_pass_and_a_second_scan_again():
+    ra = Readahead(N)
+    out1 = [g for f in range(N) for g in ra.opened(f)]
+    out2 = [g for f in range(N) for g in ra.opened(f)]
+    assert len(out1) == len(set(out1)) and len(out2) == len(set(out2))
+    assert len(out2) > 0.99 * N   # a second pass: each file is fresh again after its open
+    assert all(0 <= g < N for g in out1 + out2)
