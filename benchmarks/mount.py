@@ -26,6 +26,7 @@ import argparse
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,6 +115,40 @@ def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) ->
     return out
 
 
+SCANS = {"tar": "tar cf - class_000? | wc -c", "md5sum": "md5sum class_005?/*"}   # 10 classes each
+
+
+def scans(store: FuseStore, copy: str, work: str) -> dict:
+    """Programs that are not Python reading a class directory front to back, once each: on the store
+    directly, through a fresh mount with no sampler (read-ahead in the listing's order), and on the
+    local copy. Wall seconds; the outputs must be the same everywhere."""
+    def timed(cwd: str) -> dict:
+        out = {}
+        for name, cmd in SCANS.items():
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, shell=True, cwd=cwd, check=True, capture_output=True)
+            out[name] = (time.perf_counter() - t0, r.stdout)
+        return out
+
+    mnt = os.path.join(work, "mnt-scan")
+    os.makedirs(mnt)
+    store.reset()
+    direct = timed(store.path)
+    t0 = time.perf_counter()
+    with Mount(store.path, mnt, local_dir=os.path.join(work, "local-scan")) as m:
+        started = time.perf_counter() - t0
+        store.reset()
+        mounted_ = timed(mnt)
+        opens, staging = store.counters().opens, m.staging()
+    local = timed(copy)
+    for name in SCANS:
+        if not direct[name][1] == mounted_[name][1] == local[name][1]:
+            raise RuntimeError(f"{SCANS[name]}: output through the mount differs from the store's or the copy's")
+    return {"commands": SCANS, "mount_start_s": started, "store_opens_mounted": opens,
+            "read_ahead": staging.get("read_ahead", 0),
+            **{f"{k}_s": {"store": direct[k][0], "mount": mounted_[k][0], "local": local[k][0]} for k in SCANS}}
+
+
 def _daemon_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(") ", 1)[1].split()
@@ -146,6 +181,7 @@ def run(args) -> dict:
         with FuseStore(data, open_latency=args.open_latency, read_latency=args.read_latency) as store:
             direct = [plain(store.path, w, args.batch, args.seed) for w in args.workers]
             mount = [mounted(store, work, w, args.batch, args.seed) for w in args.workers]
+            scan = scans(store, copy, work)
         local = [plain(copy, w, args.batch, args.seed) for w in args.workers]
         local_file = per_file(FolderDataset(copy).samples, None)
     finally:
@@ -159,8 +195,11 @@ def run(args) -> dict:
               "mount_first_over_local": b1["epochs"][0]["images_per_s"] / c["images_per_s"],
               "mount_second_over_local": b2["epochs"][1]["images_per_s"] / c["images_per_s"],
               "second_epoch_store_bytes": max(r["epochs"][1]["store_bytes"] for r in mount)}
+    if scan:
+        for k in SCANS:
+            ratios[f"{k}_mount_over_store"] = scan[f"{k}_s"]["store"] / scan[f"{k}_s"]["mount"]
     return {"params": vars(args) | {"workers": list(args.workers)}, "direct": direct, "mount": mount,
-            "local": local, "local_per_file": local_file, "ratios": ratios}
+            "local": local, "local_per_file": local_file, "scans": scan, "ratios": ratios}
 
 
 def format_table(s: dict) -> str:
@@ -185,6 +224,14 @@ def format_table(s: dict) -> str:
     lines.append(f"CPU us per sample, (b) {b['workers']} workers, epoch 1: {cpu(b['epochs'][0]['cpu_us'])}; "
                  f"epoch 2: {cpu(b['epochs'][1]['cpu_us'])}")
     lines.append(f"CPU us per sample, (c) {c['workers']} workers: {cpu(c['cpu_us'])}")
+    if s.get("scans"):
+        sc = s["scans"]
+        for k, cmd in sc["commands"].items():
+            x = sc[f"{k}_s"]
+            lines.append(f"`{cmd}`: store {x['store']:.2f} s, fresh mount {x['mount']:.2f} s "
+                         f"({x['store'] / x['mount']:.1f}x), local copy {x['local']:.2f} s")
+        lines.append(f"  (mount start {sc['mount_start_s']:.2f} s; {sc['read_ahead']} files read ahead; "
+                     f"{sc['store_opens_mounted']} store opens through the mount)")
     pf, lf = s["mount"][-1]["per_file"], s["local_per_file"]
     pc = s["mount"][-1]["per_file_cached"]
     lines.append(f"open+read+close of a file whose pages the kernel kept: through the mount "
@@ -200,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=3200)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--workers", default="2,4,8,16")
+    p.add_argument("--workers", default="2,4,8,16,32,64")
     p.add_argument("--open-latency", type=float, default=0.012)
     p.add_argument("--read-latency", type=float, default=0.002)
     p.add_argument("--seed", type=int, default=0)

@@ -15,6 +15,8 @@ programs each reading a run of their own interleave, and each of their opens sti
 least three of the last four opens hit an order, the files after ``f`` in that order are staged, up
 to a window that starts at ``min_window`` files, doubles each time an open keeps the run going and
 halves at a miss, up to ``max_window`` (the kernel's page read-ahead does the same with pages).
+64 files keep the stager's threads busy against a store's latency, and bound what a scan that
+stops reads for nothing.
 A shuffled order hits about as often as ``recent`` / number of files, too rarely to stage anything
 much.
 
@@ -33,7 +35,7 @@ class Readahead:
     """Feed ``opened(f)`` each first read of file ``f`` (its number in the listing); it answers the
     files to stage now, in the order they will be wanted."""
 
-    def __init__(self, num_files: int, min_window: int = 8, max_window: int = 512,
+    def __init__(self, num_files: int, min_window: int = 8, max_window: int = 64,
                  recent: int | None = None) -> None:
         self.n = int(num_files)
         self.min_window, self.max_window = int(min_window), int(max_window)
