@@ -313,6 +313,7 @@ class Controller:
         self._publish_stats()
 
     def _run_plan(self, cur: dict, key: tuple) -> None:
+        self.m.quiet_local_opens()   # a sampler says what comes next: no guessing from the opens
         ranks = sorted(cur)
         epoch = cur[ranks[0]].epoch
         seq, per_step = self._merge([cur[r].groups for r in ranks])

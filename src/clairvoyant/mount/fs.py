@@ -44,9 +44,10 @@ STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = th
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
-# stale
-_LAYOUT = struct.Struct("<8sII9Q")
-_MAGIC, _VERSION = b"CVMNTST\0", 2
+# stale, quiet_local (written by the mount process)
+_LAYOUT = struct.Struct("<8sII10Q")
+_MAGIC, _VERSION = b"CVMNTST\0", 3
+_QUIET_LOCAL = _LAYOUT.size - 8
 
 
 class MountStats(NamedTuple):
@@ -237,6 +238,13 @@ class Mount:
         if mm is None:
             raise SourceError(f"the mount on {self.path} is closed")
         return _stats(_LAYOUT.unpack_from(mm, 0))
+
+    def quiet_local_opens(self) -> None:
+        """Have the daemon stop reporting the opens the tier serves: a sampler's published order
+        says what comes next, and the read-ahead that guesses it from the opens is not needed."""
+        mm = self._held.get("stats")
+        if mm is not None:
+            struct.pack_into("<Q", mm, _QUIET_LOCAL, 1)
 
     def staging(self) -> dict:
         """What the mount's staging did (controller.py); empty without staging."""

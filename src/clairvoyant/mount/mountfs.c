@@ -24,9 +24,10 @@
  *
  * Counters live in the --stats file (struct mountfs_stats, mapped shared; the Python reader
  * clairvoyant/mount/fs.py must match it field for field); "opens" count first READs. Each one
- * served from SOURCE writes
- * the file's number (u64) to --events-fd, if given, without blocking: the mount process stages
- * what is read (read-through caching) and learns the first-open order. With --handoff=DIR such
+ * writes the file's number (u64; bit 63 set where the tier served it, and only while the mount
+ * process has not set quiet_local) to --events-fd, if given, without blocking: the mount process
+ * stages what was read from the source (read-through caching) and reads ahead in the order of
+ * the opens. With --handoff=DIR such
  * an open reads the whole file at once and leaves its bytes, then the source file's mtime in ns
  * (u64, little-endian), in DIR/<number> (written to a temporary name, then renamed, before the
  * event), so that the mount process caches them from there instead of reading the shared store
@@ -63,7 +64,7 @@
 #endif
 
 #define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 2
+#define STATS_VERSION 3
 #define LISTING_MAGIC "CVMNTLS1"
 #define INDEX_MAGIC "CVINDEX1"
 #define ENTRY_MAGIC "CVENTRY1"
@@ -77,6 +78,7 @@ struct mountfs_stats {
     uint32_t size;
     uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
     uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
+    uint64_t quiet_local;   /* set by the mount process: report no opens served from the tier */
 };
 
 struct listing_head {   /* 64 bytes */
@@ -492,7 +494,7 @@ static int prepare(const char *path, struct handle *h, int first) {
         h->local = 1;
         if (first) {
             count(&sh->opens_local, 1);
-            report((uint64_t)f | EVENT_LOCAL);
+            if (!__atomic_load_n(&sh->quiet_local, __ATOMIC_RELAXED)) report((uint64_t)f | EVENT_LOCAL);
         }
         return 0;
     }
