@@ -197,3 +197,66 @@ def test_close_with_work_queued_leaves_the_ledger_right_and_no_thread(tree):
     finally:
         store.close()
     assert wait_until(lambda: len(os.listdir("/proc/self/task")) <= threads_before, 5)
+
+
+class OneBatch:
+    """The engine, its finished jobs handed to the collector all at once when ``n`` are in."""
+
+    def __init__(self, engine, n: int) -> None:
+        self.engine, self.n, self.got, self.batches = engine, n, [], []
+
+    def submit(self, *a):
+        return self.engine.submit(*a)
+
+    def close(self):
+        return self.engine.close()
+
+    def collect(self, timeout: float):
+        self.got += self.engine.collect(timeout)
+        if len(self.got) < self.n:
+            return []
+        out, self.got = self.got, []
+        self.batches.append(len(out))
+        return out
+
+
+def test_a_job_that_fails_to_finish_leaves_the_rest_of_its_batch_whole(tree, monkeypatch):
+    """Twelve jobs finished in one batch; letting go of one's lock fails, and its owner's callback
+    raises for another: every job is still published, reported once and forgotten, and every
+    other lock let go. Control: the failures did happen, in one batch of twelve."""
+    src, files, local = tree
+    keys = sorted(files)
+    bad_unlock, bad_report = keys[3], 5
+    raised = []
+    real_engine = native_stage._Engine
+    monkeypatch.setattr(native_stage, "_Engine", lambda *a: OneBatch(real_engine(*a), len(keys)))
+    run = Run(src, local)
+    engine = run.stager._engine
+    real_unlock, real_done = run.store.unlock, run._on_done
+
+    def unlock(key):
+        if key == bad_unlock:
+            raised.append("unlock")
+            raise OSError("injected: cannot let go")
+        return real_unlock(key)
+
+    def on_done(d):
+        real_done(d)
+        if d.token == bad_report:
+            raised.append("report")
+            raise RuntimeError("injected: the owner's callback failed")
+
+    monkeypatch.setattr(run.store, "unlock", unlock)
+    run.stager._on_done = on_done
+    try:
+        for t, k in enumerate(keys):
+            assert run.stager.submit(t, k, len(files[k])) is True
+        run.wait(len(keys))
+        assert engine.batches == [len(keys)] and sorted(raised) == ["report", "unlock"]   # control
+        assert all(run.done[t].loc is not None and run.store.find(k) == run.done[t].loc for t, k in enumerate(keys))
+        assert run.stager._jobs == {}   # every token forgotten: a new submit of a file is not refused
+        assert locks_held(run.store, [k for k in keys if k != bad_unlock]) == 0
+        assert run.store.ledger.read()[0] == sum(entry_size(len(v)) for v in files.values())
+    finally:
+        real_unlock(bad_unlock)
+        run.close()
