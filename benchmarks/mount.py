@@ -82,12 +82,12 @@ class CpuMeter:
         return {k: (t1[k] - self.t0[k]) / n * 1e6 for k in t1}
 
 
-def plain(root: str, workers: int, batch: int, seed: int) -> dict:
+def plain(root: str, workers: int, batch: int, seed: int, shuffle: bool = True) -> dict:
     ds = FolderDataset(root)
     g = torch.Generator()
     g.manual_seed(seed)
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=torch.utils.data.RandomSampler(ds, generator=g),
-                                     num_workers=workers)
+    sampler = torch.utils.data.RandomSampler(ds, generator=g) if shuffle else None   # None: in order
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers)
     meter = CpuMeter()
     secs, n = epoch(dl)
     return {"workers": workers, "images_per_s": n / secs, "seconds": secs, "cpu_us": meter.per_sample_us(n)}
@@ -112,6 +112,21 @@ def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) ->
         out["per_file_cached"] = per_file(ds.samples, m.pid)   # the kernel's pages, kept from epoch 2
         drop_pages(p for p, _ in ds.samples)   # the kernel's pages gone: the daemon serves each
         out["per_file"] = per_file(ds.samples, m.pid)          # the daemon serves every file
+    return out
+
+
+def in_order(store: FuseStore, work: str, store_workers, mount_workers, batch: int) -> dict:
+    """A validation-style pass (``shuffle=False``, no sampler swapped) over the store directly and
+    through a fresh mount (its read-ahead follows the listing's order), each worker count once."""
+    out = {"store": [plain(store.path, w, batch, 0, shuffle=False) for w in store_workers], "mount": []}
+    for w in mount_workers:
+        mnt = os.path.join(work, f"mnt-in-order-{w}")
+        os.makedirs(mnt)
+        with Mount(store.path, mnt, local_dir=os.path.join(work, f"local-in-order-{w}")) as m:
+            store.reset()
+            r = plain(mnt, w, batch, 0, shuffle=False)
+            r.update(store_opens=store.counters().opens, read_ahead=m.staging().get("read_ahead", 0))
+            out["mount"].append(r)
     return out
 
 
@@ -181,7 +196,8 @@ def run(args) -> dict:
         with FuseStore(data, open_latency=args.open_latency, read_latency=args.read_latency) as store:
             direct = [plain(store.path, w, args.batch, args.seed) for w in args.workers]
             mount = [mounted(store, work, w, args.batch, args.seed) for w in args.workers]
-            scan = scans(store, copy, work)
+            scan = scans(store, copy, work) if not args.tiny else None   # tiny: no class_005x
+            ordered = in_order(store, work, args.workers[-2:], args.workers[:2], args.batch)
         local = [plain(copy, w, args.batch, args.seed) for w in args.workers]
         local_file = per_file(FolderDataset(copy).samples, None)
     finally:
@@ -195,11 +211,15 @@ def run(args) -> dict:
               "mount_first_over_local": b1["epochs"][0]["images_per_s"] / c["images_per_s"],
               "mount_second_over_local": b2["epochs"][1]["images_per_s"] / c["images_per_s"],
               "second_epoch_store_bytes": max(r["epochs"][1]["store_bytes"] for r in mount)}
+    best_in_order = lambda side: max(ordered[side], key=lambda r: r["images_per_s"])   # noqa: E731
+    ratios["in_order_mount_over_store"] = (best_in_order("mount")["images_per_s"]
+                                           / best_in_order("store")["images_per_s"])
     if scan:
         for k in SCANS:
             ratios[f"{k}_mount_over_store"] = scan[f"{k}_s"]["store"] / scan[f"{k}_s"]["mount"]
     return {"params": vars(args) | {"workers": list(args.workers)}, "direct": direct, "mount": mount,
-            "local": local, "local_per_file": local_file, "scans": scan, "ratios": ratios}
+            "local": local, "local_per_file": local_file, "scans": scan, "in_order": ordered,
+            "ratios": ratios}
 
 
 def format_table(s: dict) -> str:
@@ -224,6 +244,14 @@ def format_table(s: dict) -> str:
     lines.append(f"CPU us per sample, (b) {b['workers']} workers, epoch 1: {cpu(b['epochs'][0]['cpu_us'])}; "
                  f"epoch 2: {cpu(b['epochs'][1]['cpu_us'])}")
     lines.append(f"CPU us per sample, (c) {c['workers']} workers: {cpu(c['cpu_us'])}")
+    if s.get("in_order"):
+        for side, name in (("store", "on the slow store"), ("mount", "through a fresh mount, no sampler")):
+            for r in s["in_order"][side]:
+                extra = (f" ({r['store_opens']} store opens, {r['read_ahead']} read ahead)"
+                         if side == "mount" else "")
+                lines.append(f"shuffle=False {name}, {r['workers']} workers: {r['images_per_s']:.0f} images/s{extra}")
+        lines.append(f"shuffle=False, best through the mount / best on the store: "
+                     f"{t['in_order_mount_over_store']:.2f}x")
     if s.get("scans"):
         sc = s["scans"]
         for k, cmd in sc["commands"].items():

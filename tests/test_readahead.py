@@ -73,3 +73,17 @@ def test_each_file_is_handed_out_once_per_pass_and_a_second_scan_again():
     assert len(out1) == len(set(out1)) and len(out2) == len(set(out2))
     assert len(out2) > 0.99 * N   # a second pass: each file is fresh again after its open
     assert all(0 <= g < N for g in out1 + out2)
+
+
+def test_a_file_another_reader_opened_in_this_pass_is_not_handed_out_again():
+    """Interleaved readers: a window reaching into another reader's run, behind that reader,
+    hands out nothing that reader opened already (it would only be found staged)."""
+    for workers in (4, 16):
+        ra = Readahead(N)
+        opened: set[int] = set()
+        again = 0
+        for f in interleaved(N, workers=workers, batch=32):
+            opened.add(f)
+            again += sum(g in opened for g in ra.opened(f))
+        assert again == 0, (workers, again)
+        assert ra.staged < N, ra.staged   # each file at most once in the pass

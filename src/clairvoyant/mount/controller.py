@@ -39,6 +39,7 @@ from .orders import published, read_order, read_progress
 
 log = logging.getLogger("clairvoyant")
 WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
+EVENTS_GATHER = 0.002   # seconds the events thread lets reports gather before it reads them
 EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
 
 
@@ -230,6 +231,7 @@ class Controller:
             r, _, _ = select.select([fd], [], [], self._poll)
             if not r:
                 continue
+            time.sleep(EVENTS_GATHER)   # let the events of a few opens gather: one wake-up for them
             try:
                 chunk = os.read(fd, 8 * 512)
             except OSError:
@@ -251,13 +253,19 @@ class Controller:
                     self._read_ahead(f)
 
     def _read_ahead(self, f: int) -> None:
-        capacity = self.tiers.local_capacity
-        for g in self._readahead.opened(f):
-            if self._used() + entry_size(int(self.sizes[g])) > capacity:
+        ahead = self._readahead.opened(f)
+        if not ahead:
+            return
+        room, n = self.tiers.local_capacity - self._used(), 0
+        for g in ahead:
+            room -= entry_size(int(self.sizes[g]))
+            if room < 0:
                 self._add("ahead_no_room")   # read-through and read-ahead never evict
-                return
-            if self._submit(g):
-                self._add("read_ahead")
+                break
+            if not self._submit(g):
+                break
+            n += 1
+        self._add("read_ahead", n)
 
     # -- with samplers: ahead in the node's merged order -----------------------------------------
 

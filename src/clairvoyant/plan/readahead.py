@@ -99,8 +99,10 @@ class Readahead:
             if sum(hits) < 3:
                 continue
             ahead = self._after(order, f, self.window[order])
-            # each file once per pass: not if handed out since its last open
-            fresh = ahead[self.asked[ahead] <= self.last_open[ahead]]
+            # each file once per pass: not if handed out since its last open, nor if opened in this
+            # pass already (by another reader whose run is ahead of this one)
+            last = self.last_open[ahead]
+            fresh = ahead[(self.asked[ahead] <= last) & (last < self.count - self.n // 2)]
             self.asked[fresh] = self.count
             out.extend(fresh.tolist())
             self.window[order] = min(2 * self.window[order], self.max_window)
