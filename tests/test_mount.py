@@ -57,13 +57,14 @@ def small_mount(tmp_path, n: int = N, **kw):
 
 
 @contextlib.contextmanager
-def store_mount(tmp_path, open_latency: float, stage_threads: int = 2, n: int = N):
-    """``n`` small JPEGs behind a FuseStore (its opens counted) and a staging mount of that store."""
+def store_mount(tmp_path, open_latency: float, stage_threads: int = 2, n: int = N, **kw):
+    """``n`` small JPEGs behind a FuseStore (its opens counted) and a staging mount of that store
+    (``kw``: Mount's options)."""
     from clairvoyant.testing import FuseStore
 
     raw, mnt = _small_source(tmp_path, n)
     with FuseStore(raw, open_latency=open_latency, read_latency=0.0) as store, \
-            Mount(store.path, mnt, local_dir=str(tmp_path / "local"), stage_threads=stage_threads) as m:
+            Mount(store.path, mnt, local_dir=str(tmp_path / "local"), stage_threads=stage_threads, **kw) as m:
         yield raw, store, m
 
 
@@ -464,6 +465,36 @@ def test_without_a_sampler_a_scan_is_read_ahead(tmp_path, order):
             # the first few opens show the order; the daemon reports opens served from the tier
             # too, so read-ahead keeps going once it has caught up (72 of 96 without those reports)
             assert local >= n - 12 and m.staging()["read_ahead"] >= n - 12, (local, m.staging())
+
+
+@pytest.mark.parametrize("give_way", [True, False])
+def test_a_scan_larger_than_the_tier_is_read_ahead_through_it(tmp_path, monkeypatch, give_way):
+    """A tier with room for a quarter of the files, two scans in the listing's order: the files
+    opened last give way to the ones read ahead, so nearly every open of both passes finds its
+    file in the tier, the tier stays within its capacity and the store sees each file once per
+    pass at most. Control (nothing gives way): once the tier is full, the opens go to the store."""
+    from clairvoyant.mount.controller import Controller
+
+    if not give_way:
+        monkeypatch.setattr(Controller, "_give_way", lambda self, nbytes: 0)
+    n = 96
+    with store_mount(tmp_path, open_latency=0.004, stage_threads=4, n=n, local_capacity="25%") as (raw, store, m):
+        keys = keys_of(m)
+        capacity = m.tiers.local_capacity
+        for p in range(2):
+            store.reset()
+            before = m.stats().opens_local
+            assert same_bytes(raw, m.path, keys) == []
+            local = m.stats().opens_local - before
+            assert m.tiers.local.ledger.read()[1] <= capacity   # the peak, too
+            assert store.counters().opens <= n, store.counters()
+            if give_way:
+                assert local >= n - 16, (p, local, m.staging(), capacity, m.tiers.local.ledger.read())
+            else:
+                assert local < n // 2, (p, local, m.staging())
+            forget_pages(m.path, keys)
+        if give_way:
+            assert m.staging()["evicted"] > 0
 
 
 def test_nothing_is_left_in_the_handoff_directory_when_the_tier_is_full(tmp_path):

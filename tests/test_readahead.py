@@ -87,3 +87,22 @@ def test_a_file_another_reader_opened_in_this_pass_is_not_handed_out_again():
             again += sum(g in opened for g in ra.opened(f))
         assert again == 0, (workers, again)
         assert ra.staged < N, ra.staged   # each file at most once in the pass
+
+
+def test_the_file_opened_last_gives_way_first_and_never_one_the_window_waits_for():
+    ra = Readahead(100, max_window=8)
+    handed: list[int] = []
+    for f in range(20):
+        handed += ra.opened(f)
+    waiting = [g for g in handed if g >= 20]        # handed out, not opened yet
+    assert waiting                                  # control: the window is ahead of the opens
+    order = list(ra.give_way())
+    assert order[:3] == [19, 18, 17]                # the last opened first
+    assert not set(order) & set(waiting)
+    twin = Readahead(100, max_window=8)             # control: the same opens, nothing given back
+    for f in range(20):
+        twin.opened(f)
+    ra.not_staged(waiting)                          # no room after all: handed out again later
+    again = [g for f in range(20, 22) for g in ra.opened(f)]
+    assert set(waiting) - {20, 21} <= set(again), (waiting, again)
+    assert not (set(waiting) - {20, 21}) & {g for f in range(20, 22) for g in twin.opened(f)}

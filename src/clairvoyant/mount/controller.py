@@ -13,7 +13,7 @@ tier has room (read-through caching in first-open order, no eviction): a second 
 set that fits reads nothing from the source; one that does not fit keeps the first files opened.
 And where the opens follow the listing's order (tar, md5sum, a sequential DataLoader over a sorted
 folder) or repeat an earlier pass's order, the files that come next in that order are staged ahead
-of the opens, within the room the tier has (plan/readahead.py decides which).
+of the opens; in a full tier the files opened last give way (plan/readahead.py decides which).
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ class Controller:
                       "consumed": 0,
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
                       "not_staged": 0, "failed": 0, "handed_over": 0, "read_ahead": 0, "ahead_no_room": 0}
-        self._readahead = Readahead(len(self.manifest))
+        # a window of at most half the files the tier holds: what a full tier gives way to is
+        # what was read last, never what the window still waits for
+        fit = self.tiers.local_capacity // max(1, entry_size(int(self.sizes.mean())) if len(self.sizes) else 1)
+        self._readahead = Readahead(len(self.manifest), max_window=int(max(8, min(64, fit // 2))))
         self._plan_key: tuple | None = None
         self._dir_seen, self._dir_looked = None, 0.0
         self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
@@ -258,14 +261,32 @@ class Controller:
             return
         room, n = self.tiers.local_capacity - self._used(), 0
         for g in ahead:
-            room -= entry_size(int(self.sizes[g]))
-            if room < 0:
-                self._add("ahead_no_room")   # read-through and read-ahead never evict
-                break
+            need = entry_size(int(self.sizes[g]))
+            if room < need:
+                room += self._give_way(need - room)
+                if room < need:
+                    self._add("ahead_no_room")
+                    break
             if not self._submit(g):
                 break
+            room -= need
             n += 1
+        if n < len(ahead):
+            self._readahead.not_staged(ahead[n:])   # asked again at a later open
         self._add("read_ahead", n)
+
+    def _give_way(self, nbytes: int) -> int:
+        """Evict files opened last (plan/readahead.py) until ``nbytes`` are free; the bytes freed."""
+        freed = tries = 0
+        for v in self._readahead.give_way():
+            if freed >= nbytes or tries >= 256:
+                break
+            tries += 1
+            got = self.tiers.local.delete(self.manifest.keys[v])
+            if got:
+                self._add("evicted")
+                freed += got
+        return freed
 
     # -- with samplers: ahead in the node's merged order -----------------------------------------
 

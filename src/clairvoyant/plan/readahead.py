@@ -20,11 +20,18 @@ stops reads for nothing.
 A shuffled order hits about as often as ``recent`` / number of files, too rarely to stage anything
 much.
 
+When the tier is full, the file opened last gives way first (``give_way``): in a scan that
+repeats, it is the file wanted again farthest away (the offline optimum for a cyclic order), so the
+tier keeps the files the scan read first and turns over a window of the rest.
+
 What it does not decide: whether a file fits (the tier's ledger does) and whether it is staged
 already (the stager looks).
 """
 
 from __future__ import annotations
+
+from collections import deque
+from typing import Iterator
 
 import numpy as np
 
@@ -51,6 +58,7 @@ class Readahead:
         self._hits = {"listing": [], "record": []}          # the last four opens: hit or not
         self.window = {"listing": self.min_window, "record": self.min_window}
         self.staged = 0                                     # files handed out, in all
+        self._opened: deque[int] = deque(maxlen=4096)       # the last opens, newest last
 
     # -- the two orders -------------------------------------------------------------------------
 
@@ -109,4 +117,18 @@ class Readahead:
         self.last_open[f] = self.count
         self.count += 1
         self.staged += len(out)
+        self._opened.append(f)
         return out
+
+    def not_staged(self, files) -> None:
+        """``files``, handed out, were not staged after all (no room): hand them out again later."""
+        self.asked[np.asarray(list(files), dtype=np.int64)] = NEVER
+
+    def give_way(self) -> Iterator[int]:
+        """Files to evict for read-ahead, the one opened last first; never one handed out and not
+        opened since (read-ahead wants it), each at most once."""
+        seen: set[int] = set()
+        for f in reversed(self._opened):
+            if f not in seen and self.asked[f] <= self.last_open[f]:
+                seen.add(f)
+                yield f
