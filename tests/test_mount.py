@@ -23,6 +23,7 @@ from clairvoyant.source import as_source
 from clairvoyant.testing import drop_pages, make_dataset
 
 from conftest import content, differing, wait_until
+from mpi_util import launch, needs_mpirun
 
 _ok, _why = mount_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
@@ -698,3 +699,30 @@ def test_two_rank_processes_read_one_mount(tmp_path, monkeypatch, both):
             assert m.staging()["ranks"] == 2 and s.opens_source == 0 and s.opens_local == 32, (s, m.staging())
         else:
             assert s.opens_source >= 8, s   # rank 1's 16 files come from the source
+
+
+@needs_mpirun
+def test_ranks_launched_by_mpirun_take_their_rank_from_it_and_share_the_mount(tmp_path):
+    """``mpirun -n 2``: each rank's sampler, given no rank, takes it from the launcher; the ranks read
+    disjoint halves that cover the data set, every byte the source's, and the mount merges both
+    ranks' orders and stages them ahead (no open reaches the store). Control: one rank's half is not
+    the whole data set (what a sampler that missed the launcher's rank, world size 1, would read)."""
+    import json
+    import uuid
+
+    n = 32
+    with store_mount(tmp_path, open_latency=0.002, stage_threads=4, n=n) as (raw, store, m):
+        store.reset()
+        token = f"cv-mount-{uuid.uuid4().hex[:8]}"
+        rc, out, err = launch([sys.executable, os.path.join(os.path.dirname(__file__), "mpi_mount_script.py"),
+                               m.path, raw, token], token, n=2, timeout=120)
+        assert rc == 0, err[-3000:]
+        ranks = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")),
+                       key=lambda r: r["rank"])
+        assert [(r["rank"], r["world"], r["wrong"]) for r in ranks] == [(0, 2, 0), (1, 2, 0)], err[-2000:]
+        halves = [set(r["read"]) for r in ranks]
+        assert len(halves[0]) == n // 2 and halves[0] != set(range(n))   # control: not world size 1
+        assert halves[0].isdisjoint(halves[1]) and halves[0] | halves[1] == set(range(n))
+        s = m.stats()
+        assert m.staging()["ranks"] == 2 and s.opens_source == 0 and s.opens_local == n, (s, m.staging())
+        assert store.counters().opens == n   # each file from the store once: by the staging
