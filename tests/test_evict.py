@@ -145,3 +145,39 @@ def test_staged_ahead_evicts_what_a_scan_of_every_resident_would():
         control += _replay(seq, n, residents, rng, forget_consumption=True)
     assert differ == 0
     assert control > 0
+
+
+def test_a_file_chosen_while_its_copy_was_on_the_way_is_evicted_once_there():
+    """The mount's ``Controller._settle`` (mount/controller.py): a file chosen for eviction while its
+    copy was on the way is kept in mind while the copy flies, evicted once it lands (also when it
+    lands between the look and the eviction), and let go if it is staged again or never comes.
+    (Mutation-checked: without the in-flight look, or with it after the eviction, this fails.)"""
+    from clairvoyant.mount.controller import Controller
+
+    class Fake:
+        def __init__(self, present, flying, lands_after_look=()):
+            self.present, self.flying, self.lands = set(present), set(flying), set(lands_after_look)
+            self.evicted = []
+
+        def _in_flight(self, i):
+            was = i in self.flying
+            if i in self.lands:   # its copy lands right after this look
+                self.flying.discard(i)
+                self.present.add(i)
+            return was
+
+        def _evict(self, i):
+            if i in self.present:
+                self.present.discard(i)
+                self.evicted.append(i)
+                return True
+            return False
+
+    held = {7}   # file 7 was staged again since it was chosen
+    f = Fake(present={1}, flying={2, 3}, lands_after_look={3})
+    assert Controller._settle(f, [1, 2, 3, 4, 7], held) == [2]   # 2 still flies; 4 never comes
+    assert f.evicted == [1, 3]                                    # 3 landed between look and eviction
+    f.flying.discard(2)
+    f.present.add(2)
+    assert Controller._settle(f, [2], held) == [] and f.evicted == [1, 3, 2]
+

@@ -76,6 +76,7 @@ class Controller:
         self._dir_seen, self._dir_looked = None, 0.0
         self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
         self._pending = 0          # bytes submitted for staging and not yet placed
+        self._flying: set[int] = set()   # files whose copy is under way (the Python stager's)
         self._last_stats = 0.0
         self._threads = [threading.Thread(target=self._watch, name="clairvoyant-mount-orders", daemon=True),
                          threading.Thread(target=self._events, name="clairvoyant-mount-events", daemon=True)]
@@ -121,6 +122,7 @@ class Controller:
             self._discard(i)   # handed over but not taken (present, or no room): never left behind
             with self._lock:
                 self._pending -= entry_size(int(self.sizes[i]))
+                self._flying.discard(i)
             self._inflight.release()
 
     def _fetch(self, i: int, key: str, size: int) -> tuple[bytes, int]:
@@ -168,8 +170,29 @@ class Controller:
             return True
         with self._lock:
             self._pending += entry_size(int(self.sizes[i]))
+            self._flying.add(i)
         self._pool.submit(self._stage, i)
         return True
+
+    def _in_flight(self, i: int) -> bool:
+        """Whether a copy of file ``i`` by this process is under way."""
+        if self._native is not None:
+            return self._native.in_flight(i)
+        with self._lock:
+            return i in self._flying
+
+    def _settle(self, late: list[int], held: StagedAhead) -> list[int]:
+        """Evict what was chosen for eviction while its copy was on the way, now that it is there;
+        the files whose copy is still on the way (looked at before the eviction: a copy that lands
+        in between is evicted, never forgotten). A file staged again meanwhile stays."""
+        keep = []
+        for v in late:
+            if v in held:
+                continue
+            flying = self._in_flight(v)
+            if not self._evict(v) and flying:
+                keep.append(v)
+        return keep
 
     def _submit_native(self, i: int) -> None:
         key, size = self.manifest.keys[i], int(self.sizes[i])
@@ -366,10 +389,12 @@ class Controller:
                              for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
             return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
 
-        late: list[int] = []   # evicted while their copy was on the way
+        late: list[int] = []   # chosen for eviction while their copy was on the way
         for pos, i in enumerate(seq + after):
             if self._stop.is_set() or self._plan_key != key:
                 return
+            if late:
+                late = self._settle(late, held)
             if i in held:
                 continue
             need = entry_size(int(self.sizes[i]))
@@ -386,7 +411,7 @@ class Controller:
                     if not self._evict(victim):   # its copy is still on the way: it goes once there
                         late.append(victim)
                     continue
-                late = [v for v in late if v not in held and not self._evict(v)]
+                late = self._settle(late, held)
                 if self._plan_key != key or self._stop.wait(self._poll):
                     return
                 self._plan_key = key if self._current_key() == key else None
@@ -397,6 +422,9 @@ class Controller:
             held.staged(i, pos)
             with self._lock:
                 self.stats["frontier"] = pos + 1
+        deadline = time.monotonic() + 5.0
+        while late and self._plan_key == key and time.monotonic() < deadline and not self._stop.wait(WATCH_EVERY):
+            late = self._settle(late, held)   # the last copies land: what was chosen goes
 
     def _evict(self, i: int) -> bool:
         """Delete the entry of file ``i`` if it is there (False: not, e.g. its copy is on the way)."""
