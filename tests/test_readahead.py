@@ -90,19 +90,37 @@ def test_a_file_another_reader_opened_in_this_pass_is_not_handed_out_again():
 
 
 def test_the_file_opened_last_gives_way_first_and_never_one_the_window_waits_for():
-    ra = Readahead(100, max_window=8)
+    ra = Readahead(100, max_window=8, busy=4)
     handed: list[int] = []
     for f in range(20):
         handed += ra.opened(f)
     waiting = [g for g in handed if g >= 20]        # handed out, not opened yet
     assert waiting                                  # control: the window is ahead of the opens
     order = list(ra.give_way())
-    assert order[:3] == [19, 18, 17]                # the last opened first
-    assert not set(order) & set(waiting)
-    twin = Readahead(100, max_window=8)             # control: the same opens, nothing given back
+    assert order[:3] == [15, 14, 13]                # the last opened first, the last 4 (busy) spared
+    assert not set(order) & (set(waiting) | {16, 17, 18, 19})
+    twin = Readahead(100, max_window=8, busy=4)     # control: the same opens, nothing given back
     for f in range(20):
         twin.opened(f)
     ra.not_staged(waiting)                          # no room after all: handed out again later
     again = [g for f in range(20, 22) for g in ra.opened(f)]
     assert set(waiting) - {20, 21} <= set(again), (waiting, again)
     assert not (set(waiting) - {20, 21}) & {g for f in range(20, 22) for g in twin.opened(f)}
+
+
+def test_what_is_handed_out_and_not_opened_stays_under_the_cap():
+    """Sixteen interleaved readers each get a window; together they never have more than
+    ``max_outstanding`` files handed out and not yet opened. Control: without the cap (as large as
+    the data set) they do."""
+    def peak(cap: int) -> int:
+        ra = Readahead(N, max_outstanding=cap)
+        asked: set[int] = set()
+        top = 0
+        for f in interleaved(N, workers=16, batch=32):
+            asked.discard(f)
+            asked.update(ra.opened(f))
+            top = max(top, len(asked))
+            assert ra.outstanding == len(asked)
+        return top
+    assert peak(100) <= 100
+    assert peak(N) > 100

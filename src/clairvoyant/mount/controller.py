@@ -68,10 +68,14 @@ class Controller:
                       "consumed": 0,
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
                       "not_staged": 0, "failed": 0, "handed_over": 0, "read_ahead": 0, "ahead_no_room": 0}
-        # a window of at most half the files the tier holds: what a full tier gives way to is
-        # what was read last, never what the window still waits for
+        # read-ahead asks for at most half the files the tier holds at once: what a full tier gives
+        # way to is what was read last, never what read-ahead still waits for
         fit = self.tiers.local_capacity // max(1, entry_size(int(self.sizes.mean())) if len(self.sizes) else 1)
-        self._readahead = Readahead(len(self.manifest), max_window=int(max(8, min(64, fit // 2))))
+        half = int(max(1, fit // 2))
+        self._readahead = Readahead(len(self.manifest), max_window=min(64, half),
+                                    max_outstanding=min(1024, half), busy=min(16, max(1, fit // 4)))
+        self._sampler = threading.Event()   # a sampler published an order: no guessing from the opens
+        self._giving_way = threading.Lock()   # held while read-ahead evicts; a plan starts after that
         self._plan_key: tuple | None = None
         self._dir_seen, self._dir_looked = None, 0.0
         self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
@@ -161,10 +165,15 @@ class Controller:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.m.handoff, str(i)))
 
-    def _submit(self, i: int) -> bool:
-        while not self._inflight.acquire(timeout=self._poll):
-            if self._stop.is_set():
+    def _submit(self, i: int, wait: bool = True) -> bool:
+        """Stage file ``i`` (True: handed to the stager); without ``wait``, only if a slot is free."""
+        if not wait:
+            if not self._inflight.acquire(blocking=False):
                 return False
+        else:
+            while not self._inflight.acquire(timeout=self._poll):
+                if self._stop.is_set():
+                    return False
         if self._native is not None:
             self._submit_native(i)
             return True
@@ -275,7 +284,7 @@ class Controller:
                 # with or without a sampler: what was read from the source is cached from its handoff
                 if not ev & EVENT_LOCAL and self._submit(f):
                     self._add("read_through")
-                if self.stats["plans"] == 0:   # no sampler's order: guess the next files from the opens
+                if not self._sampler.is_set():   # no sampler's order: guess the next files from the opens
                     self._read_ahead(f)
 
     def _read_ahead(self, f: int) -> None:
@@ -284,13 +293,15 @@ class Controller:
             return
         room, n = self.tiers.local_capacity - self._used(), 0
         for g in ahead:
+            if self._sampler.is_set():
+                break
             need = entry_size(int(self.sizes[g]))
             if room < need:
                 room += self._give_way(need - room)
                 if room < need:
                     self._add("ahead_no_room")
                     break
-            if not self._submit(g):
+            if not self._submit(g, wait=False):   # never hold the events up: later opens ask again
                 break
             room -= need
             n += 1
@@ -301,14 +312,15 @@ class Controller:
     def _give_way(self, nbytes: int) -> int:
         """Evict files opened last (plan/readahead.py) until ``nbytes`` are free; the bytes freed."""
         freed = tries = 0
-        for v in self._readahead.give_way():
-            if freed >= nbytes or tries >= 256:
-                break
-            tries += 1
-            got = self.tiers.local.delete(self.manifest.keys[v])
-            if got:
-                self._add("evicted")
-                freed += got
+        with self._giving_way:   # a sampler's plan, once started, sees the tier as no eviction leaves it
+            for v in self._readahead.give_way():
+                if freed >= nbytes or tries >= 256 or self._sampler.is_set():
+                    break
+                tries += 1
+                got = self.tiers.local.delete(self.manifest.keys[v])
+                if got:
+                    self._add("evicted")
+                    freed += got
         return freed
 
     # -- with samplers: ahead in the node's merged order -----------------------------------------
@@ -365,7 +377,9 @@ class Controller:
         self._publish_stats()
 
     def _run_plan(self, cur: dict, key: tuple) -> None:
-        self.m.quiet_local_opens()   # a sampler says what comes next: no guessing from the opens
+        with self._giving_way:   # no read-ahead eviction under way from here on
+            self._sampler.set()   # a sampler says what comes next: no more guessing from the opens
+        self.m.quiet_local_opens()
         ranks = sorted(cur)
         epoch = cur[ranks[0]].epoch
         seq, per_step = self._merge([cur[r].groups for r in ranks])

@@ -121,6 +121,8 @@ static struct mountfs_stats *sh;
 static struct timespec started;
 
 struct handle {
+    const struct lfile *file;   /* NULL for the info file */
+    uint64_t pub;    /* (4) the publication of the entry read in place */
     int fd;          /* source file or (4) extent, or -1 when served from buf */
     char *buf;       /* the verified sample's bytes (local), the source's (read whole), or the info file */
     uint64_t size, base;   /* base: (4) where the entry starts in the extent */
@@ -293,15 +295,93 @@ bad:
 
 /* An open extent and the entry's offset in it, if the tier holds the very publication of file
  * ``f``'s entry that was verified whole here last; else -1. */
-static int read_local_part(const struct lfile *f, uint64_t *base) {
+static int read_local_part(const struct lfile *f, uint64_t *base, uint64_t *pub) {
     uint32_t extent, length, stamp, seq;
     uint64_t offset;
     if (!index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq)) return -1;
-    if ((uint64_t)length != f->size + TRAILER ||
-        __atomic_load_n(&verified[f - files], __ATOMIC_RELAXED) != publication(extent, offset, seq)) return -1;
+    *pub = publication(extent, offset, seq);
+    if ((uint64_t)length != f->size + TRAILER || __atomic_load_n(&verified[f - files], __ATOMIC_RELAXED) != *pub)
+        return -1;
     int fd = open_extent(extent);
     *base = offset;
     return fd;
+}
+
+/* Whether the tier still holds publication ``pub`` of file ``f``'s entry: looked at after a part
+ * was read in place, so that bytes read from an entry evicted (or replaced) meanwhile are never
+ * served. */
+static int still_published(const struct lfile *f, uint64_t pub) {
+    uint32_t extent, length, stamp, seq;
+    uint64_t offset;
+    return index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq) &&
+           publication(extent, offset, seq) == pub;
+}
+
+/* -- files being read whole, and the ones just read ---------------------------------------------
+ * A file's first READ that goes to the source reads it whole. When the kernel asks for the file in
+ * several READs, the later ones wait while that read runs (reading[]), then take their part from
+ * memory: the last files read whole that the first READ did not cover (ring, up to RING_BYTES),
+ * so that no later part reads the source again, whether or not the tier took the file. */
+#define RING_SLOTS 64
+#define RING_BYTES (256ull << 20)
+static uint8_t *reading;
+static pthread_mutex_t ring_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ring_cv = PTHREAD_COND_INITIALIZER;
+static struct { int64_t f; char *buf; uint64_t size; } ring[RING_SLOTS];
+static unsigned ring_next;
+static uint64_t ring_bytes;
+
+static void reading_set(int64_t f, int on) {
+    pthread_mutex_lock(&ring_mu);
+    reading[f] = (uint8_t)on;
+    if (!on) pthread_cond_broadcast(&ring_cv);
+    pthread_mutex_unlock(&ring_mu);
+}
+
+/* Keep a copy of ``buf`` (file ``f``, read whole) for its later parts; the oldest give way. */
+static void ring_put(int64_t f, const char *buf, uint64_t size) {
+    if (size > RING_BYTES / 4) return;
+    char *copy = malloc(size ? size : 1);
+    if (!copy) return;
+    memcpy(copy, buf, size);
+    pthread_mutex_lock(&ring_mu);
+    for (unsigned i = 0; i < RING_SLOTS; i++) {   /* slots fill in turn: the next is the oldest */
+        if (i > 0 && ring_bytes + size <= RING_BYTES) break;
+        unsigned j = (ring_next + i) % RING_SLOTS;
+        if (ring[j].buf) {
+            ring_bytes -= ring[j].size;
+            free(ring[j].buf);
+            ring[j].buf = NULL;
+        }
+    }
+    ring[ring_next].f = f;
+    ring[ring_next].buf = copy;
+    ring[ring_next].size = size;
+    ring_bytes += size;
+    ring_next = (ring_next + 1) % RING_SLOTS;
+    pthread_mutex_unlock(&ring_mu);
+}
+
+/* Serve ``size`` bytes at ``off`` of file ``f`` from memory, after waiting (up to 2 s) for a whole
+ * read of it under way here; -1 if it is not there. */
+static int ring_read(int64_t f, char *buf, size_t size, off_t off) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    pthread_mutex_lock(&ring_mu);
+    while (reading[f] && pthread_cond_timedwait(&ring_cv, &ring_mu, &until) == 0) {}
+    int r = -1;
+    for (unsigned i = 0; i < RING_SLOTS; i++) {
+        if (ring[i].buf && ring[i].f == f) {
+            uint64_t n = (uint64_t)off >= ring[i].size ? 0 : ring[i].size - (uint64_t)off;
+            if (n > size) n = size;
+            if (n) memcpy(buf, ring[i].buf + off, n);
+            r = (int)n;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ring_mu);
+    return r;
 }
 
 /* -- operations ------------------------------------------------------------------------------ */
@@ -382,6 +462,7 @@ static void read_whole(struct handle *h, uint64_t f, uint64_t mtime) {
     h->local = 3;
     close(h->fd);
     h->fd = -1;
+    if (!opt.handoff) return;
     char tmp[PATH_MAX], dst[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s/.%llu.%ld.tmp", opt.handoff, (unsigned long long)f, (long)gettid());
     snprintf(dst, sizeof dst, "%s/%llu", opt.handoff, (unsigned long long)f);
@@ -454,8 +535,9 @@ static int key_lock(uint64_t digest, short type) {
 
 /* Make ``h`` serve the file at ``path``: the info file, the verified entry from the tier, or the
  * source (read whole and handed over when staging runs). ``first``: this is the file's first
- * request (counted as an open, and a source read is reported to the mount process). 0 or -errno. */
-static int prepare(const char *path, struct handle *h, int first) {
+ * request (counted as an open, and a source read is reported to the mount process); ``want``: the
+ * bytes it asks for from the start (less than the file: later parts will follow). 0 or -errno. */
+static int prepare(const char *path, struct handle *h, int first, uint64_t want) {
     memset(h, 0, sizeof *h);
     h->fd = -1;
     if (strcmp(path, INFO_NAME) == 0) {
@@ -468,7 +550,8 @@ static int prepare(const char *path, struct handle *h, int first) {
     int64_t d, f = find(rel(path), &d);
     if (f < 0) return d >= 0 ? -EISDIR : -ENOENT;
     h->size = files[f].size;
-    if (!first && (h->fd = read_local_part(&files[f], &h->base)) >= 0) {
+    h->file = &files[f];
+    if (!first && (h->fd = read_local_part(&files[f], &h->base, &h->pub)) >= 0) {
         h->local = 4;
         return 0;
     }
@@ -498,9 +581,12 @@ static int prepare(const char *path, struct handle *h, int first) {
         }
         return 0;
     }
+    int parts = first && want < h->size;   /* the kernel will ask for the rest in later READs */
+    if (parts) reading_set(f, 1);          /* they wait from now on (the open alone may be slow) */
     h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
     if (h->fd < 0) {
         int e = errno;
+        if (parts) reading_set(f, 0);
         if (locked) key_lock(files[f].digest, F_UNLCK);
         return -e;
     }
@@ -509,7 +595,11 @@ static int prepare(const char *path, struct handle *h, int first) {
     struct stat st;
     uint64_t mtime = 0;
     if (fstat(h->fd, &st) == 0) mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-    if (opt.handoff) read_whole(h, (uint64_t)f, mtime);
+    if (opt.handoff || parts) read_whole(h, (uint64_t)f, mtime);
+    if (parts) {
+        if (h->local == 3) ring_put(f, h->buf, h->size);
+        reading_set(f, 0);
+    }
     if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
     if (opt.events_fd >= 0) {
         if (!report((uint64_t)f) && opt.handoff) {
@@ -544,6 +634,27 @@ static int serve(struct handle *h, char *buf, size_t size, off_t off) {
         if (r == 0) break;
         got += (size_t)r;
     }
+    if (h->local == 4 && !still_published(h->file, h->pub)) {   /* evicted or replaced while read */
+        int stale = 0;
+        char *whole = read_local(h->file, &stale);
+        if (whole) {
+            memcpy(buf, whole + off, size);
+            free(whole);
+            count(&sh->bytes_local, size);
+            return (int)size;
+        }
+        int fd = openat(src_fd, strs + h->file->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return -errno;
+        for (got = 0; got < size;) {
+            ssize_t r = pread(fd, buf + got, size - got, off + (off_t)got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        close(fd);
+        count(&sh->bytes_source, got);
+        return (int)got;
+    }
     if (h->local != 5) count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, got);  /* 5: counted whole */
     return (int)got;
 }
@@ -558,7 +669,7 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
     if (no_open) return -ENOSYS;
     struct handle *h = malloc(sizeof *h);
     if (!h) return -ENOMEM;
-    int r = prepare(path, h, 1);
+    int r = prepare(path, h, 1, UINT64_MAX);   /* reads come through this handle, which holds it all */
     if (r) { free(h); return r; }
     fi->fh = (uint64_t)(uintptr_t)h;
     fi->keep_cache = 1;
@@ -570,8 +681,13 @@ static int mnt_open(const char *path, struct fuse_file_info *fi) {
 static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi) {
     count(&sh->reads, 1);
     if (fi->fh) return serve((struct handle *)(uintptr_t)fi->fh, buf, size, off);
+    if (off != 0) {   /* a later part of a file read whole from the source moments ago: from memory */
+        int64_t d, f = find(rel(path), &d);
+        int r = f >= 0 ? ring_read(f, buf, size, off) : -1;
+        if (r >= 0) return r;
+    }
     struct handle h;
-    int r = prepare(path, &h, off == 0);
+    int r = prepare(path, &h, off == 0, (uint64_t)off + size);
     if (r) return r;
     r = serve(&h, buf, size, off);
     unprepare(&h);
@@ -675,8 +791,9 @@ static int load_listing(const char *path) {
     strs = (const char *)(children + h->nchildren);
     for (uint64_t i = 0; i < nfiles; i++) total_bytes += files[i].size;
     checked = calloc(nfiles ? nfiles : 1, 1);
+    reading = calloc(nfiles ? nfiles : 1, 1);
     verified = calloc(nfiles ? nfiles : 1, sizeof *verified);
-    return checked && verified ? 0 : die("out of memory for", path);
+    return checked && reading && verified ? 0 : die("out of memory for", path);
 }
 
 static int load_info(const char *path) {

@@ -20,9 +20,12 @@ stops reads for nothing.
 A shuffled order hits about as often as ``recent`` / number of files, too rarely to stage anything
 much.
 
-When the tier is full, the file opened last gives way first (``give_way``): in a scan that
-repeats, it is the file wanted again farthest away (the offline optimum for a cyclic order), so the
-tier keeps the files the scan read first and turns over a window of the rest.
+At most ``max_outstanding`` files are handed out and not yet opened at any time, however many
+readers run (each has its window). When the tier is full, the file opened last gives way first
+(``give_way``), save the last ``busy`` opens (they may still be being read): in a scan that
+repeats, the file read last is the one wanted again farthest away (the offline optimum for a
+cyclic order), so the tier keeps the files the scan read first and turns over a window of the
+rest.
 
 What it does not decide: whether a file fits (the tier's ledger does) and whether it is staged
 already (the stager looks).
@@ -43,9 +46,16 @@ class Readahead:
     files to stage now, in the order they will be wanted."""
 
     def __init__(self, num_files: int, min_window: int = 8, max_window: int = 64,
-                 recent: int | None = None) -> None:
+                 recent: int | None = None, max_outstanding: int | None = None, busy: int = 16) -> None:
         self.n = int(num_files)
-        self.min_window, self.max_window = int(min_window), int(max_window)
+        self.max_window = max(1, int(max_window))
+        self.min_window = max(1, min(int(min_window), self.max_window))
+        # files handed out and not opened yet, at most: however many readers run, read-ahead never
+        # asks for more than the tier can hold beside what is being read
+        self.max_outstanding = int(max_outstanding) if max_outstanding is not None else 16 * self.max_window
+        self.outstanding = 0
+        # the last ``busy`` files opened may still be being read (one per reader): they never give way
+        self.busy = int(busy)
         # how far back a predecessor's open counts: enough for dozens of interleaved readers, far
         # less than a pass, so that a shuffled order rarely hits
         self.recent = int(recent) if recent is not None else max(4, min(256, self.n // 16))
@@ -91,6 +101,8 @@ class Readahead:
         if not 0 <= f < self.n:
             return []
         prev_open = int(self.last_open[f])
+        if self.asked[f] > prev_open:   # handed out, and now here
+            self.outstanding -= 1
         if prev_open == NEVER:
             self.rank[f] = self.recorded
             self.record[self.recorded] = f
@@ -111,23 +123,37 @@ class Readahead:
             # pass already (by another reader whose run is ahead of this one)
             last = self.last_open[ahead]
             fresh = ahead[(self.asked[ahead] <= last) & (last < self.count - self.n // 2)]
+            fresh = fresh[:max(0, self.max_outstanding - self.outstanding)]
             self.asked[fresh] = self.count
+            self.outstanding += len(fresh)
             out.extend(fresh.tolist())
             self.window[order] = min(2 * self.window[order], self.max_window)
         self.last_open[f] = self.count
         self.count += 1
         self.staged += len(out)
         self._opened.append(f)
+        if self.count % max(64, self.n // 4) == 0:
+            self._expire()
         return out
+
+    def _expire(self) -> None:
+        """Files handed out a pass ago and never opened (a scan that stopped) no longer count as
+        outstanding, and may be handed out again."""
+        gone = (self.asked > self.last_open) & (self.asked < self.count - self.n)
+        self.asked[gone] = NEVER
+        self.outstanding = int(np.count_nonzero(self.asked > self.last_open))
 
     def not_staged(self, files) -> None:
         """``files``, handed out, were not staged after all (no room): hand them out again later."""
-        self.asked[np.asarray(list(files), dtype=np.int64)] = NEVER
+        idx = np.asarray(list(files), dtype=np.int64)
+        self.outstanding -= int(np.count_nonzero(self.asked[idx] > self.last_open[idx]))
+        self.asked[idx] = NEVER
 
     def give_way(self) -> Iterator[int]:
-        """Files to evict for read-ahead, the one opened last first; never one handed out and not
-        opened since (read-ahead wants it), each at most once."""
-        seen: set[int] = set()
+        """Files to evict for read-ahead, the one opened last first, but never one of the last
+        ``busy`` opens (it may still be being read) nor one handed out and not opened since
+        (read-ahead wants it); each at most once."""
+        seen: set[int] = set(list(self._opened)[-self.busy:]) if self.busy > 0 else set()
         for f in reversed(self._opened):
             if f not in seen and self.asked[f] <= self.last_open[f]:
                 seen.add(f)
