@@ -795,3 +795,29 @@ def test_ranks_launched_by_mpirun_take_their_rank_from_it_and_share_the_mount(tm
         s = m.stats()
         assert m.staging()["ranks"] == 2 and s.opens_source == 0 and s.opens_local == n, (s, m.staging())
         assert store.counters().opens == n   # each file from the store once: by the staging
+
+
+@pytest.mark.parametrize("listening", [True, False])
+def test_reports_the_mount_process_cannot_take_are_counted(tmp_path, monkeypatch, listening):
+    """The daemon tells the mount process of each first read through a pipe, without waiting. When
+    nobody empties it (the mount process stalled), the reports past the pipe's capacity are counted
+    as dropped, and reads go on. Control (the mount process listening): none is dropped."""
+    import fcntl
+
+    from clairvoyant.mount.controller import Controller
+
+    if not listening:
+        monkeypatch.setattr(Controller, "_events", lambda self: self._stop.wait())
+    with small_mount(tmp_path) as (src, m):
+        keys = keys_of(m)
+        capacity = fcntl.fcntl(m.events_fd, 1032) // 8   # F_GETPIPE_SZ: reports the pipe holds
+        first_reads = 0
+        while first_reads <= capacity + 100:
+            assert same_bytes(src, m.path, keys) == []
+            first_reads += len(keys)
+            forget_pages(m.path, keys)   # the next pass's reads reach the daemon again
+        s = m.stats()
+        if listening:
+            assert s.events_dropped == 0, s
+        else:
+            assert s.events_dropped == s.opens_local + s.opens_source - capacity > 0, (s, capacity)

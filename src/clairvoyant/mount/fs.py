@@ -44,10 +44,10 @@ STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = th
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
-# stale, quiet_local (written by the mount process)
-_LAYOUT = struct.Struct("<8sII10Q")
+# stale, quiet_local (written by the mount process), events dropped
+_LAYOUT = struct.Struct("<8sII11Q")
 _MAGIC, _VERSION = b"CVMNTST\0", 3
-_QUIET_LOCAL = _LAYOUT.size - 8
+_QUIET_LOCAL = _LAYOUT.size - 16
 
 
 class MountStats(NamedTuple):
@@ -58,6 +58,8 @@ class MountStats(NamedTuple):
     corrupt: int          # staged entries that failed their check (never served)
     reads: int
     stale: int            # entries of an earlier session whose source file changed since (never served)
+    events_dropped: int   # first reads the mount process did not hear of (its pipe was full): not
+                          # cached through, nor read ahead from
 
     def to_json(self) -> dict:
         return self._asdict()
@@ -81,7 +83,7 @@ def read_stats(path: str) -> MountStats:
 
 
 def _stats(v: tuple) -> MountStats:
-    return MountStats(*v[3:9], v[11])
+    return MountStats(*v[3:9], v[11], v[13])
 
 
 def read_info(mnt: str) -> dict:

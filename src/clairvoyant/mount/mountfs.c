@@ -79,6 +79,7 @@ struct mountfs_stats {
     uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
     uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
     uint64_t quiet_local;   /* set by the mount process: report no opens served from the tier */
+    uint64_t events_dropped;   /* reports the mount process could not take (its pipe was full) */
 };
 
 struct listing_head {   /* 64 bytes */
@@ -522,7 +523,10 @@ static int open_handoff(uint64_t f) {
  * ahead from the order of the opens when no sampler publishes one. 1 if told. */
 #define EVENT_LOCAL (1ull << 63)
 static int report(uint64_t ev) {
-    return opt.events_fd >= 0 && write(opt.events_fd, &ev, sizeof ev) == (ssize_t)sizeof ev;
+    if (opt.events_fd < 0) return 0;
+    if (write(opt.events_fd, &ev, sizeof ev) == (ssize_t)sizeof ev) return 1;
+    count(&sh->events_dropped, 1);
+    return 0;
 }
 
 /* Take or let go of the key's lock for this daemon (F_SETLK: never waits); 1 if taken. While the
