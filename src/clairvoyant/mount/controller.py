@@ -25,6 +25,7 @@ import os
 import select
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -41,6 +42,7 @@ log = logging.getLogger("clairvoyant")
 WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
 EVENTS_GATHER = 0.002   # seconds the events thread lets reports gather before it reads them
 EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
+BACKLOG = 4096   # files read from the source waiting for a staging slot, at most
 
 
 def _plan_key(cur: dict) -> tuple:
@@ -260,10 +262,17 @@ class Controller:
     # -- without a sampler: read-through in first-open order --------------------------------------
 
     def _events(self) -> None:
+        """Hear of first reads; stage what came from the source (read-through) and read ahead.
+        Never waits for the stager: a file read from the source while every staging slot is taken
+        waits in a backlog (its handoff beside it) and is taken up as slots free."""
         fd = self.m.events_fd
         buf = b""
+        backlog: deque[int] = deque()
         while not self._stop.is_set():
-            r, _, _ = select.select([fd], [], [], self._poll)
+            while backlog and self._submit(backlog[0], wait=False):
+                backlog.popleft()
+                self._add("read_through")
+            r, _, _ = select.select([fd], [], [], WATCH_EVERY if backlog else self._poll)
             if not r:
                 continue
             time.sleep(EVENTS_GATHER)   # let the events of a few opens gather: one wake-up for them
@@ -282,8 +291,14 @@ class Controller:
                 if f >= len(self.manifest):
                     continue
                 # with or without a sampler: what was read from the source is cached from its handoff
-                if not ev & EVENT_LOCAL and self._submit(f):
-                    self._add("read_through")
+                if not ev & EVENT_LOCAL:
+                    if not backlog and self._submit(f, wait=False):
+                        self._add("read_through")
+                    elif len(backlog) < BACKLOG:
+                        backlog.append(f)
+                    else:   # far behind: let this one go rather than keep its handoff beside the tier
+                        self._discard(f)
+                        self._add("not_staged")
                 if not self._sampler.is_set():   # no sampler's order: guess the next files from the opens
                     self._read_ahead(f)
 
