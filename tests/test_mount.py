@@ -305,7 +305,8 @@ def test_a_later_part_asked_while_the_first_read_is_reading_the_file_waits_for_i
         store.reset()
         first = threading.Thread(target=read, args=("big.bin", 0))
         first.start()
-        time.sleep(0.1)   # the first READ is reading the file whole (0.3 s to open it on the store)
+        # the first READ is reading the file whole: its open is in service at the store (0.3 s)
+        assert wait_until(lambda: store.counters().peak_inflight >= 1, 5)
         later = threading.Thread(target=read, args=("big.bin", 2 << 20))
         later.start()
         first.join(10)
@@ -821,3 +822,32 @@ def test_reports_the_mount_process_cannot_take_are_counted(tmp_path, monkeypatch
             assert s.events_dropped == 0, s
         else:
             assert s.events_dropped == s.opens_local + s.opens_source - capacity > 0, (s, capacity)
+
+
+def test_later_parts_never_mix_an_older_copy_of_a_changed_file(tmp_path):
+    """A file read page by page is read whole once and its later pages come from memory (the first
+    pass reads the store once). Rewritten at the source (same size) and read again: every page is
+    the new version, none from the copy kept for the first pass."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    path = src / "a" / "f.bin"
+    size = 256 << 10
+    path.write_bytes(b"A" * size)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+
+    def pages(m: Mount) -> set[bytes]:
+        fd = os.open(os.path.join(m.path, "a", "f.bin"), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            return {os.pread(fd, 4096, off) for off in range(0, size, 4096)}
+        finally:
+            os.close(fd)
+
+    with Mount(str(src), str(mnt), local_dir=str(tmp_path / "local"), stage=False) as m:
+        assert pages(m) == {b"A" * 4096}
+        s = m.stats()
+        assert s.reads == size // 4096 and s.bytes_source == size   # several READs, one read of the file
+        forget_pages(m.path, ["a/f.bin"])
+        path.write_bytes(b"B" * size)
+        assert pages(m) == {b"B" * 4096}

@@ -117,10 +117,11 @@ class NativeStager:
                 if mine and job is not None:
                     store.abandon(job[1], job[2], job[3])
 
-    def in_flight(self, token: int) -> bool:
-        """Whether the job of ``token`` is under way (submitted, its outcome not yet told)."""
+    def in_flight(self, token: int | None = None) -> bool:
+        """Whether the job of ``token`` (None: any job) is under way (submitted, its outcome not yet
+        told)."""
         with self._lock:
-            return token in self._jobs
+            return bool(self._jobs) if token is None else token in self._jobs
 
     def _collect(self) -> None:
         while True:

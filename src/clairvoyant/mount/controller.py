@@ -185,12 +185,12 @@ class Controller:
         self._pool.submit(self._stage, i)
         return True
 
-    def _in_flight(self, i: int) -> bool:
-        """Whether a copy of file ``i`` by this process is under way."""
+    def _in_flight(self, i: int | None = None) -> bool:
+        """Whether a copy of file ``i`` (None: of any file) by this process is under way."""
         if self._native is not None:
             return self._native.in_flight(i)
         with self._lock:
-            return i in self._flying
+            return bool(self._flying) if i is None else i in self._flying
 
     def _settle(self, late: list[int], held: StagedAhead) -> list[int]:
         """Evict what was chosen for eviction while its copy was on the way, now that it is there;
@@ -392,9 +392,13 @@ class Controller:
         self._publish_stats()
 
     def _run_plan(self, cur: dict, key: tuple) -> None:
-        with self._giving_way:   # no read-ahead eviction under way from here on
-            self._sampler.set()   # a sampler says what comes next: no more guessing from the opens
-        self.m.quiet_local_opens()
+        if not self._sampler.is_set():
+            with self._giving_way:   # no read-ahead eviction under way from here on
+                self._sampler.set()   # a sampler says what comes next: no more guessing from the opens
+            self.m.quiet_local_opens()
+            deadline = time.monotonic() + 2.0   # read-ahead's copies land before the tier is looked at
+            while self._readahead.staged and self._in_flight() and time.monotonic() < deadline:
+                self._stop.wait(WATCH_EVERY)
         ranks = sorted(cur)
         epoch = cur[ranks[0]].epoch
         seq, per_step = self._merge([cur[r].groups for r in ranks])

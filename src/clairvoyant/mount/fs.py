@@ -46,7 +46,7 @@ ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
 # stale, quiet_local (written by the mount process), events dropped
 _LAYOUT = struct.Struct("<8sII11Q")
-_MAGIC, _VERSION = b"CVMNTST\0", 3
+_MAGIC, _VERSION = b"CVMNTST\0", 4
 _QUIET_LOCAL = _LAYOUT.size - 16
 
 
@@ -181,18 +181,20 @@ class Mount:
                          "stats": self.stats_path, "staging": os.path.join(work, "staging.json"),
                          "samples": len(self.manifest), "capacity": self.capacity.nbytes}
             listing.publish_bytes(os.path.join(work, "info.json"), json.dumps(self.info, indent=1).encode())
-            r, w = os.pipe()
-            held["events"] = r
+            w = -1
+            if stage:   # the reports of first reads are for the staging: none without it
+                r, w = os.pipe()
+                held["events"] = r
             cmd = [binary, "-f", "--watch-parent", f"--listing={work}/listing",
                    f"--index={self.tiers.local.index.path}", f"--extents={self.tiers.local.ext_dir}",
-                   f"--stats={self.stats_path}", f"--info={work}/info.json", f"--events-fd={w}",
-                   f"--session={self.tiers.local.session}",
-                   *([f"--handoff={self.handoff}"] if stage else []), src.root,
-                   self.path]
+                   f"--stats={self.stats_path}", f"--info={work}/info.json",
+                   *([f"--events-fd={w}", f"--handoff={self.handoff}"] if stage else []),
+                   f"--session={self.tiers.local.session}", src.root, self.path]
             try:
-                proc = start(cmd, os.path.join(work, "mountfs.log"), pass_fds=(w,))
+                proc = start(cmd, os.path.join(work, "mountfs.log"), pass_fds=(w,) if stage else ())
             finally:
-                os.close(w)
+                if w >= 0:
+                    os.close(w)
         except BaseException:
             for fd in (held.pop("events", -1),):
                 if fd >= 0:

@@ -64,7 +64,7 @@
 #endif
 
 #define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 3
+#define STATS_VERSION 4
 #define LISTING_MAGIC "CVMNTLS1"
 #define INDEX_MAGIC "CVINDEX1"
 #define ENTRY_MAGIC "CVENTRY1"
@@ -325,12 +325,39 @@ static int still_published(const struct lfile *f, uint64_t pub) {
  * so that no later part reads the source again, whether or not the tier took the file. */
 #define RING_SLOTS 64
 #define RING_BYTES (256ull << 20)
+#define RING_FILE_MAX (RING_BYTES / 4)   /* a larger file is not read whole for its later parts */
 static uint8_t *reading;
 static pthread_mutex_t ring_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t ring_cv = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t ring_cv;   /* on CLOCK_MONOTONIC: ring_init */
 static struct { int64_t f; char *buf; uint64_t size; } ring[RING_SLOTS];
 static unsigned ring_next;
 static uint64_t ring_bytes;
+
+static int ring_init(void) {
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a) != 0) return -1;
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int r = pthread_cond_init(&ring_cv, &a);
+    pthread_condattr_destroy(&a);
+    return r;
+}
+
+/* Forget the copies of file ``f`` (caller holds ring_mu). */
+static void ring_forget(int64_t f) {
+    for (unsigned i = 0; i < RING_SLOTS; i++) {
+        if (ring[i].buf && ring[i].f == f) {
+            ring_bytes -= ring[i].size;
+            free(ring[i].buf);
+            ring[i].buf = NULL;
+        }
+    }
+}
+
+static void ring_drop(int64_t f) {
+    pthread_mutex_lock(&ring_mu);
+    ring_forget(f);
+    pthread_mutex_unlock(&ring_mu);
+}
 
 static void reading_set(int64_t f, int on) {
     pthread_mutex_lock(&ring_mu);
@@ -341,11 +368,12 @@ static void reading_set(int64_t f, int on) {
 
 /* Keep a copy of ``buf`` (file ``f``, read whole) for its later parts; the oldest give way. */
 static void ring_put(int64_t f, const char *buf, uint64_t size) {
-    if (size > RING_BYTES / 4) return;
+    if (size > RING_FILE_MAX) return;
     char *copy = malloc(size ? size : 1);
     if (!copy) return;
     memcpy(copy, buf, size);
     pthread_mutex_lock(&ring_mu);
+    ring_forget(f);   /* one copy per file: the newest */
     for (unsigned i = 0; i < RING_SLOTS; i++) {   /* slots fill in turn: the next is the oldest */
         if (i > 0 && ring_bytes + size <= RING_BYTES) break;
         unsigned j = (ring_next + i) % RING_SLOTS;
@@ -367,7 +395,7 @@ static void ring_put(int64_t f, const char *buf, uint64_t size) {
  * read of it under way here; -1 if it is not there. */
 static int ring_read(int64_t f, char *buf, size_t size, off_t off) {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += 2;
     pthread_mutex_lock(&ring_mu);
     while (reading[f] && pthread_cond_timedwait(&ring_cv, &ring_mu, &until) == 0) {}
@@ -541,6 +569,8 @@ static int key_lock(uint64_t digest, short type) {
  * source (read whole and handed over when staging runs). ``first``: this is the file's first
  * request (counted as an open, and a source read is reported to the mount process); ``want``: the
  * bytes it asks for from the start (less than the file: later parts will follow). 0 or -errno. */
+static int prepare_file(const char *path, struct handle *h, int64_t f, int first, int parts);
+
 static int prepare(const char *path, struct handle *h, int first, uint64_t want) {
     memset(h, 0, sizeof *h);
     h->fd = -1;
@@ -555,6 +585,18 @@ static int prepare(const char *path, struct handle *h, int first, uint64_t want)
     if (f < 0) return d >= 0 ? -EISDIR : -ENOENT;
     h->size = files[f].size;
     h->file = &files[f];
+    /* A first READ starts the file afresh: copies kept from an earlier read whole go (the file may
+     * have changed since). One that asks for less than the file means later READs will follow:
+     * they wait for this one, and a read from the source keeps a copy for them. */
+    int parts = first && want < h->size && h->size <= RING_FILE_MAX;
+    if (first) ring_drop(f);
+    if (parts) reading_set(f, 1);
+    int r = prepare_file(path, h, f, first, parts);
+    if (parts) reading_set(f, 0);
+    return r;
+}
+
+static int prepare_file(const char *path, struct handle *h, int64_t f, int first, int parts) {
     if (!first && (h->fd = read_local_part(&files[f], &h->base, &h->pub)) >= 0) {
         h->local = 4;
         return 0;
@@ -585,12 +627,9 @@ static int prepare(const char *path, struct handle *h, int first, uint64_t want)
         }
         return 0;
     }
-    int parts = first && want < h->size;   /* the kernel will ask for the rest in later READs */
-    if (parts) reading_set(f, 1);          /* they wait from now on (the open alone may be slow) */
     h->fd = openat(src_fd, rel(path), O_RDONLY | O_CLOEXEC);
     if (h->fd < 0) {
         int e = errno;
-        if (parts) reading_set(f, 0);
         if (locked) key_lock(files[f].digest, F_UNLCK);
         return -e;
     }
@@ -600,10 +639,7 @@ static int prepare(const char *path, struct handle *h, int first, uint64_t want)
     uint64_t mtime = 0;
     if (fstat(h->fd, &st) == 0) mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
     if (opt.handoff || parts) read_whole(h, (uint64_t)f, mtime);
-    if (parts) {
-        if (h->local == 3) ring_put(f, h->buf, h->size);
-        reading_set(f, 0);
-    }
+    if (parts && h->local == 3) ring_put(f, h->buf, h->size);
     if (locked) key_lock(files[f].digest, F_UNLCK);   /* handed over (or not): staging may go on */
     if (opt.events_fd >= 0) {
         if (!report((uint64_t)f) && opt.handoff) {
@@ -796,6 +832,7 @@ static int load_listing(const char *path) {
     for (uint64_t i = 0; i < nfiles; i++) total_bytes += files[i].size;
     checked = calloc(nfiles ? nfiles : 1, 1);
     reading = calloc(nfiles ? nfiles : 1, 1);
+    if (ring_init() != 0) return die("cannot set up the daemon's memory of files read whole for", path);
     verified = calloc(nfiles ? nfiles : 1, sizeof *verified);
     return checked && reading && verified ? 0 : die("out of memory for", path);
 }

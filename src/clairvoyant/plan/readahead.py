@@ -20,8 +20,10 @@ stops reads for nothing.
 A shuffled order hits about as often as ``recent`` / number of files, too rarely to stage anything
 much.
 
-At most ``max_outstanding`` files are handed out and not yet opened at any time, however many
-readers run (each has its window). When the tier is full, the file opened last gives way first
+At most ``max_outstanding`` files handed out in the last ``horizon`` opens are not yet opened,
+however many readers run (each has its window). A file handed out earlier and never opened (the
+kernel kept its pages, so no read reported it; or a scan stopped) stops counting then, and may be
+handed out again a pass later. When the tier is full, the file opened last gives way first
 (``give_way``), save the last ``busy`` opens (they may still be being read): in a scan that
 repeats, the file read last is the one wanted again farthest away (the offline optimum for a
 cyclic order), so the tier keeps the files the scan read first and turns over a window of the
@@ -54,11 +56,16 @@ class Readahead:
         # asks for more than the tier can hold beside what is being read
         self.max_outstanding = int(max_outstanding) if max_outstanding is not None else 16 * self.max_window
         self.outstanding = 0
+        self._asked_q: deque[tuple[int, int]] = deque()   # (when, file) of each hand-out, oldest first
         # the last ``busy`` files opened may still be being read (one per reader): they never give way
         self.busy = int(busy)
         # how far back a predecessor's open counts: enough for dozens of interleaved readers, far
         # less than a pass, so that a shuffled order rarely hits
         self.recent = int(recent) if recent is not None else max(4, min(256, self.n // 16))
+        # a file handed out and not opened within this many opens counts no more (it may never be
+        # reported: the kernel kept its pages, or the scan stopped); long enough for a file asked by
+        # one reader's window to be reached by another's
+        self.horizon = max(2 * self.max_outstanding, 64)
         self.count = 0                                     # opens so far
         self.last_open = np.full(self.n, NEVER, dtype=np.int64)
         self.asked = np.full(self.n, NEVER, dtype=np.int64)  # when a file was last handed out to stage
@@ -101,8 +108,13 @@ class Readahead:
         if not 0 <= f < self.n:
             return []
         prev_open = int(self.last_open[f])
-        if self.asked[f] > prev_open:   # handed out, and now here
+        if self.asked[f] > prev_open and self.asked[f] >= self.count - self.horizon:   # handed out, now here
             self.outstanding -= 1
+        q = self._asked_q
+        while q and q[0][0] < self.count - self.horizon:   # handed out too long ago: counts no more
+            t, g = q.popleft()
+            if self.asked[g] == t and self.last_open[g] < t:
+                self.outstanding -= 1
         if prev_open == NEVER:
             self.rank[f] = self.recorded
             self.record[self.recorded] = f
@@ -126,6 +138,7 @@ class Readahead:
             fresh = fresh[:max(0, self.max_outstanding - self.outstanding)]
             self.asked[fresh] = self.count
             self.outstanding += len(fresh)
+            q.extend((self.count, g) for g in fresh.tolist())
             out.extend(fresh.tolist())
             self.window[order] = min(2 * self.window[order], self.max_window)
         self.last_open[f] = self.count
@@ -137,16 +150,16 @@ class Readahead:
         return out
 
     def _expire(self) -> None:
-        """Files handed out a pass ago and never opened (a scan that stopped) no longer count as
-        outstanding, and may be handed out again."""
+        """Files handed out a pass ago (``n`` opens) and never opened may be handed out again."""
         gone = (self.asked > self.last_open) & (self.asked < self.count - self.n)
+        self.outstanding -= int(np.count_nonzero(gone & (self.asked >= self.count - self.horizon)))
         self.asked[gone] = NEVER
-        self.outstanding = int(np.count_nonzero(self.asked > self.last_open))
 
     def not_staged(self, files) -> None:
         """``files``, handed out, were not staged after all (no room): hand them out again later."""
         idx = np.asarray(list(files), dtype=np.int64)
-        self.outstanding -= int(np.count_nonzero(self.asked[idx] > self.last_open[idx]))
+        a = self.asked[idx]
+        self.outstanding -= int(np.count_nonzero((a > self.last_open[idx]) & (a >= self.count - self.horizon)))
         self.asked[idx] = NEVER
 
     def give_way(self) -> Iterator[int]:
