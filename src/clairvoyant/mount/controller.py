@@ -167,9 +167,12 @@ class Controller:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.m.handoff, str(i)))
 
-    def _submit(self, i: int, wait: bool = True) -> bool:
-        """Stage file ``i`` (True: handed to the stager); without ``wait``, only if a slot is free."""
-        if not wait:
+    def _submit(self, i: int, wait: bool = True, slot: bool = False) -> bool:
+        """Stage file ``i`` (True: handed to the stager); without ``wait``, only if a slot is free;
+        ``slot``: the caller holds one already."""
+        if slot:
+            pass
+        elif not wait:
             if not self._inflight.acquire(blocking=False):
                 return False
         else:
@@ -310,14 +313,16 @@ class Controller:
         for g in ahead:
             if self._sampler.is_set():
                 break
+            if not self._inflight.acquire(blocking=False):   # never hold the events up: later opens ask again
+                break
             need = entry_size(int(self.sizes[g]))
-            if room < need:
+            if room < need:   # a slot is there: only now does anything give way
                 room += self._give_way(need - room)
                 if room < need:
+                    self._inflight.release()
                     self._add("ahead_no_room")
                     break
-            if not self._submit(g, wait=False):   # never hold the events up: later opens ask again
-                break
+            self._submit(g, slot=True)
             room -= need
             n += 1
         if n < len(ahead):
