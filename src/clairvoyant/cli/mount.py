@@ -30,7 +30,9 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     share = f" ({100 * s.opens_local / opens:.1f}% local)" if opens else ""
     print(f"{mnt}: opens {s.opens_local} local, {s.opens_source} from the source{share}; bytes "
           f"{format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the source; "
-          f"{s.corrupt} corrupt and {s.stale} stale entries not served")
+          f"{s.corrupt} corrupt and {s.stale} stale entries not served"
+          + (f"; {s.events_dropped} first reads the staging did not hear of (it fell behind)"
+             if s.events_dropped else ""))
     if staging:
         print("staging: " + ", ".join(f"{k} {v}" for k, v in staging.items()))
     return 0
