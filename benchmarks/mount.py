@@ -115,19 +115,23 @@ def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) ->
     return out
 
 
+def fresh_mount_pass(store: FuseStore, work: str, workers: int, batch: int, shuffle: bool) -> dict:
+    """One epoch of PyTorch's own sampler (no sampler swapped) through a fresh mount and tier."""
+    tag = f"{'shuffled' if shuffle else 'in-order'}-{workers}"
+    mnt = os.path.join(work, f"mnt-{tag}")
+    os.makedirs(mnt)
+    with Mount(store.path, mnt, local_dir=os.path.join(work, f"local-{tag}")) as m:
+        store.reset()
+        r = plain(mnt, workers, batch, 0, shuffle=shuffle)
+        r.update(store_opens=store.counters().opens, read_ahead=m.staging().get("read_ahead", 0))
+    return r
+
+
 def in_order(store: FuseStore, work: str, store_workers, mount_workers, batch: int) -> dict:
     """A validation-style pass (``shuffle=False``, no sampler swapped) over the store directly and
     through a fresh mount (its read-ahead follows the listing's order), each worker count once."""
-    out = {"store": [plain(store.path, w, batch, 0, shuffle=False) for w in store_workers], "mount": []}
-    for w in mount_workers:
-        mnt = os.path.join(work, f"mnt-in-order-{w}")
-        os.makedirs(mnt)
-        with Mount(store.path, mnt, local_dir=os.path.join(work, f"local-in-order-{w}")) as m:
-            store.reset()
-            r = plain(mnt, w, batch, 0, shuffle=False)
-            r.update(store_opens=store.counters().opens, read_ahead=m.staging().get("read_ahead", 0))
-            out["mount"].append(r)
-    return out
+    return {"store": [plain(store.path, w, batch, 0, shuffle=False) for w in store_workers],
+            "mount": [fresh_mount_pass(store, work, w, batch, False) for w in mount_workers]}
 
 
 SCANS = {"tar": "tar cf - class_000? | wc -c", "md5sum": "md5sum class_005?/*"}   # 10 classes each
@@ -228,6 +232,9 @@ def run(args) -> dict:
             scan = scans(store, copy, work) if not args.tiny else None   # tiny: no class_005x
             floor = store_floor(store, FolderDataset(store.path).samples)
             ordered = in_order(store, work, args.workers[-2:], args.workers[:2], args.batch)
+            # a shuffled first epoch without the swapped sampler: what the mount costs where it
+            # cannot help (against (a), the same DataLoader on the store, same worker counts)
+            unswapped = [fresh_mount_pass(store, work, w, args.batch, True) for w in args.workers[-2:]]
         local = [plain(copy, w, args.batch, args.seed) for w in args.workers]
         local_file = per_file(FolderDataset(copy).samples, None)
     finally:
@@ -247,11 +254,15 @@ def run(args) -> dict:
     best_in_order = lambda side: max(ordered[side], key=lambda r: r["images_per_s"])   # noqa: E731
     ratios["in_order_mount_over_store"] = (best_in_order("mount")["images_per_s"]
                                            / best_in_order("store")["images_per_s"])
+    same = {r["workers"]: r for r in direct}
+    ratios["unswapped_over_store_same_workers"] = {
+        r["workers"]: r["images_per_s"] / same[r["workers"]]["images_per_s"] for r in unswapped}
     if scan:
         for k in SCANS:
             ratios[f"{k}_mount_over_store"] = scan[f"{k}_s"]["store"] / scan[f"{k}_s"]["mount"]
     return {"params": vars(args) | {"workers": list(args.workers)}, "direct": direct, "mount": mount,
             "local": local, "local_per_file": local_file, "scans": scan, "in_order": ordered, "store_floor": floor,
+            "unswapped": unswapped,
             "ratios": ratios}
 
 
@@ -288,6 +299,11 @@ def format_table(s: dict) -> str:
                 lines.append(f"shuffle=False {name}, {r['workers']} workers: {r['images_per_s']:.0f} images/s{extra}")
         lines.append(f"shuffle=False, best through the mount / best on the store: "
                      f"{t['in_order_mount_over_store']:.2f}x")
+    for r in s.get("unswapped", []):
+        lines.append(f"shuffled, PyTorch's sampler (not swapped), through a fresh mount, {r['workers']} workers: "
+                     f"{r['images_per_s']:.0f} images/s, "
+                     f"{t['unswapped_over_store_same_workers'][r['workers']]:.2f}x (a) at the same workers "
+                     f"({r['store_opens']} store opens)")
     if s.get("scans"):
         sc = s["scans"]
         for k, cmd in sc["commands"].items():
