@@ -115,12 +115,14 @@ def mounted(store: FuseStore, work: str, workers: int, batch: int, seed: int) ->
     return out
 
 
-def fresh_mount_pass(store: FuseStore, work: str, workers: int, batch: int, shuffle: bool) -> dict:
-    """One epoch of PyTorch's own sampler (no sampler swapped) through a fresh mount and tier."""
-    tag = f"{'shuffled' if shuffle else 'in-order'}-{workers}"
+def fresh_mount_pass(store: FuseStore, work: str, workers: int, batch: int, shuffle: bool,
+                     stage: bool = True) -> dict:
+    """One epoch of PyTorch's own sampler (no sampler swapped) through a fresh mount and tier
+    (``stage=False``: the mount only passes reads through, ``clairvoyant mount --no-stage``)."""
+    tag = f"{'shuffled' if shuffle else 'in-order'}-{workers}{'' if stage else '-nostage'}"
     mnt = os.path.join(work, f"mnt-{tag}")
     os.makedirs(mnt)
-    with Mount(store.path, mnt, local_dir=os.path.join(work, f"local-{tag}")) as m:
+    with Mount(store.path, mnt, local_dir=os.path.join(work, f"local-{tag}"), stage=stage) as m:
         store.reset()
         r = plain(mnt, workers, batch, 0, shuffle=shuffle)
         r.update(store_opens=store.counters().opens, read_ahead=m.staging().get("read_ahead", 0))
@@ -235,6 +237,8 @@ def run(args) -> dict:
             # a shuffled first epoch without the swapped sampler: what the mount costs where it
             # cannot help (against (a), the same DataLoader on the store, same worker counts)
             unswapped = [fresh_mount_pass(store, work, w, args.batch, True) for w in args.workers[-2:]]
+            passthrough = [fresh_mount_pass(store, work, w, args.batch, True, stage=False)
+                           for w in args.workers[-2:]]
         local = [plain(copy, w, args.batch, args.seed) for w in args.workers]
         local_file = per_file(FolderDataset(copy).samples, None)
     finally:
@@ -257,12 +261,14 @@ def run(args) -> dict:
     same = {r["workers"]: r for r in direct}
     ratios["unswapped_over_store_same_workers"] = {
         r["workers"]: r["images_per_s"] / same[r["workers"]]["images_per_s"] for r in unswapped}
+    ratios["no_stage_over_store_same_workers"] = {
+        r["workers"]: r["images_per_s"] / same[r["workers"]]["images_per_s"] for r in passthrough}
     if scan:
         for k in SCANS:
             ratios[f"{k}_mount_over_store"] = scan[f"{k}_s"]["store"] / scan[f"{k}_s"]["mount"]
     return {"params": vars(args) | {"workers": list(args.workers)}, "direct": direct, "mount": mount,
             "local": local, "local_per_file": local_file, "scans": scan, "in_order": ordered, "store_floor": floor,
-            "unswapped": unswapped,
+            "unswapped": unswapped, "no_stage": passthrough,
             "ratios": ratios}
 
 
@@ -304,6 +310,10 @@ def format_table(s: dict) -> str:
                      f"{r['images_per_s']:.0f} images/s, "
                      f"{t['unswapped_over_store_same_workers'][r['workers']]:.2f}x (a) at the same workers "
                      f"({r['store_opens']} store opens)")
+    for r in s.get("no_stage", []):
+        lines.append(f"shuffled, PyTorch's sampler, through a fresh mount with --no-stage, {r['workers']} workers: "
+                     f"{r['images_per_s']:.0f} images/s, "
+                     f"{t['no_stage_over_store_same_workers'][r['workers']]:.2f}x (a) at the same workers")
     if s.get("scans"):
         sc = s["scans"]
         for k, cmd in sc["commands"].items():
