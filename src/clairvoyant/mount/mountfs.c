@@ -221,6 +221,20 @@ static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uin
     return found;
 }
 
+/* Read up to ``n`` bytes at ``at`` (fewer only at the end of the file): the count, or -errno if
+ * reading failed before any byte. */
+static ssize_t pread_all(int fd, char *buf, size_t n, off_t at) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, at + (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return got ? (ssize_t)got : -errno;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
 /* Whether the entry of file ``f`` (its trailer at ``trailer``), written in an earlier session, still
  * matches the source: one stat of the source file per file and daemon, as the Loader does once per
  * entry and session (size and mtime against those the trailer recorded). */
@@ -272,16 +286,11 @@ static char *read_local(const struct lfile *f, int *stale) {
         }
     }
     char *buf = malloc(length ? length : 1);
-    size_t got = 0;
-    while (buf && got < length) {
-        ssize_t r = pread(fd, buf + got, length - got, (off_t)(offset + got));
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
+    ssize_t got = buf ? pread_all(fd, buf, length, (off_t)offset) : -1;
     close(fd);
     if (!buf) return NULL;
     uint64_t sum, n;
-    if (got != length || memcmp(buf + f->size, ENTRY_MAGIC, 8) != 0) goto bad;
+    if (got != (ssize_t)length || memcmp(buf + f->size, ENTRY_MAGIC, 8) != 0) goto bad;
     memcpy(&sum, buf + f->size + 8, 8);
     memcpy(&n, buf + f->size + 24, 8);
     if (n != f->size || XXH3_64bits(buf, f->size) != sum) goto bad;
@@ -477,15 +486,10 @@ static int mnt_access(const char *path, int mask) {
 static void read_whole(struct handle *h, uint64_t f, uint64_t mtime) {
     char *buf = malloc(h->size ? h->size : 1);
     if (!buf) return;
-    uint64_t got = 0;
-    while (got < h->size) {
-        ssize_t r = pread(h->fd, buf + got, h->size - got, (off_t)got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (uint64_t)r;
-    }
+    ssize_t r = pread_all(h->fd, buf, h->size, 0);
     char extra;
-    if (got != h->size || pread(h->fd, &extra, 1, (off_t)got) != 0) { free(buf); return; }  /* changed size */
+    if (r != (ssize_t)h->size || pread(h->fd, &extra, 1, (off_t)r) != 0) { free(buf); return; }  /* changed size */
+    uint64_t got = (uint64_t)r;
     count(&sh->bytes_source, got);
     h->buf = buf;
     h->local = 3;
@@ -657,7 +661,9 @@ static void unprepare(struct handle *h) {
     if (h->local == 1 || h->local == 3) free(h->buf);
 }
 
-/* Serve ``size`` bytes at ``off`` of the file ``h`` serves. */
+/* Serve ``size`` bytes at ``off`` of the file ``h`` serves: the count, -errno, or ENTRY_MOVED when
+ * the entry read in place (4) was evicted or replaced meanwhile (those bytes are not served). */
+#define ENTRY_MOVED INT_MIN
 static int serve(struct handle *h, char *buf, size_t size, off_t off) {
     if (off < 0 || (uint64_t)off >= h->size) return 0;
     if (size > h->size - (uint64_t)off) size = (size_t)(h->size - (uint64_t)off);
@@ -666,36 +672,10 @@ static int serve(struct handle *h, char *buf, size_t size, off_t off) {
         if (h->local == 1) count(&sh->bytes_local, size);   /* a source read whole was counted at open */
         return (int)size;
     }
-    size_t got = 0;
-    off_t at = off + (off_t)h->base;
-    while (got < size) {
-        ssize_t r = pread(h->fd, buf + got, size - got, at + (off_t)got);
-        if (r < 0) { if (errno == EINTR) continue; return got ? (int)got : -errno; }
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    if (h->local == 4 && !still_published(h->file, h->pub)) {   /* evicted or replaced while read */
-        int stale = 0;
-        char *whole = read_local(h->file, &stale);
-        if (whole) {
-            memcpy(buf, whole + off, size);
-            free(whole);
-            count(&sh->bytes_local, size);
-            return (int)size;
-        }
-        int fd = openat(src_fd, strs + h->file->path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return -errno;
-        for (got = 0; got < size;) {
-            ssize_t r = pread(fd, buf + got, size - got, off + (off_t)got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) break;
-            got += (size_t)r;
-        }
-        close(fd);
-        count(&sh->bytes_source, got);
-        return (int)got;
-    }
-    if (h->local != 5) count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, got);  /* 5: counted whole */
+    ssize_t got = pread_all(h->fd, buf, size, off + (off_t)h->base);
+    if (got < 0) return (int)got;
+    if (h->local == 4 && !still_published(h->file, h->pub)) return ENTRY_MOVED;   /* evicted while read */
+    if (h->local != 5) count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, (uint64_t)got);  /* 5: counted whole */
     return (int)got;
 }
 
@@ -726,12 +706,16 @@ static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct 
         int r = f >= 0 ? ring_read(f, buf, size, off) : -1;
         if (r >= 0) return r;
     }
-    struct handle h;
-    int r = prepare(path, &h, off == 0, (uint64_t)off + size);
-    if (r) return r;
-    r = serve(&h, buf, size, off);
-    unprepare(&h);
-    return r;
+    int r = ENTRY_MOVED;
+    for (int tries = 0; r == ENTRY_MOVED && tries < 3; tries++) {   /* moved: prepared again, it is not
+                                                                  * read in place (not verified here) */
+        struct handle h;
+        r = prepare(path, &h, off == 0, (uint64_t)off + size);
+        if (r) return r;
+        r = serve(&h, buf, size, off);
+        unprepare(&h);
+    }
+    return r == ENTRY_MOVED ? -EIO : r;
 }
 
 static int mnt_release(const char *path, struct fuse_file_info *fi) {
