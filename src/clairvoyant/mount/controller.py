@@ -167,18 +167,20 @@ class Controller:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.m.handoff, str(i)))
 
+    def _take_slot(self, wait: bool) -> bool:
+        """One of the staging slots (in-flight copies); without ``wait``, only if one is free now."""
+        if not wait:
+            return self._inflight.acquire(blocking=False)
+        while not self._inflight.acquire(timeout=self._poll):
+            if self._stop.is_set():
+                return False
+        return True
+
     def _submit(self, i: int, wait: bool = True, slot: bool = False) -> bool:
         """Stage file ``i`` (True: handed to the stager); without ``wait``, only if a slot is free;
-        ``slot``: the caller holds one already."""
-        if slot:
-            pass
-        elif not wait:
-            if not self._inflight.acquire(blocking=False):
-                return False
-        else:
-            while not self._inflight.acquire(timeout=self._poll):
-                if self._stop.is_set():
-                    return False
+        ``slot``: the caller took one already."""
+        if not (slot or self._take_slot(wait)):
+            return False
         if self._native is not None:
             self._submit_native(i)
             return True
@@ -313,7 +315,7 @@ class Controller:
         for g in ahead:
             if self._sampler.is_set():
                 break
-            if not self._inflight.acquire(blocking=False):   # never hold the events up: later opens ask again
+            if not self._take_slot(wait=False):   # never hold the events up: later opens ask again
                 break
             need = entry_size(int(self.sizes[g]))
             if room < need:   # a slot is there: only now does anything give way
@@ -337,10 +339,7 @@ class Controller:
                 if freed >= nbytes or tries >= 256 or self._sampler.is_set():
                     break
                 tries += 1
-                got = self.tiers.local.delete(self.manifest.keys[v])
-                if got:
-                    self._add("evicted")
-                    freed += got
+                freed += self._evict(v)
         return freed
 
     # -- with samplers: ahead in the node's merged order -----------------------------------------
@@ -464,12 +463,13 @@ class Controller:
         while late and self._plan_key == key and time.monotonic() < deadline and not self._stop.wait(WATCH_EVERY):
             late = self._settle(late, held)   # the last copies land: what was chosen goes
 
-    def _evict(self, i: int) -> bool:
-        """Delete the entry of file ``i`` if it is there (False: not, e.g. its copy is on the way)."""
-        if self.tiers.local.delete(self.manifest.keys[i]):
+    def _evict(self, i: int) -> int:
+        """Delete the entry of file ``i`` if it is there: the bytes freed (0: not there, e.g. its copy
+        is on the way)."""
+        freed = self.tiers.local.delete(self.manifest.keys[i])
+        if freed:
             self._add("evicted")
-            return True
-        return False
+        return freed
 
     def _merge(self, orders: list[list[list[str]]]) -> tuple[list[int], list[int]]:
         """The node's sequence of file numbers from the ranks' orders (in rank order): step by step,

@@ -108,7 +108,7 @@ class Readahead:
         if not 0 <= f < self.n:
             return []
         prev_open = int(self.last_open[f])
-        if self.asked[f] > prev_open and self.asked[f] >= self.count - self.horizon:   # handed out, now here
+        if self._counted(self.asked[f], prev_open):   # handed out, and now here
             self.outstanding -= 1
         q = self._asked_q
         while q and q[0][0] < self.count - self.horizon:   # handed out too long ago: counts no more
@@ -149,17 +149,21 @@ class Readahead:
             self._expire()
         return out
 
+    def _counted(self, asked, last_open):
+        """Whether a file (or each of an array) counts as outstanding: handed out since its last
+        open, within the last ``horizon`` opens."""
+        return (asked > last_open) & (asked >= self.count - self.horizon)
+
     def _expire(self) -> None:
         """Files handed out a pass ago (``n`` opens) and never opened may be handed out again."""
         gone = (self.asked > self.last_open) & (self.asked < self.count - self.n)
-        self.outstanding -= int(np.count_nonzero(gone & (self.asked >= self.count - self.horizon)))
+        self.outstanding -= int(np.count_nonzero(gone & self._counted(self.asked, self.last_open)))
         self.asked[gone] = NEVER
 
     def not_staged(self, files) -> None:
         """``files``, handed out, were not staged after all (no room): hand them out again later."""
         idx = np.asarray(list(files), dtype=np.int64)
-        a = self.asked[idx]
-        self.outstanding -= int(np.count_nonzero((a > self.last_open[idx]) & (a >= self.count - self.horizon)))
+        self.outstanding -= int(np.count_nonzero(self._counted(self.asked[idx], self.last_open[idx])))
         self.asked[idx] = NEVER
 
     def give_way(self) -> Iterator[int]:
