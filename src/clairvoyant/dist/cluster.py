@@ -169,7 +169,9 @@ class Cluster:
             f"{who} of this job's {self.world_size} can no longer take part in {what} on rank {self.rank}"
             f"{f' (MPI: {detail})' if detail else ''}: the cluster cache plans every epoch with every rank. "
             "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
-            "left (the loader resumes elastically at its position), or pass cluster=False to run node by node")
+            "left (the loader resumes elastically at its position), or pass cluster=False to run node by node. "
+            "End this process with os._exit() or comm.Abort(): Open MPI's MPI_Finalize can wait forever for "
+            "a dead rank")
 
     def all_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank (collective)."""
