@@ -54,7 +54,7 @@ class TierCounters:
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
              "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
-             "late_drops")
+             "late_drops", "deferred", "not_kept")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -109,8 +109,14 @@ class Tiers:
         self.inventory = dict(self._local_session.inventory)   # entry name -> bytes, when the session began
         self._warned: set[str] = set()
         self._version = getattr(source, "version", None)
+        # kept samples whose move down from the RAM window waits for room (key, bytes, mtime), in
+        # need order; their RAM bytes stay reserved until they move (see _move_down)
+        self._owed: list[tuple[str, bytes, int]] = []
+        self._owed_bytes = 0
+        self._owed_lock = threading.Lock()
 
     def close(self) -> None:
+        self.settle(final=True)
         self._ram_session.leave(_last_ram)
         self._local_session.leave()
 
@@ -167,7 +173,7 @@ class Tiers:
                     data, mtime_ns = self._fetch_into(self.ram.ledger, n, fetch)
                     self.counters.add("staged_ram")
                     return Placement(RAM, None, True, data, mtime_ns)
-            elif self.local.ledger.reserve(n, self.local_capacity):
+            elif self.local.ledger.reserve(n, self.local_capacity - self._owed_bytes):   # owed moves first
                 data, mtime_ns = self._fetch_into(self.local.ledger, n, fetch)
                 path = self._publish_local(key, data, mtime_ns)
                 if path is not None:
@@ -195,10 +201,6 @@ class Tiers:
         self.counters.add("bypassed")
         return Placement(SOURCE, None, True, data, mtime_ns)
 
-    def _put_local(self, key: str, data: bytes, mtime_ns: int) -> Loc | None:
-        if not self.local.ledger.reserve(entry_size(len(data)), self.local_capacity):
-            return None
-        return self._publish_local(key, data, mtime_ns)
 
     def _publish_local(self, key: str, data: bytes, mtime_ns: int) -> Loc | None:
         """Publish reserved bytes in the local tier; None (reservation given back) if the device
@@ -214,13 +216,19 @@ class Tiers:
     # -- after the access -------------------------------------------------------------------
 
     def after_use_many(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
-        """``after_use`` for the samples of one batch, RAM bytes given back in one ledger update."""
-        ram = 0
+        """``after_use`` for the samples of one batch: first what frees room (local entries not
+        kept, RAM copies not kept), then the kept RAM copies move down, RAM bytes given back in one
+        ledger update."""
+        ram, moves = 0, []
         for key, placed, keep, corrupt in items:
             if placed.tier == RAM:
-                ram += self._leave_window(key, placed, keep)
+                if keep and placed.data is not None:
+                    moves.append((key, placed.data, placed.mtime_ns))
+                else:
+                    ram += entry_size(len(placed.data or b""))
             else:
                 self.after_use(key, placed, keep, corrupt)
+        ram += self._move_down(moves)
         if ram:
             self.ram.ledger.give_back(ram)
 
@@ -231,18 +239,49 @@ class Tiers:
             if (not keep or corrupt) and self.local.delete(key):
                 self.counters.add("evictions")
         elif placed.tier == RAM:
-            self.ram.ledger.give_back(self._leave_window(key, placed, keep))
+            self.after_use_many([(key, placed, keep, corrupt)])
 
-    def _leave_window(self, key: str, placed: Placement, keep: bool) -> int:
-        """A sample leaves the RAM window: down to the local tier if kept; the bytes to give back."""
-        data = placed.data or b""
-        if keep and placed.data is not None and not self.local.claim(key, len(data)):   # not there yet
+    def settle(self, final: bool = False) -> None:
+        """Retry the moves down still owed (an epoch's end: ``final``, those with no room then are
+        given up: the plan counted them in, so that is a plan broken by another process's entries)."""
+        ram = self._move_down([], final)
+        if ram:
+            self.ram.ledger.give_back(ram)
+
+    def _move_down(self, moves: list[tuple[str, bytes, int]], final: bool = False) -> int:
+        """Move kept samples from the RAM window down to the local tier, those owed from earlier
+        batches first. The plan counts a kept sample in from its access on, but staging ahead
+        may have filled the room before the entries it evicts at that access were deleted; a move
+        with no room yet is owed (its RAM bytes held), retried after the next batch's deletions,
+        rather than lost (it would be read from the source again in the next epoch). Returns the
+        RAM bytes to give back."""
+        with self._owed_lock:
+            earlier, self._owed = self._owed, []
+        was = sum(entry_size(len(d)) for _, d, _ in earlier)
+        freed, owed = 0, []
+        for i, (key, data, mtime_ns) in enumerate(earlier + moves):
+            n = entry_size(len(data))
+            if self.local.claim(key, len(data)):   # there already
+                freed += n
+                continue
             try:
-                if self._put_local(key, data, placed.mtime_ns) is not None:
-                    self.counters.add("promotions")
+                if self.local.ledger.reserve(n, self.local_capacity):
+                    if self._publish_local(key, data, mtime_ns) is not None:
+                        self.counters.add("promotions")
+                    freed += n   # moved, or the device refused it (warned): the window lets it go
+                elif final:
+                    self.counters.add("not_kept")
+                    freed += n
+                else:
+                    if i >= len(earlier):
+                        self.counters.add("deferred")
+                    owed.append((key, data, mtime_ns))
             finally:
                 self.local.release(key)
-        return entry_size(len(data))
+        with self._owed_lock:
+            self._owed[:0] = owed
+            self._owed_bytes += sum(entry_size(len(d)) for _, d, _ in owed) - was
+        return freed
 
     def drop(self, key: str) -> None:
         """Evict a resident the plan will not use before it would have to go."""

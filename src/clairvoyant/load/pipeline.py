@@ -433,6 +433,7 @@ class EpochRun:
             for k in list(self._placed):
                 self._release_locked(k)
         self._stager.close()
+        self._tiers.settle(final=True)   # kept samples still waiting for room in the local tier
         if self._progress is not None:
             self._progress.set(-1)
         _LIVE.discard(self)
