@@ -260,3 +260,61 @@ def test_a_job_that_fails_to_finish_leaves_the_rest_of_its_batch_whole(tree, mon
     finally:
         real_unlock(bad_unlock)
         run.close()
+
+
+def test_submit_many_stages_each_once_and_falls_back_where_room_is_short(tree):
+    """submit_many: every file written whole with one reservation; a token twice in one call, or
+    one already under way, is reported as under way (None) and staged once; where the tier has no
+    room for them all, each is tried on its own (those that fit go, the rest False with nothing
+    reserved); after close, nothing is reserved and the call raises."""
+    src, files, local = tree
+    keys = sorted(files)
+    cap = sum(entry_size(len(files[k])) for k in keys[:6]) + entry_size(len(files[keys[6]])) // 2
+    run = Run(src, local, capacity=cap)
+    try:
+        items = [(t, k, len(files[k])) for t, k in enumerate(keys[:4])]
+        assert run.stager.submit_many(items + [items[1]]) == [True, True, True, True, None]
+        run.wait(4)
+        assert all(run.done[t].loc is not None for t in range(4)) and len(run.done) == 4
+        for t, k in enumerate(keys[:4]):
+            assert unseal(read_entry(run.done[t].loc), len(files[k]), k) == files[k]
+        # room for two more, not three: the call falls back file by file
+        more = [(t, keys[t], len(files[keys[t]])) for t in (4, 5, 6)]
+        assert run.stager.submit_many(more) == [True, True, False]
+        run.wait(6)
+        assert 6 not in run.done and run.store.find(keys[6]) is None
+        assert run.store.ledger.read()[0] == sum(entry_size(len(files[k])) for k in keys[:6])
+        assert locks_held(run.store, keys) == 0
+    finally:
+        run.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        run.stager.submit_many([(9, keys[9], len(files[keys[9]]))])
+
+
+def test_submit_many_hands_back_every_place_when_the_engine_refuses(tree, monkeypatch):
+    """The engine refusing a batch (closed under it): every place given back, every token free
+    again (control: the same batch goes through once the engine takes it)."""
+    src, files, local = tree
+    keys = sorted(files)[:3]
+    run = Run(src, local)
+    try:
+        items = [(t, k, len(files[k])) for t, k in enumerate(keys)]
+        real = run.stager._engine
+
+        class Refuses:
+            def submit_many(self, jobs):
+                raise RuntimeError("the stager is closed")
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        run.stager._engine = Refuses()
+        with pytest.raises(RuntimeError):
+            run.stager.submit_many(items)
+        assert run.store.ledger.read()[0] == 0 and not run.stager.in_flight()
+        run.stager._engine = real
+        assert run.stager.submit_many(items) == [True, True, True]
+        run.wait(3)
+        assert all(run.done[t].loc is not None for t in range(3))
+    finally:
+        run.close()

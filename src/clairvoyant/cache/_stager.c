@@ -18,6 +18,7 @@
  *
  *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
  *   .submit(token, path, size, out_fd, offset, lock_offset)
+ *   .submit_many([(token, path, size, out_fd, offset, lock_offset), ...])
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
@@ -271,6 +272,57 @@ static PyObject *Stager_submit(Stager *s, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* submit_many([(token, path, size, out_fd, offset, lock_offset), ...]): the jobs queued under one
+ * lock and the threads woken once (one call, not one GIL hand-off per file). All or none: on a
+ * bad item or a closed stager nothing is queued. */
+static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "submit_many takes a sequence of job tuples");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    struct job *head = NULL, *tail = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        long long token, offset, lock_offset;
+        PyObject *path;
+        unsigned long long size;
+        int out_fd;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "LO&KiLL;a job is (token, path, size, out_fd, "
+                              "offset, lock_offset)", &token, PyUnicode_FSConverter, &path, &size, &out_fd,
+                              &offset, &lock_offset))
+            goto fail;
+        struct job *j = calloc(1, sizeof *j);
+        char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
+        Py_DECREF(path);
+        if (!p) { free(j); PyErr_NoMemory(); goto fail; }
+        j->token = token;
+        j->path = p;
+        j->size = size;
+        j->out_fd = out_fd;
+        j->offset = offset;
+        j->lock_offset = lock_offset;
+        push(&head, &tail, j);
+    }
+    Py_DECREF(seq);
+    if (!head) Py_RETURN_NONE;
+    pthread_mutex_lock(&s->mu);
+    int open_ = s->nthreads > 0 && !s->stopping;
+    if (open_) {
+        if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
+        s->queue_tail = tail;
+        for (Py_ssize_t k = 0; k < n && k < s->nthreads; k++) pthread_cond_signal(&s->work);   /* one per job */
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!open_) {
+        free_list(head);
+        PyErr_SetString(PyExc_RuntimeError, "the stager is closed");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    free_list(head);
+    return NULL;
+}
+
 static PyObject *Stager_collect(Stager *s, PyObject *args) {
     double timeout;
     if (!PyArg_ParseTuple(args, "d", &timeout)) return NULL;
@@ -325,6 +377,8 @@ static void Stager_dealloc(Stager *s) {
 static PyMethodDef Stager_methods[] = {
     {"submit", (PyCFunction)Stager_submit, METH_VARARGS,
      "submit(token, path, size, out_fd, offset, lock_offset): stage one file (path relative to src_dir)"},
+    {"submit_many", (PyCFunction)Stager_submit_many, METH_O,
+     "submit_many(jobs): submit's jobs, (token, path, size, out_fd, offset, lock_offset) each, queued at once"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
      "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
     {"close", (PyCFunction)Stager_close, METH_NOARGS, "stop and join the threads; queued jobs end ECANCELED"},

@@ -60,13 +60,13 @@ class Done(NamedTuple):
 class NativeStager:
     """Native threads staging the files of ``src_root`` (keys are paths relative to it) into
     ``store`` within ``capacity`` bytes; ``on_done`` hears of each file once, from the collecting
-    thread."""
+    thread; ``on_batch``, if given, after each batch of them."""
 
     def __init__(self, store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
-                 on_done: Callable[[Done], None]) -> None:
+                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
         if _Engine is None:
             raise RuntimeError("the native stager is not built here (clairvoyant.cache._stager)")
-        self.store, self.capacity, self._on_done = store, int(capacity), on_done
+        self.store, self.capacity, self._on_done, self._on_batch = store, int(capacity), on_done, on_batch
         self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(threads)))
         self._jobs: dict[int, tuple] = {}   # token -> (key, extent, offset, entry bytes)
         self._lock = threading.Lock()
@@ -116,6 +116,74 @@ class NativeStager:
                         del self._jobs[token]
                 if mine and job is not None:
                     store.abandon(job[1], job[2], job[3])
+
+    def submit_many(self, items: list[tuple[int, str, int]]) -> list[bool | None]:
+        """``submit`` for several files, ``(token, key, size)`` each: one reservation in the ledger
+        for all and one call into the engine (the plan's files go a slot-full at a time, not one GIL
+        hand-off each). Each item's outcome is submit's; where the tier has no room for them all,
+        each is submitted on its own (those that fit go)."""
+        out: list[bool | None] = [None] * len(items)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the stager is closed")
+            mine = []
+            for k, it in enumerate(items):
+                if it[0] not in self._jobs:   # (a token twice in items: the second is under way)
+                    self._jobs[it[0]] = None
+                    mine.append(k)
+        if not mine:
+            return out
+        store, sizes = self.store, [entry_size(items[k][2]) for k in mine]
+        if len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity):
+            self._unclaim([items[k][0] for k in mine], [None] * len(mine))
+            for k in mine:
+                out[k] = self.submit(*items[k])
+            return out
+        jobs: list[tuple] = []
+        try:
+            for k, n in zip(mine, sizes):
+                ext, offset = store.place(n)
+                jobs.append((items[k][1], ext, offset, n))
+        except BaseException:
+            store.ledger.give_back(sum(sizes[len(jobs):]))
+            self._unclaim([items[k][0] for k in mine], [None] * len(mine))
+            for job in jobs:
+                store.abandon(job[1], job[2], job[3])
+            raise
+        tokens = [items[k][0] for k in mine]
+        with self._lock:
+            swept = any(t not in self._jobs for t in tokens)   # closed meanwhile: the last sweep ran
+            if not swept:
+                self._jobs.update(zip(tokens, jobs))
+        if swept:   # nothing of ours was handed on: every place is this caller's to give back
+            self._unclaim(tokens, [None] * len(tokens))
+            for job in jobs:
+                store.abandon(job[1], job[2], job[3])
+            raise RuntimeError("the stager is closed")
+        try:
+            self._engine.submit_many([(t, key, items[k][2], ext.fd, offset, store.lock_offset(key))
+                                      for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
+        except BaseException:
+            self._unclaim(tokens, jobs, give_back=True)
+            raise
+        for k in mine:
+            out[k] = True
+        return out
+
+    def _unclaim(self, tokens: list[int], jobs: list, give_back: bool = False) -> None:
+        """Forget tokens this caller claimed (placeholder None, or its job), each only if still its
+        own; with ``give_back``, the places of the jobs it forgot are given back."""
+        gone = []
+        with self._lock:
+            for t, job in zip(tokens, jobs):
+                cur = self._jobs.get(t, _ABSENT)
+                if cur is None or (job is not None and cur is job):
+                    del self._jobs[t]
+                    gone.append(job)
+        if give_back:
+            for job in gone:
+                if job is not None:
+                    self.store.abandon(job[1], job[2], job[3])
 
     def in_flight(self, token: int | None = None) -> bool:
         """Whether the job of ``token`` (None: any job) is under way (submitted, its outcome not yet
@@ -183,6 +251,8 @@ class NativeStager:
                     self._on_done(Done(token, key, loc, why, handed, present))
                 except Exception as e:
                     log.warning("clairvoyant: after staging %s: %s", key, e)
+        if self._on_batch is not None:
+            self._on_batch()
 
     def _published_meanwhile(self, key: str, nbytes: int) -> bool:
         """Whether the tier holds an entry of ``key`` written in this session already: another

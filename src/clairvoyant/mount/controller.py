@@ -43,6 +43,7 @@ WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
 EVENTS_GATHER = 0.002   # seconds the events thread lets reports gather before it reads them
 EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
 BACKLOG = 4096   # files read from the source waiting for a staging slot, at most
+CHUNK = 32   # files of the plan handed to the stager in one call, at most
 
 
 def _plan_key(cur: dict) -> tuple:
@@ -61,7 +62,8 @@ class Controller:
         # native threads copy the files where they are built (cache/native_stage.py); else Python's
         self._native = native_stage.NativeStager(
             self.tiers.local, self.tiers.local_capacity, mount.source.root, self._handoff_dir(), threads,
-            self._native_done) if native_stage.available() else None
+            self._native_done, self._native_batch_done) if native_stage.available() else None
+        self._slots_back = 0   # slots of copies told done in the collector's current batch
         self._pool = None if self._native else ThreadPoolExecutor(max(1, int(threads)),
                                                                   thread_name_prefix="clairvoyant-mount-stage")
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
@@ -182,7 +184,7 @@ class Controller:
         if not (slot or self._take_slot(wait)):
             return False
         if self._native is not None:
-            self._submit_native(i)
+            self._submit_native([i])
             return True
         with self._lock:
             self._pending += entry_size(int(self.sizes[i]))
@@ -210,41 +212,68 @@ class Controller:
                 keep.append(v)
         return keep
 
-    def _submit_native(self, i: int) -> None:
-        key, size = self.manifest.keys[i], int(self.sizes[i])
-        try:
-            if self.tiers.find_local(key, size) is not None:
+    def _submit_native(self, files: list[int]) -> None:
+        """Stage ``files``, a slot taken for each, with one call into the native stager; a file
+        already in the tier, or with no room for it, gives its slot back at once."""
+        items = []
+        for i in files:
+            key, size = self.manifest.keys[i], int(self.sizes[i])
+            try:
+                if self.tiers.find_local(key, size) is None:
+                    items.append((i, key, size))
+                    continue
                 self._add("present")
-            else:
-                got = self._native.submit(i, key, size)
-                if got:
-                    return   # _native_done hears of it
-                if got is None:   # its copy is under way: a handoff is that copy's to take
-                    self._inflight.release()
-                    return
-                self._add("not_staged")
+            except Exception as e:
+                self._failed(key, e)
+            self._discard(i)
+            self._inflight.release()
+        if not items:
+            return
+        try:
+            got = self._native.submit_many(items)
         except Exception as e:
-            self._add("failed")
-            log.warning("clairvoyant mount: staging %s failed: %s", key, e)
-        self._discard(i)
-        self._inflight.release()
+            for i, key, _ in items:
+                self._failed(key, e)
+                self._discard(i)
+            self._inflight.release(len(items))
+            return
+        back = 0
+        for (i, _, _), g in zip(items, got):
+            if g:
+                continue   # _native_done hears of it
+            back += 1
+            if g is False:
+                self._add("not_staged")
+                self._discard(i)
+            # None: its copy is under way; a handoff is that copy's to take
+        if back:
+            self._inflight.release(back)
+
+    def _failed(self, key: str, e: object) -> None:
+        self._add("failed")
+        log.warning("clairvoyant mount: staging %s failed: %s", key, e)
 
     def _native_done(self, d: native_stage.Done) -> None:
         try:
             if d.loc is not None:
-                self._add("staged")
-                self._add("staged_bytes", int(self.sizes[d.token]))
-                if d.handed_over:
-                    self._add("handed_over")
+                with self._lock:
+                    st = self.stats
+                    st["staged"] += 1
+                    st["staged_bytes"] += int(self.sizes[d.token])
+                    st["handed_over"] += bool(d.handed_over)
             elif d.present:   # another process of the node staged it meanwhile
                 self._add("present")
             elif not self._stop.is_set():   # at the stop, files not started are simply not staged
-                self._add("failed")
-                log.warning("clairvoyant mount: staging %s failed: %s", d.key, d.error)
+                self._failed(d.key, d.error)
         finally:
             if d.loc is None:   # the C thread removes a handoff it read; one it never got to goes here
                 self._discard(d.token)
-            self._inflight.release()
+            self._slots_back += 1   # given back with the batch's others: one wake of the plan's thread
+
+    def _native_batch_done(self) -> None:
+        n, self._slots_back = self._slots_back, 0
+        if n:
+            self._inflight.release(n)
 
     def _used(self) -> int:
         """Bytes in the local tier, counting those on their way there."""
@@ -427,16 +456,31 @@ class Controller:
             return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
 
         late: list[int] = []   # chosen for eviction while their copy was on the way
+        chunk: list[tuple[int, int]] = []   # (position, file): a slot and room taken, not yet submitted
+        room = 0   # bytes known free in the tier beyond the chunk's
+
+        gathered: set[int] = set()
+
+        def flush() -> None:   # the chunk goes to the stager in one call
+            if chunk:
+                self._submit_chunk(chunk, held)
+                chunk.clear()
+                gathered.clear()
+
         for pos, i in enumerate(seq + after):
             if self._stop.is_set() or self._plan_key != key:
+                flush()
                 return
             if late:
                 late = self._settle(late, held)
-            if i in held:
+            if i in held or i in gathered:   # (a file of this epoch's end may open the next one)
                 continue
             need = entry_size(int(self.sizes[i]))
             self._maybe_publish_stats()
-            while self._used() + need > capacity:
+            if need > room:
+                flush()
+                room = capacity - self._used()
+            while need > room:
                 if self._stop.is_set():
                     return
                 done = consumed()
@@ -447,6 +491,7 @@ class Controller:
                 if victim is not None:   # farthest next use, after the file to stage: evict it
                     if not self._evict(victim):   # its copy is still on the way: it goes once there
                         late.append(victim)
+                    room = capacity - self._used()
                     continue
                 late = self._settle(late, held)
                 if self._plan_key != key or self._stop.wait(self._poll):
@@ -454,14 +499,32 @@ class Controller:
                 self._plan_key = key if self._current_key() == key else None
                 if self._plan_key is None:
                     return
-            if not self._submit(i):
-                return
-            held.staged(i, pos)
-            with self._lock:
-                self.stats["frontier"] = pos + 1
+                room = capacity - self._used()
+            if not self._take_slot(wait=False):   # the slots are taken: what is gathered goes first
+                flush()
+                if not self._take_slot(wait=True):
+                    return
+            chunk.append((pos, i))
+            gathered.add(i)
+            room -= need
+            if len(chunk) >= CHUNK:
+                flush()
+        flush()
         deadline = time.monotonic() + 5.0
         while late and self._plan_key == key and time.monotonic() < deadline and not self._stop.wait(WATCH_EVERY):
             late = self._settle(late, held)   # the last copies land: what was chosen goes
+
+    def _submit_chunk(self, chunk: list[tuple[int, int]], held: StagedAhead) -> None:
+        """Stage the chunk's files (a slot taken for each), then count them staged in the plan."""
+        if self._native is not None:
+            self._submit_native([i for _, i in chunk])
+        else:
+            for _, i in chunk:
+                self._submit(i, slot=True)
+        for pos, i in chunk:
+            held.staged(i, pos)
+        with self._lock:
+            self.stats["frontier"] = chunk[-1][0] + 1
 
     def _evict(self, i: int) -> int:
         """Delete the entry of file ``i`` if it is there: the bytes freed (0: not there, e.g. its copy
