@@ -41,19 +41,23 @@ from clairvoyant.torch import RandomSampler
 
 
 class FolderDataset(torch.utils.data.Dataset):
-    """What ImageFolder looks like to a sampler and a DataLoader: ``samples`` of (path, class)."""
+    """What ImageFolder looks like to a sampler and a DataLoader: ``samples`` of (path, class).
+    Each item is opened as torchvision's loader opens it, ``open(path, "rb")``; ``buffering=0``
+    opens it unbuffered instead, which on Python before 3.14 saves the isatty() that a buffered
+    open asks (an ioctl: on a FUSE mount, a request to its daemon per file)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, buffering: int = -1) -> None:
         classes = sorted(d for d in os.listdir(root) if not d.startswith("."))
         self.samples = [(os.path.join(root, c, f), k) for k, c in enumerate(classes)
                         for f in sorted(os.listdir(os.path.join(root, c))) if not f.startswith(".")]
+        self.buffering = buffering
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int):
         path, label = self.samples[i]
-        with open(path, "rb") as f:
+        with open(path, "rb", buffering=self.buffering) as f:
             return torch.from_numpy(decode_image(f.read())), label
 
 

@@ -79,7 +79,7 @@ def run(args) -> dict:
             mnt = os.path.join(work, "mnt")
             os.makedirs(mnt)
             with Mount(store.path, mnt, local_dir=os.path.join(work, "local")) as m:
-                ds = FolderDataset(mnt)
+                ds = FolderDataset(mnt, buffering=0 if args.unbuffered else -1)
                 sampler = RandomSampler(ds, seed=args.seed, mount=mnt)
                 dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, sampler=sampler,
                                                  num_workers=args.workers)
@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--open-latency", type=float, default=0.012)
     p.add_argument("--read-latency", type=float, default=0.002)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--unbuffered", action="store_true",
+                   help="the dataset opens files with buffering=0 (no isatty ioctl per open on Python < 3.14)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
     res = run(args)
