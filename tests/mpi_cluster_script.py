@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -115,14 +116,22 @@ def faults(dataset: str, work: str, cap: str, scenario: str) -> None:
         json.dump(out, f, default=str)
     os.replace(path + ".tmp", path)
     if scenario == "kill":   # as docs/user-guide.md advises after PeerLost: Open MPI's MPI_Finalize can
-        sys.stderr.flush()   # wait forever for the dead rank under ULFM (open-mpi/ompi#11404; 2 runs in 10 here)
+        wait_all(survivors)  # wait forever for the dead rank under ULFM (open-mpi/ompi#11404; 3 runs in 18
+        sys.stderr.flush()   # here), so the survivors end without it, once every one has written
         os._exit(0)
 
 
 def main() -> None:
     dataset, work, cap, epochs, mode, scenario = sys.argv[1:7]   # argv[7]: the test's token
     if scenario in ("steady", "kill", "slow"):
-        faults(dataset, work, cap, scenario)
+        try:
+            faults(dataset, work, cap, scenario)
+        except BaseException:
+            if scenario != "kill":
+                raise
+            traceback.print_exc()   # a survivor that failed: a failure, not a hang in MPI_Finalize
+            sys.stderr.flush()
+            os._exit(1)
         return
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

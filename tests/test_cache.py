@@ -449,3 +449,56 @@ def test_an_owed_move_with_no_room_at_the_epochs_end_is_given_up(tmp_path):
         assert placed["a"].tier == LOCAL and tiers.local.find("a") is not None
     finally:
         _close(tiers)
+
+
+def test_owed_moves_hold_at_most_half_the_ram_window(tmp_path):
+    """Three kept samples owed at once hold more than half the RAM window (four entries): the
+    oldest is given up (not_kept), its RAM bytes back; the others wait, and move down in order as
+    room comes."""
+    from clairvoyant.cache.tiers import RAM
+    tiers, data = _two_entry_tiers(tmp_path)
+    data["e"] = bytes([9]) * 100
+    try:
+        placed = {k: _stage(tiers, data, k) for k in "ab"}
+        ram = {k: _stage(tiers, data, k) for k in "cde"}
+        assert all(p.tier == RAM for p in ram.values())
+        tiers.after_use_many([(k, ram[k], True, False) for k in "cde"])
+        assert tiers.counters.not_kept == 1 and tiers.counters.deferred == 3
+        assert tiers.ram.ledger.read()[0] == 2 * entry_size(100)   # d and e held, c let go
+        tiers.after_use_many([("a", placed["a"], False, False)])
+        assert tiers.local.find("d") is not None and tiers.local.find("e") is None
+        assert tiers.local.find("c") is None
+        tiers.after_use_many([("b", placed["b"], False, False)])
+        assert tiers.local.find("e") is not None and tiers.ram.ledger.read()[0] == 0
+    finally:
+        _close(tiers)
+
+
+def test_an_error_while_moving_down_keeps_the_rest_owed_and_the_ledgers_right(tmp_path, monkeypatch):
+    """The key's lock failing in the middle of a move down: the error goes up, the sample not moved
+    stays owed (moved on the next try), and the RAM window's bytes are neither lost nor doubled."""
+    from clairvoyant.cache.tiers import RAM
+    tiers, data = _two_entry_tiers(tmp_path)
+    try:
+        placed = {k: _stage(tiers, data, k) for k in "ab"}
+        ram = {k: _stage(tiers, data, k) for k in "cd"}
+        assert all(p.tier == RAM for p in ram.values())
+        tiers.after_use_many([("a", placed["a"], False, False)])   # room for one
+        real_claim = tiers.local.claim
+
+        def claim(key, size):
+            if key == "d":
+                raise OSError(5, "lock failed")
+            return real_claim(key, size)
+
+        monkeypatch.setattr(tiers.local, "claim", claim)
+        with pytest.raises(OSError, match="lock failed"):
+            tiers.after_use_many([("c", ram["c"], True, False), ("d", ram["d"], True, False)])
+        assert tiers.local.find("c") is not None
+        assert tiers.ram.ledger.read()[0] == entry_size(100)   # c's bytes back, d's held
+        monkeypatch.setattr(tiers.local, "claim", real_claim)
+        tiers.after_use_many([("b", placed["b"], False, False)])
+        assert tiers.local.find("d") is not None and tiers.ram.ledger.read()[0] == 0
+        assert tiers.counters.not_kept == 0
+    finally:
+        _close(tiers)

@@ -38,11 +38,13 @@ class Run:
     def __init__(self, src: str, local: str, capacity: int = 1 << 30, handoff: str | None = None) -> None:
         self.store = LocalStore(local, "file://" + src, expected=64)
         self.done: dict[int, native_stage.Done] = {}
+        self.reports: list[int] = []   # every token told, in order (a token told twice shows here)
         self.cv = threading.Condition()
         self.stager = native_stage.NativeStager(self.store, capacity, src, handoff, 4, self._on_done)
 
     def _on_done(self, d: native_stage.Done) -> None:
         with self.cv:
+            self.reports.append(d.token)
             assert d.token not in self.done, "a job reported twice"
             self.done[d.token] = d
             self.cv.notify_all()
@@ -266,7 +268,7 @@ def test_submit_many_stages_each_once_and_falls_back_where_room_is_short(tree):
     """submit_many: every file written whole with one reservation; a token twice in one call, or
     one already under way, is reported as under way (None) and staged once; where the tier has no
     room for them all, each is tried on its own (those that fit go, the rest False with nothing
-    reserved); after close, nothing is reserved and the call raises."""
+    reserved); after close the call raises."""
     src, files, local = tree
     keys = sorted(files)
     cap = sum(entry_size(len(files[k])) for k in keys[:6]) + entry_size(len(files[keys[6]])) // 2
@@ -287,8 +289,37 @@ def test_submit_many_stages_each_once_and_falls_back_where_room_is_short(tree):
         assert locks_held(run.store, keys) == 0
     finally:
         run.close()
+    assert sorted(run.reports) == list(range(6))   # each told once, the duplicate too
     with pytest.raises(RuntimeError, match="closed"):
         run.stager.submit_many([(9, keys[9], len(files[keys[9]]))])
+
+
+def test_submit_many_goes_on_past_an_item_whose_own_submit_fails(tree, monkeypatch):
+    """With room for two of three, each is submitted on its own; the second one's place cannot be
+    taken (an error): it comes back as that error, nothing of it reserved, and the third still goes
+    (before, the error ended the call with the first already under way and unreported)."""
+    src, files, local = tree
+    keys = sorted(files)[:3]
+    cap = sum(entry_size(len(files[k])) for k in (keys[0], keys[2])) + 8
+    run = Run(src, local, capacity=cap)
+    real_place, calls = run.store.place, []
+
+    def place(n):
+        calls.append(n)
+        if len(calls) == 2:
+            raise OSError(24, "Too many open files")
+        return real_place(n)
+
+    monkeypatch.setattr(run.store, "place", place)
+    try:
+        got = run.stager.submit_many([(t, k, len(files[k])) for t, k in enumerate(keys)])
+        assert got[0] is True and isinstance(got[1], OSError) and got[2] is True, got
+        run.wait(2)
+        assert sorted(run.done) == [0, 2] and all(run.done[t].loc is not None for t in (0, 2))
+        assert not run.stager.in_flight()
+        assert run.store.ledger.read()[0] == sum(entry_size(len(files[k])) for k in (keys[0], keys[2]))
+    finally:
+        run.close()
 
 
 def test_submit_many_hands_back_every_place_when_the_engine_refuses(tree, monkeypatch):

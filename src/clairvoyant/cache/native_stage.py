@@ -117,12 +117,14 @@ class NativeStager:
                 if mine and job is not None:
                     store.abandon(job[1], job[2], job[3])
 
-    def submit_many(self, items: list[tuple[int, str, int]]) -> list[bool | None]:
+    def submit_many(self, items: list[tuple[int, str, int]]) -> list[bool | None | Exception]:
         """``submit`` for several files, ``(token, key, size)`` each: one reservation in the ledger
         for all and one call into the engine (the plan's files go a slot-full at a time, not one GIL
         hand-off each). Each item's outcome is submit's; where the tier has no room for them all,
-        each is submitted on its own (those that fit go)."""
-        out: list[bool | None] = [None] * len(items)
+        each is submitted on its own (those that fit go), and an item whose own submit raised has
+        its exception as its outcome (the others went on). An exception raised by this call itself
+        means none of them was submitted."""
+        out: list[bool | None | Exception] = [None] * len(items)
         with self._lock:
             if self._closing:
                 raise RuntimeError("the stager is closed")
@@ -137,7 +139,10 @@ class NativeStager:
         if len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity):
             self._unclaim([items[k][0] for k in mine], [None] * len(mine))
             for k in mine:
-                out[k] = self.submit(*items[k])
+                try:
+                    out[k] = self.submit(*items[k])
+                except Exception as e:   # this one did not go; those before it did
+                    out[k] = e
             return out
         jobs: list[tuple] = []
         try:
@@ -171,13 +176,14 @@ class NativeStager:
         return out
 
     def _unclaim(self, tokens: list[int], jobs: list, give_back: bool = False) -> None:
-        """Forget tokens this caller claimed (placeholder None, or its job), each only if still its
-        own; with ``give_back``, the places of the jobs it forgot are given back."""
+        """Forget tokens this caller claimed, each only if it still holds what this caller put there
+        (``jobs[k]``: its placeholder None, or its job); with ``give_back``, the places of the jobs
+        it forgot are given back."""
         gone = []
         with self._lock:
             for t, job in zip(tokens, jobs):
                 cur = self._jobs.get(t, _ABSENT)
-                if cur is None or (job is not None and cur is job):
+                if cur is job:   # (None: the placeholder this caller claimed)
                     del self._jobs[t]
                     gone.append(job)
         if give_back:

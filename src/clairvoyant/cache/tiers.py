@@ -228,9 +228,11 @@ class Tiers:
                     ram += entry_size(len(placed.data or b""))
             else:
                 self.after_use(key, placed, keep, corrupt)
-        ram += self._move_down(moves)
-        if ram:
-            self.ram.ledger.give_back(ram)
+        try:
+            ram += self._move_down(moves)
+        finally:   # (on an error, the copies not kept still go back)
+            if ram:
+                self.ram.ledger.give_back(ram)
 
     def after_use(self, key: str, placed: Placement, keep: bool, corrupt: bool) -> None:
         if placed.tier == LOCAL:
@@ -239,7 +241,10 @@ class Tiers:
             if (not keep or corrupt) and self.local.delete(key):
                 self.counters.add("evictions")
         elif placed.tier == RAM:
-            self.after_use_many([(key, placed, keep, corrupt)])
+            if keep and placed.data is not None:
+                self.after_use_many([(key, placed, keep, corrupt)])
+            else:
+                self.ram.ledger.give_back(entry_size(len(placed.data or b"")))
 
     def settle(self, final: bool = False) -> None:
         """Retry the moves down still owed (an epoch's end: ``final``, those with no room then are
@@ -253,34 +258,58 @@ class Tiers:
         batches first. The plan counts a kept sample in from its access on, but staging ahead
         may have filled the room before the entries it evicts at that access were deleted; a move
         with no room yet is owed (its RAM bytes held), retried after the next batch's deletions,
-        rather than lost (it would be read from the source again in the next epoch). Returns the
-        RAM bytes to give back."""
+        rather than lost (it would be read from the source again in the next epoch). Owed moves
+        hold at most half the RAM window (the oldest are given up beyond that: the local tier is
+        short for longer than staging ahead explains). Returns the RAM bytes to give back."""
         with self._owed_lock:
             earlier, self._owed = self._owed, []
+        todo = earlier + moves
         was = sum(entry_size(len(d)) for _, d, _ in earlier)
-        freed, owed = 0, []
-        for i, (key, data, mtime_ns) in enumerate(earlier + moves):
-            n = entry_size(len(data))
-            if self.local.claim(key, len(data)):   # there already
-                freed += n
-                continue
-            try:
-                if self.local.ledger.reserve(n, self.local_capacity):
-                    if self._publish_local(key, data, mtime_ns) is not None:
-                        self.counters.add("promotions")
-                    freed += n   # moved, or the device refused it (warned): the window lets it go
-                elif final:
-                    self.counters.add("not_kept")
+        freed, owed, done, ok = 0, [], 0, False
+        try:
+            free = self.local_capacity - self.local.ledger.read()[0]
+            smallest = min((entry_size(len(d)) for _, d, _ in todo), default=0)
+            if not final and free < smallest:   # nothing can move: no lock, no index lookup
+                owed, done = list(todo), len(todo)
+                self.counters.add("deferred", len(moves))
+            for i, (key, data, mtime_ns) in enumerate(todo[done:], done):
+                n = entry_size(len(data))
+                if self.local.claim(key, len(data)):   # there already
                     freed += n
-                else:
-                    if i >= len(earlier):
-                        self.counters.add("deferred")
-                    owed.append((key, data, mtime_ns))
-            finally:
-                self.local.release(key)
-        with self._owed_lock:
-            self._owed[:0] = owed
-            self._owed_bytes += sum(entry_size(len(d)) for _, d, _ in owed) - was
+                    done = i + 1
+                    continue
+                try:
+                    if self.local.ledger.reserve(n, self.local_capacity):
+                        if self._publish_local(key, data, mtime_ns) is not None:
+                            self.counters.add("promotions")
+                        freed += n   # moved, or the device refused it (warned): the window lets it go
+                    elif final:
+                        self.counters.add("not_kept")
+                        freed += n
+                    else:
+                        if i >= len(earlier):
+                            self.counters.add("deferred")
+                        owed.append((key, data, mtime_ns))
+                finally:
+                    self.local.release(key)
+                    done = i + 1
+            ok = True
+        finally:   # (on an error, what was not looked at stays owed, and what was freed goes back here)
+            owed += todo[done:]
+            cap, held = self.ram_capacity // 2, 0
+            for k in range(len(owed) - 1, -1, -1):   # the newest first: the oldest go beyond the cap
+                held += entry_size(len(owed[k][1]))
+                if held > cap:
+                    given_up = owed[:k + 1]
+                    owed = owed[k + 1:]
+                    self.counters.add("not_kept", len(given_up))
+                    freed += sum(entry_size(len(d)) for _, d, _ in given_up)
+                    break
+            with self._owed_lock:
+                self._owed[:0] = owed
+                self._owed_bytes += sum(entry_size(len(d)) for _, d, _ in owed) - was
+            if not ok and freed:
+                self.ram.ledger.give_back(freed)
         return freed
 
     def drop(self, key: str) -> None:

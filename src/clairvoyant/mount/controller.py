@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -60,10 +61,10 @@ class Controller:
         self._stop = threading.Event()
         self._poll = poll
         # native threads copy the files where they are built (cache/native_stage.py); else Python's
+        self._slots_back = 0   # slots of copies told done in the collector's current batch
         self._native = native_stage.NativeStager(
             self.tiers.local, self.tiers.local_capacity, mount.source.root, self._handoff_dir(), threads,
             self._native_done, self._native_batch_done) if native_stage.available() else None
-        self._slots_back = 0   # slots of copies told done in the collector's current batch
         self._pool = None if self._native else ThreadPoolExecutor(max(1, int(threads)),
                                                                   thread_name_prefix="clairvoyant-mount-stage")
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
@@ -189,7 +190,14 @@ class Controller:
         with self._lock:
             self._pending += entry_size(int(self.sizes[i]))
             self._flying.add(i)
-        self._pool.submit(self._stage, i)
+        try:
+            self._pool.submit(self._stage, i)
+        except BaseException:   # (the pool shut down): as if never asked
+            with self._lock:
+                self._pending -= entry_size(int(self.sizes[i]))
+                self._flying.discard(i)
+            self._inflight.release()
+            raise
         return True
 
     def _in_flight(self, i: int | None = None) -> bool:
@@ -199,13 +207,14 @@ class Controller:
         with self._lock:
             return bool(self._flying) if i is None else i in self._flying
 
-    def _settle(self, late: list[int], held: StagedAhead) -> list[int]:
+    def _settle(self, late: list[int], held: StagedAhead, gathered: set[int] = frozenset()) -> list[int]:
         """Evict what was chosen for eviction while its copy was on the way, now that it is there;
         the files whose copy is still on the way (looked at before the eviction: a copy that lands
-        in between is evicted, never forgotten). A file staged again meanwhile stays."""
+        in between is evicted, never forgotten). A file staged again meanwhile (or gathered to be)
+        stays."""
         keep = []
         for v in late:
-            if v in held:
+            if v in held or v in gathered:
                 continue
             flying = self._in_flight(v)
             if not self._evict(v) and flying:
@@ -238,11 +247,14 @@ class Controller:
             self._inflight.release(len(items))
             return
         back = 0
-        for (i, _, _), g in zip(items, got):
-            if g:
+        for (i, key, _), g in zip(items, got):
+            if g is True:
                 continue   # _native_done hears of it
             back += 1
-            if g is False:
+            if isinstance(g, Exception):
+                self._failed(key, g)
+                self._discard(i)
+            elif g is False:
                 self._add("not_staged")
                 self._discard(i)
             # None: its copy is under way; a handoff is that copy's to take
@@ -455,24 +467,36 @@ class Controller:
                              for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
             return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
 
-        late: list[int] = []   # chosen for eviction while their copy was on the way
         chunk: list[tuple[int, int]] = []   # (position, file): a slot and room taken, not yet submitted
-        room = 0   # bytes known free in the tier beyond the chunk's
-
         gathered: set[int] = set()
 
-        def flush() -> None:   # the chunk goes to the stager in one call
+        def flush() -> None:   # the chunk goes to the stager in one call, its slots with it
             if chunk:
-                self._submit_chunk(chunk, held)
+                batch = chunk[:]
                 chunk.clear()
                 gathered.clear()
+                self._submit_chunk(batch, held)
 
-        for pos, i in enumerate(seq + after):
+        try:
+            self._plan_loop(seq + after, key, held, capacity, consumed, chunk, gathered, flush)
+        except BaseException:
+            if chunk:   # gathered, never handed on: their slots go back
+                self._inflight.release(len(chunk))
+            raise
+
+    def _plan_loop(self, seq: list[int], key: tuple, held: StagedAhead, capacity: int,
+                   consumed: Callable[[], int], chunk: list[tuple[int, int]], gathered: set[int],
+                   flush: Callable[[], None]) -> None:
+        """Stage ``seq`` in order within ``capacity``, evicting by farthest next use: files are
+        gathered into ``chunk`` (a slot and room taken for each) and handed on by ``flush``."""
+        late: list[int] = []   # chosen for eviction while their copy was on the way
+        room = 0   # bytes known free in the tier beyond the chunk's
+        for pos, i in enumerate(seq):
             if self._stop.is_set() or self._plan_key != key:
                 flush()
                 return
             if late:
-                late = self._settle(late, held)
+                late = self._settle(late, held, gathered)
             if i in held or i in gathered:   # (a file of this epoch's end may open the next one)
                 continue
             need = entry_size(int(self.sizes[i]))
@@ -519,8 +543,13 @@ class Controller:
         if self._native is not None:
             self._submit_native([i for _, i in chunk])
         else:
-            for _, i in chunk:
-                self._submit(i, slot=True)
+            for k, (_, i) in enumerate(chunk):
+                try:
+                    self._submit(i, slot=True)
+                except BaseException:   # (its own slot is given back): those after it too
+                    if k + 1 < len(chunk):
+                        self._inflight.release(len(chunk) - k - 1)
+                    raise
         for pos, i in chunk:
             held.staged(i, pos)
         with self._lock:
