@@ -40,6 +40,9 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	$(PY) benchmarks/simulate_validation.py
 	$(PY) benchmarks/kernel_path.py
 	$(PY) benchmarks/packed_peers.py
+	# clairvoyant mount (issue 12): 29 KB files, then ImageNet-sized ones (85 KB)
+	$(PY) benchmarks/mount.py
+	$(PY) benchmarks/mount.py --size 448 --images 1600 --out benchmarks/results/mount-448
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
