@@ -100,3 +100,24 @@ def test_packed_peers_tiny(tmp_path):
     cv = next(r for r in summary["rows"] if r["name"] == "clairvoyant on the tar shards")
     assert [e["images"] for e in cv["epochs"]] == [48, 48] and cv["shards_per_batch"] >= 1
     assert all(e["images"] == 48 for r in summary["rows"] for e in r["epochs"])
+
+
+def test_mount_tiny(tmp_path):
+    """Issue 12's benchmark (`clairvoyant mount` with the swapped sampler) and its per-thread CPU
+    split, at a smoke size: every configuration runs, the second epoch reads nothing from the store."""
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE store unavailable: {why}")
+    out = run("mount.py", "--tiny", "--out", str(tmp_path))
+    assert "(b) epoch 2 bytes from the store: 0" in out and "open+read+close of a staged file" in out
+    res = json.loads((tmp_path / "mount.json").read_text())
+    assert res["ratios"]["second_epoch_store_bytes"] == 0
+    threads = json.loads(run("mount_threads.py", "--images", "48", "--workers", "2", "--json"))
+    first, second = threads["epochs"]
+    assert first["store_opens"] == 48 and second["store_opens"] == 0
+    assert "MainThread" in first["main_by_thread_us"]
