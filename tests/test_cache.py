@@ -502,3 +502,29 @@ def test_an_error_while_moving_down_keeps_the_rest_owed_and_the_ledgers_right(tm
         assert tiers.counters.not_kept == 0
     finally:
         _close(tiers)
+
+
+def test_an_error_while_reserving_keeps_that_sample_owed(tmp_path, monkeypatch):
+    """The local ledger failing for the sample being moved: that sample stays owed (its RAM bytes
+    held, not lost) and moves on the next try."""
+    from clairvoyant.cache.tiers import RAM
+    tiers, data = _two_entry_tiers(tmp_path)
+    try:
+        placed = {k: _stage(tiers, data, k) for k in "ab"}
+        c = _stage(tiers, data, "c")
+        assert c.tier == RAM
+        tiers.after_use_many([("a", placed["a"], False, False)])   # room for c
+        real = tiers.local.ledger.reserve
+
+        def failing(n, cap):
+            raise OSError(5, "ledger")
+
+        monkeypatch.setattr(tiers.local.ledger, "reserve", failing)
+        with pytest.raises(OSError, match="ledger"):
+            tiers.after_use_many([("c", c, True, False)])
+        assert tiers.local.find("c") is None and tiers.ram.ledger.read()[0] == entry_size(100)
+        monkeypatch.setattr(tiers.local.ledger, "reserve", real)
+        tiers.settle()
+        assert tiers.local.find("c") is not None and tiers.ram.ledger.read()[0] == 0
+    finally:
+        _close(tiers)

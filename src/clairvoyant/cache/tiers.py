@@ -290,9 +290,9 @@ class Tiers:
                         if i >= len(earlier):
                             self.counters.add("deferred")
                         owed.append((key, data, mtime_ns))
+                    done = i + 1   # (not on an error: then this one stays owed too)
                 finally:
                     self.local.release(key)
-                    done = i + 1
             ok = True
         finally:   # (on an error, what was not looked at stays owed, and what was freed goes back here)
             owed += todo[done:]
