@@ -238,38 +238,50 @@ static PyObject *Stager_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)s;
 }
 
-static PyObject *Stager_submit(Stager *s, PyObject *args) {
-    long long token;
+/* A job from its tuple (token, path, size, out_fd, offset, lock_offset), parsed with ``fmt``;
+ * NULL with the Python error set. */
+static struct job *parse_job(PyObject *t, const char *fmt) {
+    long long token, offset, lock_offset;
     PyObject *path;
     unsigned long long size;
     int out_fd;
-    long long offset, lock_offset;
-    if (!PyArg_ParseTuple(args, "LO&KiLL", &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset,
-                          &lock_offset))
+    if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset))
         return NULL;
     struct job *j = calloc(1, sizeof *j);
     char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
     Py_DECREF(path);
-    if (!p) { free(j); return PyErr_NoMemory(); }
+    if (!p) { free(j); PyErr_NoMemory(); return NULL; }
     j->token = token;
     j->path = p;
     j->size = size;
     j->out_fd = out_fd;
     j->offset = offset;
     j->lock_offset = lock_offset;
+    return j;
+}
+
+/* Queue the list head..tail of ``n`` jobs and wake a thread per job; the list is freed and a
+ * RuntimeError set if the stager is closed. */
+static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize_t n) {
     pthread_mutex_lock(&s->mu);
     int open_ = s->nthreads > 0 && !s->stopping;
     if (open_) {
-        push(&s->queue, &s->queue_tail, j);
-        pthread_cond_signal(&s->work);
+        if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
+        s->queue_tail = tail;
+        for (Py_ssize_t k = 0; k < n && k < s->nthreads; k++) pthread_cond_signal(&s->work);
     }
     pthread_mutex_unlock(&s->mu);
     if (!open_) {
-        free_list(j);
+        free_list(head);
         PyErr_SetString(PyExc_RuntimeError, "the stager is closed");
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *Stager_submit(Stager *s, PyObject *args) {
+    struct job *j = parse_job(args, "LO&KiLL");
+    return j ? enqueue(s, j, j, 1) : NULL;
 }
 
 /* submit_many([(token, path, size, out_fd, offset, lock_offset), ...]): the jobs queued under one
@@ -281,46 +293,18 @@ static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     struct job *head = NULL, *tail = NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
-        long long token, offset, lock_offset;
-        PyObject *path;
-        unsigned long long size;
-        int out_fd;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "LO&KiLL;a job is (token, path, size, out_fd, "
-                              "offset, lock_offset)", &token, PyUnicode_FSConverter, &path, &size, &out_fd,
-                              &offset, &lock_offset))
-            goto fail;
-        struct job *j = calloc(1, sizeof *j);
-        char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
-        Py_DECREF(path);
-        if (!p) { free(j); PyErr_NoMemory(); goto fail; }
-        j->token = token;
-        j->path = p;
-        j->size = size;
-        j->out_fd = out_fd;
-        j->offset = offset;
-        j->lock_offset = lock_offset;
+        struct job *j = parse_job(PySequence_Fast_GET_ITEM(seq, k),
+                                  "LO&KiLL;a job is (token, path, size, out_fd, offset, lock_offset)");
+        if (!j) {
+            Py_DECREF(seq);
+            free_list(head);
+            return NULL;
+        }
         push(&head, &tail, j);
     }
     Py_DECREF(seq);
     if (!head) Py_RETURN_NONE;
-    pthread_mutex_lock(&s->mu);
-    int open_ = s->nthreads > 0 && !s->stopping;
-    if (open_) {
-        if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
-        s->queue_tail = tail;
-        for (Py_ssize_t k = 0; k < n && k < s->nthreads; k++) pthread_cond_signal(&s->work);   /* one per job */
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (!open_) {
-        free_list(head);
-        PyErr_SetString(PyExc_RuntimeError, "the stager is closed");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(seq);
-    free_list(head);
-    return NULL;
+    return enqueue(s, head, tail, n);
 }
 
 static PyObject *Stager_collect(Stager *s, PyObject *args) {
