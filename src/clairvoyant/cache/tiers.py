@@ -201,7 +201,6 @@ class Tiers:
         self.counters.add("bypassed")
         return Placement(SOURCE, None, True, data, mtime_ns)
 
-
     def _publish_local(self, key: str, data: bytes, mtime_ns: int) -> Loc | None:
         """Publish reserved bytes in the local tier; None (reservation given back) if the device
         refuses them."""
@@ -264,6 +263,8 @@ class Tiers:
         with self._owed_lock:
             earlier, self._owed = self._owed, []
         todo = earlier + moves
+        if not todo:   # the usual batch: nothing kept, nothing owed (no ledger read)
+            return 0
         was = sum(entry_size(len(d)) for _, d, _ in earlier)
         freed, owed, done, ok = 0, [], 0, False
         try:
