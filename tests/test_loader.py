@@ -55,6 +55,50 @@ def test_yields_what_a_naive_reference_yields(dataset, tmp_path, no_leaks):
         assert same(list(loader), reference_batches(loader, 1, dataset))
 
 
+def test_a_bare_loop_draws_a_new_complete_order_every_pass(dataset, tmp_path, no_leaks):
+    """``for epoch in range(3): for batch in loader:`` (no set_epoch), as with a re-shuffling
+    DataLoader: three orders, each every sample once, each the plan's order of that epoch."""
+    with Loader(dataset, batch_size=10, local_dir=tmp_path / "local", seed=3, num_workers=2) as loader:
+        passes = [[(x, y) for x, y in loader] for _ in range(3)]
+        for e, got in enumerate(passes):
+            assert same(got, reference_batches(loader, e, dataset)), f"pass {e} is not epoch {e}'s order"
+        # control: the first pass is not the order of another epoch
+        assert not same(passes[0], reference_batches(loader, 1, dataset))
+        assert loader.state_dict()["epoch"] == 2
+
+
+def test_set_epoch_wins_and_a_broken_pass_starts_its_epoch_again(dataset, tmp_path, no_leaks):
+    with Loader(dataset, batch_size=10, local_dir=tmp_path / "local", seed=3, num_workers=1) as loader:
+        list(loader)
+        loader.set_epoch(0)   # asked again for epoch 0: no move on
+        assert same(list(loader), reference_batches(loader, 0, dataset))
+        loader.sampler.set_epoch(5)   # what Lightning calls
+        it = iter(loader)
+        head = [next(it) for _ in range(3)]
+        del it
+        assert loader.state_dict()["epoch"] == 5
+        # the broken pass was not complete: the next one is epoch 5 again, from its start
+        again = list(loader)
+        assert same(head, again[:3]) and same(again, reference_batches(loader, 5, dataset))
+        assert same(list(loader), reference_batches(loader, 6, dataset))
+
+
+def test_a_state_saved_at_the_end_of_a_pass_goes_on_with_the_next_epoch(dataset, tmp_path, no_leaks):
+    kw = dict(batch_size=10, local_dir=tmp_path / "local", seed=3, num_workers=1)
+    with Loader(dataset, **kw) as a:
+        list(a)
+        state = a.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 96)
+    with Loader(dataset, **kw) as b:   # a bare loop after the resume: epoch 1 in full
+        b.load_state_dict(state)
+        assert same(list(b), reference_batches(b, 1, dataset))
+    with Loader(dataset, **kw) as c:   # set_epoch(0) after the resume: the (empty) rest of epoch 0
+        c.load_state_dict(state)
+        c.set_epoch(0)
+        assert list(c) == []
+        assert same(list(c), reference_batches(c, 1, dataset))
+
+
 def test_labels_follow_imagefolder_class_order(dataset, tmp_path, no_leaks):
     with Loader(dataset, batch_size=96, local_dir=tmp_path, shuffle=False, num_workers=1, output="numpy") as ld:
         assert ld.manifest.classes == ("class_0000", "class_0001", "class_0002", "class_0003")

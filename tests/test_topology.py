@@ -1,6 +1,10 @@
-"""Rank and world size come from the launcher's variables."""
+"""Rank and world size come from the process group, else from the launcher's variables."""
 
 from __future__ import annotations
+
+import json
+import os
+import re
 
 import pytest
 
@@ -38,3 +42,105 @@ def test_loader_takes_the_launcher_split(dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     with Loader(dataset, batch_size=4, local_dir=tmp_path) as ld:
         assert (ld.rank, ld.world_size, len(ld)) == (1, 3, 8)
+
+
+# -- the torch.distributed process group ------------------------------------------------------------
+
+@pytest.fixture
+def group(tmp_path):
+    """A gloo process group of one process (world size 1), destroyed after the test."""
+    import torch.distributed as dist
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_without_a_group_the_variables_rule():
+    from clairvoyant.dist.topology import process_group, resolve
+    assert process_group() is None
+    assert resolve({"RANK": "1", "WORLD_SIZE": "2"}) == Topology(1, 2, 0)
+
+
+def test_the_group_wins_over_lightnings_partial_variables(group):
+    """Lightning's launcher sets WORLD_SIZE and LOCAL_RANK but no RANK: the group is the truth."""
+    from clairvoyant.dist.topology import resolve
+    t = resolve({"LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    assert (t.rank, t.world_size, t.origin) == (0, 1, "torch.distributed")
+    # control: the variables alone (no group) would say another world size
+    assert detect({"RANK": "0", "WORLD_SIZE": "1"}).origin == "RANK/WORLD_SIZE"
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "RANK='1', WORLD_SIZE='2'"),
+    ({"WORLD_SIZE": "4", "LOCAL_RANK": "0"}, "WORLD_SIZE='4'"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}, "OMPI_COMM_WORLD_SIZE='3'"),
+])
+def test_variables_that_contradict_the_group_are_an_error_naming_both(group, env, named):
+    from clairvoyant.dist.topology import resolve
+    with pytest.raises(ConfigError, match=r"torch.distributed says rank 0 of 1.*" + re.escape(named)):
+        resolve(env)
+
+
+def test_a_launcher_of_one_process_may_start_a_group_of_its_own(group):
+    from clairvoyant.dist.topology import resolve
+    assert resolve({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).origin == "torch.distributed"
+
+
+def test_a_loader_follows_a_group_started_after_it(dataset, tmp_path, monkeypatch):
+    """Made under variables that say rank 1 of 3; a group of one process appears before the first
+    pass (as Lightning's does inside fit): the Loader takes the group's numbers."""
+    import torch.distributed as dist
+    from clairvoyant import Loader
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    with Loader(dataset, batch_size=4, local_dir=tmp_path / "l", num_workers=1) as ld:
+        assert (ld.rank, ld.world_size, len(ld)) == (1, 3, 8)     # control: before the group
+        monkeypatch.setenv("SLURM_NTASKS", "1")
+        monkeypatch.setenv("SLURM_PROCID", "0")
+        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+        try:
+            assert (ld.rank, ld.world_size, len(ld)) == (0, 1, 24)
+            assert sum(len(y) for _, y in ld) == 96
+            assert ld.topology.origin == "torch.distributed"
+        finally:
+            dist.destroy_process_group()
+
+
+_EXCHANGE = """
+import json, os, sys
+import torch.distributed as dist
+from clairvoyant.dist.topology import resolve
+rank = int(sys.argv[1])
+os.environ["CLAIRVOYANT_NODE"] = sys.argv[3 + rank]
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 4), rank=rank, world_size=4)
+t = resolve({})
+print(json.dumps([t.rank, t.world_size, t.local_rank, t.local_world_size]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes, expected", [
+    ("aabb", [[0, 4, 0, 2], [1, 4, 1, 2], [2, 4, 0, 2], [3, 4, 1, 2]]),
+    ("aaaa", [[0, 4, 0, 4], [1, 4, 1, 4], [2, 4, 2, 4], [3, 4, 3, 4]]),
+    ("abab", None),   # a node's ranks not in one block: refused
+])
+def test_the_node_layout_is_exchanged_over_the_group(tmp_path, nodes, expected):
+    """No LOCAL_WORLD_SIZE (Lightning sets none): every rank's node name is gathered over the group."""
+    import subprocess
+    import sys
+    script = tmp_path / "x.py"
+    script.write_text(_EXCHANGE)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), *nodes],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(4)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    if expected is None:
+        assert all(p.returncode != 0 for p in procs)
+        assert all("not consecutive" in err for _, err in outs)
+    else:
+        assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
+        assert [json.loads(out) for out, _ in outs] == expected

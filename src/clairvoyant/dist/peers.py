@@ -64,7 +64,6 @@ import itertools
 import logging
 import math
 import os
-import socket
 import struct
 import sys
 import threading
@@ -77,6 +76,7 @@ import numpy as np
 import xxhash
 
 from ..errors import ConfigError
+from .topology import node_name
 
 log = logging.getLogger("clairvoyant")
 
@@ -145,11 +145,6 @@ def emulated_link(env: Mapping[str, str] | None = None) -> tuple[float, float]:
             raise ConfigError(f"{var}={raw!r}: give a non-negative number ({unit}), or unset it")
         out.append(value)
     return out[0], out[1]
-
-
-def node_name() -> str:
-    """This node's name: ``CLAIRVOYANT_NODE`` if set (to split one machine into nodes), else the hostname."""
-    return os.environ.get("CLAIRVOYANT_NODE") or socket.gethostname()
 
 
 def node_groups(comm: Any, name: str) -> list[list[int]]:

@@ -1,9 +1,22 @@
-"""Where this process sits: rank and world size from torchrun, SLURM or MPI variables."""
+"""Where this process sits: rank, world size and the ranks of its node.
+
+The truth, in order: arguments given to the Loader; an initialised
+``torch.distributed`` process group (what Lightning, Accelerate and torchrun
+jobs train with: Lightning's DDP launcher sets ``LOCAL_RANK`` and
+``WORLD_SIZE`` but no ``RANK``); the launcher's variables (torchrun, Open MPI,
+MPICH, SLURM); else a single process. Launcher variables that describe a
+multi-process job other than the process group's are an error naming both,
+never a silent choice. The node layout under a process group comes from
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` when both are set, else from one exchange
+of node names over the group (``CLAIRVOYANT_NODE`` or the host name).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..errors import ConfigError
@@ -24,29 +37,130 @@ class Topology:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1   # ranks on this node (they share the node's cache tiers)
+    origin: str = field(default="single process", compare=False)   # where the numbers came from
+
+
+def _launcher(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
+    for names in _LAUNCHERS:
+        if names[0] in env and names[1] in env:
+            return names
+    return None
 
 
 def detect(env: Mapping[str, str] | None = None) -> Topology:
     """The first launcher whose variables are set wins; none set means a single process."""
     env = os.environ if env is None else env
-    for rank_var, size_var, local_var, local_size_var in _LAUNCHERS:
-        if rank_var in env and size_var in env:
-            try:
-                rank, size = int(env[rank_var]), int(env[size_var])
-                local = int(env.get(local_var, "0"))
-                # SLURM writes e.g. "4(x2)": the count before the parenthesis is this node's
-                local_size = int(env.get(local_size_var, "1").split("(")[0].split(",")[0])
-            except ValueError as e:
-                raise ConfigError(f"{rank_var}={env[rank_var]!r} / {size_var}={env[size_var]!r} are not integers") from e
-            return validate(rank, size, local, local_size)
-    return Topology()
+    names = _launcher(env)
+    if names is None:
+        return Topology()
+    rank_var, size_var, local_var, local_size_var = names
+    try:
+        rank, size = int(env[rank_var]), int(env[size_var])
+        local = int(env.get(local_var, "0"))
+        # SLURM writes e.g. "4(x2)": the count before the parenthesis is this node's
+        local_size = int(env.get(local_size_var, "1").split("(")[0].split(",")[0])
+    except ValueError as e:
+        raise ConfigError(f"{rank_var}={env[rank_var]!r} / {size_var}={env[size_var]!r} are not integers") from e
+    return validate(rank, size, local, local_size, origin=f"{rank_var}/{size_var}")
 
 
-def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1) -> Topology:
+def process_group() -> tuple[int, int] | None:
+    """(rank, world size) of the initialised default ``torch.distributed`` process group, else None
+    (torch not installed, not built with distributed support, or no group initialised yet)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def resolve(env: Mapping[str, str] | None = None, *, exchange: bool = True) -> Topology:
+    """This process's place in the job, from the process group if one is initialised (checked
+    against the launcher's variables), else from the variables (``detect``). ``exchange=False``
+    never calls a collective: the node layout is then the variables' or this rank alone."""
+    env = os.environ if env is None else env
+    group = process_group()
+    if group is None:
+        return detect(env)
+    rank, size = group
+    _check_agrees(env, rank, size)
+    local = _local_from_env(env)
+    if local is not None:
+        return validate(rank, size, *local, origin="torch.distributed")
+    if not exchange or size == 1:
+        return validate(rank, size, 0, 1, origin="torch.distributed")
+    return validate(rank, size, *_exchange_layout(rank, size), origin="torch.distributed")
+
+
+def _check_agrees(env: Mapping[str, str], rank: int, size: int) -> None:
+    """Variables that describe a multi-process job must describe the process group's."""
+    names = _launcher(env)
+    claims: list[tuple[str, str, int]] = []
+    if names is not None:
+        claims = [(names[0], env[names[0]], rank), (names[1], env[names[1]], size)]
+    elif "WORLD_SIZE" in env:   # Lightning's launcher sets WORLD_SIZE and LOCAL_RANK, not RANK
+        claims = [("WORLD_SIZE", env["WORLD_SIZE"], size)]
+    try:
+        told = {var: int(value) for var, value, _ in claims}
+    except ValueError:
+        told = {}
+    if not claims or (names is not None and told.get(names[1]) == 1):
+        return   # no launcher, or a launcher of one process that started a group of its own
+    wrong = [(var, value) for var, value, truth in claims if told.get(var) != truth]
+    if wrong:
+        said = ", ".join(f"{var}={value!r}" for var, value in wrong)
+        raise ConfigError(
+            f"torch.distributed says rank {rank} of {size} but the environment says {said}: the launcher "
+            "and the process group disagree; fix the launcher's variables, or pass rank= and world_size= "
+            "to the Loader")
+
+
+def _local_from_env(env: Mapping[str, str]) -> tuple[int, int] | None:
+    if "LOCAL_RANK" in env and "LOCAL_WORLD_SIZE" in env:
+        try:
+            return int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+        except ValueError as e:
+            raise ConfigError(f"LOCAL_RANK={env['LOCAL_RANK']!r} / LOCAL_WORLD_SIZE={env['LOCAL_WORLD_SIZE']!r} "
+                              "are not integers") from e
+    return None
+
+
+def node_name() -> str:
+    """This node's name: ``CLAIRVOYANT_NODE`` if set (to split one machine into nodes), else the host name."""
+    return os.environ.get("CLAIRVOYANT_NODE") or socket.gethostname()
+
+
+def _exchange_layout(rank: int, size: int) -> tuple[int, int]:
+    """(local rank, ranks on this node) from every rank's node name, gathered over the process
+    group as 63-bit digests (tensors, nothing pickled). The ranks of a node must be consecutive,
+    as torchrun, Lightning and Accelerate place them."""
+    import torch
+    import torch.distributed as dist
+
+    digest = int.from_bytes(hashlib.sha256(node_name().encode()).digest()[:8], "little") >> 1
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":   # NCCL gathers only device tensors
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor([digest], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine)
+    names = [int(t.item()) for t in every]
+    ranks = [r for r in range(size) if names[r] == digest]
+    if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+        raise ConfigError(f"the ranks on node {node_name()!r} are {ranks}, not consecutive: clairvoyant needs "
+                          "a node's ranks in one block (as torchrun places them); set LOCAL_RANK and "
+                          "LOCAL_WORLD_SIZE, or pass local_world_size= to the Loader")
+    return rank - ranks[0], len(ranks)
+
+
+def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,
+             origin: str = "given") -> Topology:
     if world_size < 1:
         raise ConfigError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
     if not 1 <= local_world_size <= world_size:
         raise ConfigError(f"local_world_size (ranks per node) must be in [1, {world_size}], got {local_world_size}")
-    return Topology(rank, world_size, local_rank, local_world_size)
+    return Topology(rank, world_size, local_rank, local_world_size, origin)

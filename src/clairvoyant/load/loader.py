@@ -25,7 +25,7 @@ from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist import cluster as cluster_mod
 from ..dist.cluster import Cluster
-from ..dist.topology import detect, validate
+from ..dist.topology import Topology, process_group, resolve, validate
 from ..errors import ConfigError, CorruptEntry, EmptySourceError
 from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, position_after
@@ -103,7 +103,10 @@ class Loader:
             the source and the threads are busy, fewer when they idle; tune/autotune.py).
         lookahead: how many batches ahead of the training loop staging runs.
         prefetch: batches each reader may hold ready.
-        rank, world_size: default from torchrun, MPI or SLURM variables, else a single process.
+        rank, world_size: default from the ``torch.distributed`` process group when one is initialised
+            (Lightning, Accelerate, torchrun; also when it is initialised after the Loader was made,
+            before the first iteration), else from torchrun, MPI or SLURM variables, else a single
+            process. Launcher variables that disagree with the process group are a ``ConfigError``.
         on_error: ``"raise"`` (default) or ``"skip"`` samples that cannot be read or decoded.
         manifest: path of the persisted manifest (default: under the per-user cache).
         reindex: walk the source again even if a manifest exists.
@@ -161,11 +164,10 @@ class Loader:
         self.transform, self.target_transform, self.worker_init_fn = transform, target_transform, worker_init_fn
         if (rank is None) != (world_size is None):
             raise ConfigError("pass both rank and world_size, or neither (then they come from the launcher)")
-        if rank is None:
-            self.topology = detect()
-            if local_world_size is not None:
-                t = self.topology
-                self.topology = validate(t.rank, t.world_size, t.local_rank, int(local_world_size))
+        self._local_world_size = None if local_world_size is None else int(local_world_size)
+        self._topology_given = rank is not None
+        if rank is None:   # the process group if there is one, else the launcher's variables
+            self.topology = self._place(exchange=True)
         else:
             lws = int(local_world_size or 1)
             self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
@@ -184,7 +186,8 @@ class Loader:
             if (c.rank, c.world_size) != (t.rank, t.world_size):
                 raise ConfigError(f"MPI says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
                                   f"of {t.world_size}: pass the MPI rank and size, or cluster=False")
-            self.topology = validate(t.rank, t.world_size, t.rank - c.nodes[c.node].start, len(c.nodes[c.node]))
+            self.topology = validate(t.rank, t.world_size, t.rank - c.nodes[c.node].start, len(c.nodes[c.node]),
+                                     origin="MPI")
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
@@ -195,11 +198,9 @@ class Loader:
             self._cluster.start(self.tiers.local_capacity, self._serve)
         # leaves the node's tiers (the last one out empties the RAM tier) on close, GC or exit
         self._close_tiers = weakref.finalize(self, _close_tiers, self.tiers)
-        t = self.topology
-        self._progress = None   # deadline scheduling across the ranks of the node (balance=True)
-        if balance and t.local_world_size > 1:
-            ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
-            self._progress = NodeProgress(self.tiers.local.root, ranks.index(t.rank), len(ranks))
+        self._balance = bool(balance)
+        self._progress: NodeProgress | None = None   # deadline scheduling across the node's ranks
+        self._open_progress()
         self.store = self.tiers.local
         self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
         self._config = PlanConfig(len(self.manifest), self.batch_size, self.seed, bool(shuffle), bool(drop_last))
@@ -216,6 +217,7 @@ class Loader:
         self._carry: tuple[RankEpochPlan, EpochRun] | None = None   # the last epoch's plan and its run
         self._inventory_used = False
         self._epoch = 0
+        self._passed = False      # the current epoch's pass reached its end: the next iteration moves on
         self._resume = 0          # global position of the epoch to start the next iteration at
         self._start = 0           # global position the current iteration started at
         self._span = 0            # batches of the current iteration
@@ -236,10 +238,7 @@ class Loader:
                                         largest_entry=largest,
                                         default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
             tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri, entries=False), lcap.nbytes,
-                          rcap.nbytes, self.source,
-                          # straight to the local tier when everything fits, or when this process is
-                          # the node's only rank (no other rank's keeps to make room for)
-                          direct=lcap.nbytes >= total or self.topology.local_world_size == 1)
+                          rcap.nbytes, self.source, direct=self._direct(lcap.nbytes))
         except BaseException:
             local.close()
             raise
@@ -247,6 +246,55 @@ class Loader:
         log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", local.root, lcap,
                  tiers.ram.root, rcap)
         return tiers
+
+    def _direct(self, local_capacity: int) -> bool:
+        """A miss to keep goes straight to the local tier when everything fits, or when this process
+        is the node's only rank (no other rank's keeps to make room for)."""
+        return local_capacity >= int(self._entry_sizes.sum()) or self.topology.local_world_size == 1
+
+    def _open_progress(self) -> None:
+        """The node-wide deadline gate of ``balance=True``, for the current topology."""
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        t = self.topology
+        if self._balance and t.local_world_size > 1:
+            ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
+            self._progress = NodeProgress(self.tiers.local.root, ranks.index(t.rank), len(ranks))
+
+    # -- where this process sits ------------------------------------------------------------------
+
+    def _place(self, *, exchange: bool) -> Topology:
+        """Rank, world size and node layout when none were given (dist/topology.py); a
+        ``local_world_size=`` argument overrides the node layout and spares the exchange."""
+        lws = self._local_world_size
+        t = resolve(exchange=exchange and lws is None)
+        return t if lws is None else validate(t.rank, t.world_size, t.local_rank, lws, origin=t.origin)
+
+    def _follows_group(self) -> bool:
+        """A process group was initialised after this Loader was placed by the launcher's variables
+        (Lightning's DDP starts it in ``Trainer.fit``, after a script may have made the Loader)."""
+        return (not self._topology_given and self._cluster is None and self.topology.origin != "torch.distributed"
+                and process_group() is not None)
+
+    def _where(self) -> Topology:
+        """The topology, as the process group says now (no collective call)."""
+        return self._place(exchange=False) if self._follows_group() else self.topology
+
+    def _bind(self) -> None:
+        """Take the process group's rank, world size and node layout before an iteration, if it
+        appeared after this Loader was made (every rank iterates: the layout exchange is safe here)."""
+        if not self._follows_group():
+            return
+        old, self.topology = self.topology, self._place(exchange=True)
+        log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed, initialised after the "
+                 "Loader was made (it had rank %d of %d from %s)", self.topology.rank, self.topology.world_size,
+                 self.topology.local_world_size, old.rank, old.world_size, old.origin)
+        if self._carry is not None:   # an epoch planned for the old layout: nothing of it carries over
+            self._carry[1].close()
+            self._carry = None
+        self.tiers.direct = self._direct(self.tiers.local_capacity)
+        self._open_progress()
 
     def _residents(self) -> dict[int, int]:
         """Samples in the local tier now (the session's inventory the first time, so that all ranks of
@@ -300,20 +348,30 @@ class Loader:
 
     @property
     def rank(self) -> int:
-        return self.topology.rank
+        return self._where().rank
 
     @property
     def world_size(self) -> int:
-        return self.topology.world_size
+        return self._where().world_size
+
+    @property
+    def sampler(self) -> "EpochSetter":
+        """For frameworks that call ``loader.sampler.set_epoch(e)`` (Lightning does, on every epoch):
+        it calls ``set_epoch`` here."""
+        return EpochSetter(self)
+
+    batch_sampler = None   # as a DataLoader with a sampler has it; frameworks look for both
 
     def __len__(self) -> int:
         per_rank = -(-len(self.manifest) // self.world_size)
         return num_batches(per_rank, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iteration follows (call it before each epoch)."""
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        """Select the epoch whose order the next iteration follows. Optional: without it, each
+        iteration after a complete pass moves to the next epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self._passed = False
         if epoch != self._loaded_epoch:  # keep a resume position loaded for this very epoch
             self._resume = 0
             self._loaded_epoch = None
@@ -322,7 +380,13 @@ class Loader:
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        """One pass over the rest of the current epoch. After a pass that reached the epoch's end,
+        the next iteration is the next epoch's (as a re-shuffling DataLoader draws a new order each
+        pass) unless ``set_epoch`` was called in between."""
         self._close_active()
+        self._bind()
+        if self._passed:
+            self._epoch, self._resume, self._loaded_epoch, self._passed = self._epoch + 1, 0, None, False
         start, self._resume, self._loaded_epoch = self._resume, 0, None
         plan = self._plan(start)
         self._start, self._span, self._done = start, len(plan), 0
@@ -421,6 +485,7 @@ class Loader:
         self._close_active()
         self._epoch, self._resume, self._done, self._start, self._span = epoch, position, 0, position, 0
         self._loaded_epoch = self._epoch
+        self._passed = position == n   # saved at the epoch's end: a bare loop goes on with the next epoch
 
     # -- statistics and lifecycle ---------------------------------------------------------------
 
@@ -495,6 +560,16 @@ def _close_tiers(tiers: Tiers) -> None:
     tiers.ram.close()
 
 
+class EpochSetter:
+    """``loader.sampler``: what frameworks that set a DataLoader's epoch through its sampler call."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+
 class _EpochIterator:
     """What ``iter(loader)`` returns. Dropping it (early break, exception, GC) releases everything."""
 
@@ -510,14 +585,19 @@ class _EpochIterator:
         return len(self._run) - self._run.position
 
     def __next__(self) -> Any:
+        loader = self._loader
         try:
             out = self._run.next()
         except StopIteration:
             if self._run.completed and not self._reported:
                 self._reported = True
-                self._loader._epoch_done(self._run)
+                if loader._active is not None and loader._active() is self:
+                    loader._passed = True
+                loader._epoch_done(self._run)
             raise
-        self._loader._done += 1
+        loader._done += 1
+        if loader._done >= loader._span:   # the last batch (a framework may never ask past it)
+            loader._passed = True
         return out
 
     def close(self) -> None:

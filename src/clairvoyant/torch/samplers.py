@@ -24,14 +24,9 @@ FilesFn = Callable[[int], "str | os.PathLike[str] | Sequence[str | os.PathLike[s
 
 
 def _world() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size(), dist.get_rank()
-    except ImportError:
-        pass
-    from ..dist.topology import detect
-    t = detect()
+    """(world size, rank): the process group's if one is initialised, else the launcher's."""
+    from ..dist.topology import resolve
+    t = resolve(exchange=False)
     return t.world_size, t.rank
 
 
