@@ -19,6 +19,12 @@ the page cache::
 The header holds uri, created, classes, count, the fingerprint and each
 section's place. Version 1 (one JSON document) is still read.
 
+A directory source's manifest also holds its folders (empty ones too) and each file's mode and
+times, as optional sections (``tree.py``; the header's ``folders`` counts them): the mount shows
+them, and :func:`obtain` checks the folders against the source at each start (``refresh.py``).
+A manifest without them loads as before, and earlier versions read one with them (they skip
+sections they do not know).
+
 Labels follow torchvision's ImageFolder: when every key lies in a top-level
 sub-directory, those directories are the classes, in sorted order; otherwise
 every sample's label is -1. A listed source (a list file, a torchvision-style
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import operator
 import os
@@ -41,10 +48,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from .cache.publish import tmp_name
-from .errors import ManifestError
+from .errors import EmptySourceError, ManifestError
 from .fileio import write_all, write_atomically
 from .paths import cache_home
 from .source import Source
+from .tree import PER as _TREE_PER, SECTIONS as _TREE_SECTIONS, Collector, Tree
 
 FORMAT = "clairvoyant-manifest"
 VERSION = 2                    # what save() writes
@@ -53,6 +61,7 @@ _PREFIX = struct.Struct("<8sII")   # magic, version, header length
 ALIGN = 64
 _MAX_HEADER = 1 << 26
 _CHUNK = 1 << 20               # samples per step of a whole-array check: bounded temporaries
+log = logging.getLogger("clairvoyant")
 # dtypes each section may have
 _DTYPES = {"sizes": ("<i8",), "labels": ("<i4", "<i8"), "key_offsets": ("<u4", "<u8"), "keys": ("|u1",),
            "digests": ("<u8",), "digest_order": ("<u4", "<u8")}
@@ -164,6 +173,7 @@ class Manifest:
     labels: np.ndarray  # int32 or int64, one per key, read-only; -1 where the layout gives no label
     classes: tuple[str, ...] = ()
     created: float = field(default_factory=time.time)
+    tree: Tree | None = None   # a directory source's folders and file attributes (tree.py)
     # fingerprint and digest index, once computed (or read from a v2 file)
     _derived: dict = field(default_factory=dict, init=False, repr=False)
 
@@ -176,6 +186,8 @@ class Manifest:
         set_(self, "classes", tuple(self.classes))
         if not len(self.sizes) == len(self.labels) == len(keys):
             raise ValueError(f"{len(keys)} keys but {len(self.sizes)} sizes and {len(self.labels)} labels")
+        if self.tree is not None and len(self.tree) != len(keys):
+            raise ValueError(f"{len(keys)} keys but the tree has {len(self.tree)} files")
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -240,9 +252,16 @@ class Manifest:
         keys = [k for k, _ in items]
         sizes = np.fromiter((s for _, s in items), dtype=np.int64, count=len(items))
         del items
+        return cls.from_columns(uri, keys, sizes, labels, classes)
+
+    @classmethod
+    def from_columns(cls, uri: str, keys: list[str], sizes: np.ndarray, labels: dict[str, int] | None = None,
+                     classes: tuple[str, ...] = (), tree: Tree | None = None) -> "Manifest":
+        """``keys`` already sorted, ``sizes`` (and ``tree``'s files) in their order; labels as
+        :meth:`from_entries` gives them."""
         if labels is not None:
             given = np.fromiter((labels[k] for k in keys), dtype=np.int64, count=len(keys))
-            return cls(uri=uri, keys=keys, sizes=sizes, labels=given, classes=tuple(classes))
+            return cls(uri=uri, keys=keys, sizes=sizes, labels=given, classes=tuple(classes), tree=tree)
         if keys and all("/" in k for k in keys):
             top = [k.split("/", 1)[0] for k in keys]
             classes = tuple(sorted(set(top)))
@@ -251,7 +270,7 @@ class Manifest:
         else:
             classes = ()
             labels = np.full(len(keys), -1, dtype=np.int64)
-        return cls(uri=uri, keys=keys, sizes=sizes, labels=labels, classes=classes)
+        return cls(uri=uri, keys=keys, sizes=sizes, labels=labels, classes=classes, tree=tree)
 
     def to_json(self) -> dict:
         """The version-1 document (JSON)."""
@@ -331,6 +350,7 @@ def _sections(m: Manifest) -> dict[str, np.ndarray | memoryview]:
         "keys": blob,
         "digests": np.ascontiguousarray(digests, dtype="<u8"),
         "digest_order": np.ascontiguousarray(order, dtype="<u4" if n < 2 ** 32 else "<u8"),
+        **(m.tree.sections() if m.tree is not None else {}),
     }
 
 
@@ -339,11 +359,12 @@ def _write_v2(m: Manifest, fd: int) -> int:
     table, pos = {}, 0
     for name, a in secs.items():
         nbytes = a.nbytes
-        dtype = "|u1" if name == "keys" else a.dtype.str
+        dtype = "|u1" if name in ("keys", "dir_keys") else a.dtype.str
         table[name] = {"offset": pos, "nbytes": nbytes, "dtype": dtype}
         pos = _align(pos + nbytes)
     header = json.dumps({"format": FORMAT, "version": 2, "uri": m.uri, "created": m.created,
                          "classes": list(m.classes), "count": len(m), "fingerprint": m.fingerprint,
+                         **({"folders": len(m.tree.dirs)} if m.tree is not None else {}),
                          "sections": table}, separators=(",", ":")).encode()
     head = _PREFIX.pack(MAGIC, 2, len(header)) + header
     written = write_all(fd, head + b"\0" * (_align(len(head)) - len(head)))
@@ -351,7 +372,7 @@ def _write_v2(m: Manifest, fd: int) -> int:
         view = memoryview(a).cast("B") if isinstance(a, np.ndarray) else a
         written += write_all(fd, view) if len(view) else 0
         pad = _align(len(view)) - len(view)
-        if pad and name != "digest_order":
+        if pad and name != list(secs)[-1]:
             written += write_all(fd, b"\0" * pad)
     return written
 
@@ -416,8 +437,8 @@ def _load_v2(path: str, f, head: bytes, verify: bool) -> Manifest:
         raise _bad(path, f"header: {e}") from e
     base = _align(_PREFIX.size + hlen)
     mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    arrays = {}
-    for name, allowed in _DTYPES.items():
+
+    def section(name: str, allowed: tuple[str, ...], want: int | None) -> np.ndarray:
         s = table.get(name)
         if not (isinstance(s, dict) and isinstance(s.get("offset"), int) and isinstance(s.get("nbytes"), int)
                 and s.get("dtype") in allowed):
@@ -426,10 +447,13 @@ def _load_v2(path: str, f, head: bytes, verify: bool) -> Manifest:
         start, nbytes = base + s["offset"], s["nbytes"]
         if s["offset"] < 0 or nbytes < 0 or start % dt.itemsize or nbytes % dt.itemsize or start + nbytes > size:
             raise _bad(path, f"section {name} at {start}+{nbytes} does not fit a file of {size} bytes")
-        want = {"key_offsets": count + 1, "keys": None}.get(name, count)
         if want is not None and nbytes != want * dt.itemsize:
-            raise _bad(path, f"section {name} holds {nbytes // dt.itemsize} values for {count} samples")
-        arrays[name] = np.frombuffer(mm, dtype=dt, count=nbytes // dt.itemsize, offset=start)
+            raise _bad(path, f"section {name} holds {nbytes // dt.itemsize} values, not {want}")
+        return np.frombuffer(mm, dtype=dt, count=nbytes // dt.itemsize, offset=start)
+
+    arrays = {name: section(name, allowed, {"key_offsets": count + 1, "keys": None}.get(name, count))
+              for name, allowed in _DTYPES.items()}
+    tree = _load_tree(path, doc, count, section)
     off, nkeys = arrays["key_offsets"], len(arrays["keys"])
     if int(off[0]) != 0 or int(off[-1]) != nkeys:
         raise _bad(path, f"key offsets span {int(off[0])}..{int(off[-1])}, the keys {nkeys} bytes")
@@ -439,7 +463,7 @@ def _load_v2(path: str, f, head: bytes, verify: bool) -> Manifest:
             raise _bad(path, "key offsets not increasing")
     keys = Keys(mm, off, base + table["keys"]["offset"])
     m = Manifest(uri=uri, keys=keys, sizes=arrays["sizes"], labels=arrays["labels"], classes=tuple(classes),
-                 created=created)
+                 created=created, tree=tree)
     m._derived["fingerprint"] = fp
     m._derived["digest_index"] = (arrays["digests"], arrays["digest_order"])
     if verify and m.compute_fingerprint() != fp:
@@ -447,8 +471,38 @@ def _load_v2(path: str, f, head: bytes, verify: bool) -> Manifest:
     return m
 
 
+def _load_tree(path: str, doc: dict, count: int, section: Callable) -> Tree | None:
+    """The folders and file attributes of a v2 file, if it holds them (``folders`` in its header)."""
+    folders = doc.get("folders")
+    if folders is None:
+        return None
+    if not (isinstance(folders, int) and folders >= 0):
+        raise _bad(path, f"folders {folders!r} in the header")
+    per = {"files": count, "dirs": folders}
+    arrays = {name: section(name, allowed, per[_TREE_PER[name][0]] * _TREE_PER[name][1] if _TREE_PER[name]
+                            else (folders + 1 if name == "dir_key_offsets" else None))
+              for name, allowed in _TREE_SECTIONS.items()}
+    try:
+        return Tree.from_sections(arrays)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad(path, f"folder records: {e}") from e
+
+
 def build(source: Source, progress: Callable[[int], None] | None = None) -> Manifest:
-    """Walk the source once."""
+    """Walk the source once (a directory source: its folders and file attributes too)."""
+    if getattr(source, "walks_folders", False):
+        source.check()
+        got = Collector()
+        for item in source.walk_tree():
+            got.add(*item)
+            if progress is not None and not item[1].is_dir and len(got.keys) % 1000 == 0:
+                progress(len(got.keys))
+        if not got.keys:
+            raise EmptySourceError(f"data source {source.root!r} holds no files: point it at the directory that "
+                                   "holds the samples")
+        keys, sizes, tree = got.finish()
+        return Manifest.from_columns(source.uri, keys, sizes, getattr(source, "labels", None),
+                                     tuple(getattr(source, "classes", ())), tree)
     entries = []
     for entry in source.scan():
         entries.append(entry)
@@ -458,11 +512,15 @@ def build(source: Source, progress: Callable[[int], None] | None = None) -> Mani
                                  tuple(getattr(source, "classes", ())))
 
 
-def obtain(source: Source, path: str | None = None, *, reindex: bool = False) -> tuple[Manifest, bool]:
+def obtain(source: Source, path: str | None = None, *, reindex: bool = False,
+           require_folders: bool = False) -> tuple[Manifest, bool]:
     """The persisted manifest of ``source`` if there is one, else build and persist it.
 
-    Returns ``(manifest, built)``; ``built`` says whether the source was walked. A JSON manifest
-    found at the default place (an earlier version's) is read and saved again in the binary format.
+    Returns ``(manifest, built)``; ``built`` says whether the source was walked whole. A JSON
+    manifest found at the default place (an earlier version's) is read and saved again in the
+    binary format. A directory source's manifest is checked against the source first (one stat
+    per folder, :func:`current`); ``require_folders``: one that records no folders (an earlier
+    version's) is rebuilt rather than used as it is (the mount shows every folder).
     """
     target = path or default_manifest_path(source.uri)
     found = None if reindex else existing(source.uri, path)
@@ -472,12 +530,37 @@ def obtain(source: Source, path: str | None = None, *, reindex: bool = False) ->
             raise ManifestError(
                 f"manifest {found} belongs to {manifest.uri}, not to {source.uri}: pass the right manifest= "
                 "or rebuild with reindex=True")
-        if found != target:
-            _save_quietly(manifest, target)
-        return manifest, False
+        manifest, changed = current(source, manifest, found, require_folders=require_folders)
+        if manifest is not None:
+            if found != target or changed:
+                _save_quietly(manifest, target)
+            return manifest, False
     manifest = build(source)
     _save_quietly(manifest, target)
     return manifest, True
+
+
+def current(source: Source, manifest: Manifest, origin: str, *,
+            require_folders: bool = False) -> tuple[Manifest | None, bool]:
+    """``(manifest, changed)``: a directory source's persisted ``manifest`` (read from ``origin``)
+    with the folders that changed since listed again (``refresh.py``; ``changed``: save it again);
+    other sources' as it is. ``(None, False)`` when it records no folders and ``require_folders``:
+    walk the source again."""
+    if not getattr(source, "walks_folders", False):
+        return manifest, False
+    if manifest.tree is None:
+        if require_folders:
+            log.warning("manifest %s of %s records no folders (an earlier clairvoyant wrote it): walking the "
+                        "source again, once, to show every folder and to notice later changes", origin, source.root)
+            return None, False
+        log.warning("manifest %s of %s records no folders (an earlier clairvoyant wrote it): files added to or "
+                    "removed from the source since are not noticed; run `clairvoyant index --force %s` once to "
+                    "record them", origin, source.root, source.root)
+        return manifest, False
+    from . import refresh
+
+    fresh, changes = refresh.check(source, manifest)
+    return fresh, changes.saved
 
 
 def _save_quietly(manifest: Manifest, path: str) -> None:

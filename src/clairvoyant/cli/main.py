@@ -17,12 +17,14 @@ def _cmd_index(args: argparse.Namespace) -> int:
     source = as_source(args.source, _storage_options(args))
     path = args.output or manifest_mod.default_manifest_path(source.uri)
     found = None if args.force else manifest_mod.existing(source.uri, args.output)
+    man = None
     if found is not None:
-        man = manifest_mod.load(found, verify=True)
-        if found != path:   # an earlier version's JSON at the default place: saved again, binary
+        # checked against a directory source (a stat per folder; changed folders listed again)
+        man, changed = manifest_mod.current(source, manifest_mod.load(found, verify=True), found)
+        if found != path or changed:   # an earlier version's JSON at the default place: saved again, binary
             manifest_mod.save(man, path)
         built = False
-    else:
+    if man is None:
         from tqdm import tqdm
         bar = tqdm(desc=f"listing {args.source}", unit=" files", disable=args.json or not sys.stderr.isatty())
         last = [0]

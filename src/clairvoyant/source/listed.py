@@ -26,6 +26,8 @@ _PIL_LOADERS = ("default_loader", "pil_loader", "accimage_loader")
 class ListedSource(PosixSource):
     """The files of ``entries`` (``(path, label, fields)``; paths absolute or relative to ``root``)."""
 
+    walks_folders = False   # the list names the samples: no walk, no folders recorded
+
     def __init__(self, root: str | os.PathLike[str], entries: Sequence[tuple[str, Any, dict | None]], *,
                  classes: Sequence[str] | None = None, fields: bool | Sequence[str] = False,
                  origin: str = "the list", scheme: str = "list") -> None:

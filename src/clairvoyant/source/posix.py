@@ -1,18 +1,45 @@
-"""A source that is a directory tree on a (possibly shared) POSIX file system."""
+"""A source that is a directory tree on a (possibly shared) POSIX file system.
+
+Its walk also yields every folder, empty ones included, with the mode and times of each entry:
+the manifest records them (``tree.py``) for the mount to show and for the check of a persisted
+manifest against the source, one ``stat`` per folder (``refresh.py``).
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import stat
-from typing import Iterator
+import time
+from typing import Iterator, NamedTuple
 
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
 from ..fileio import read_file, read_with_mtime
 
 
+class Entry(NamedTuple):
+    """One visible entry of a folder, as its ``stat`` shows it."""
+
+    name: str
+    is_dir: bool
+    size: int        # 0 for a folder
+    mode: int        # the permission bits (st_mode & 0o7777)
+    mtime_ns: int
+    atime_ns: int
+    ctime_ns: int
+
+
+def entry_of(name: str, st: os.stat_result) -> Entry:
+    return Entry(name, stat.S_ISDIR(st.st_mode), 0 if stat.S_ISDIR(st.st_mode) else st.st_size,
+                 stat.S_IMODE(st.st_mode), st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns)
+
+
 class PosixSource:
     """Every regular, non-hidden file below ``root`` is a sample keyed by its relative path."""
+
+    #: the manifest records this source's folders and checks them for changes at each start; a
+    #: subclass whose samples come from elsewhere than a walk (a list file) sets it False
+    walks_folders = True
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -31,10 +58,10 @@ class PosixSource:
         if not os.access(self.root, os.R_OK | os.X_OK):
             raise SourceError(f"data source {self.root!r} cannot be listed (permission denied): check its permissions")
 
-    def listdir(self, rel: str) -> list[tuple[str, bool, int]]:
-        """One directory listing: ``(name, is_dir, size)`` for each visible entry.
+    def listdir(self, rel: str) -> list[Entry]:
+        """One directory listing: an :class:`Entry` for each visible folder and regular file.
         Subclasses override this to charge or count metadata operations."""
-        out: list[tuple[str, bool, int]] = []
+        out: list[Entry] = []
         path = os.path.join(self.root, rel) if rel else self.root
         try:
             with os.scandir(path) as it:
@@ -42,13 +69,41 @@ class PosixSource:
                     if entry.name.startswith("."):
                         continue
                     st = entry.stat()
-                    if stat.S_ISDIR(st.st_mode):
-                        out.append((entry.name, True, 0))
-                    elif stat.S_ISREG(st.st_mode):
-                        out.append((entry.name, False, st.st_size))
+                    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                        out.append(entry_of(entry.name, st))
         except PermissionError as e:
             raise SourceError(f"cannot list {path!r} of data source {self.root!r}: permission denied") from e
         return out
+
+    def stat_folder(self, rel: str) -> Entry | None:
+        """The folder ``rel`` (relative, "" the root) as it is now, or None if it is gone or no
+        longer a folder: one ``stat``, the whole cost of checking a folder for changes."""
+        try:
+            st = os.stat(os.path.join(self.root, rel) if rel else self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except PermissionError as e:
+            raise SourceError(f"cannot look at folder {rel or '.'!r} of data source {self.root!r}: permission "
+                              "denied; check its permissions") from e
+        return entry_of(rel.rpartition("/")[2], st) if stat.S_ISDIR(st.st_mode) else None
+
+    def walk_tree(self, rel: str = "", top: Entry | None = None) -> Iterator[tuple[str, Entry, int]]:
+        """``(path, entry, listed_ns)`` for the folder ``rel`` (``top``: its entry, else one stat),
+        then every folder and file below it, depth first in name order; ``listed_ns`` is when a
+        folder was listed (0 for a file)."""
+        if top is None:
+            top = self.stat_folder(rel)
+            if top is None:
+                raise SourceNotFound(f"folder {rel or '.'!r} of data source {self.root!r} is gone: check the path")
+        listed = time.time_ns()
+        entries = sorted(self.listdir(rel))
+        yield rel, top, listed
+        for e in entries:
+            key = f"{rel}/{e.name}" if rel else e.name
+            if e.is_dir:
+                yield from self.walk_tree(key, e)
+            else:
+                yield key, e, 0
 
     def scan(self) -> Iterator[tuple[str, int]]:
         """Walk in sorted order, so that keys come out the same on every node."""
@@ -62,12 +117,12 @@ class PosixSource:
                 f"data source {self.root!r} holds no files: point it at the directory that holds the samples")
 
     def _walk(self, rel: str) -> Iterator[tuple[str, int]]:
-        for name, is_dir, size in sorted(self.listdir(rel)):
-            key = f"{rel}/{name}" if rel else name
-            if is_dir:
+        for e in sorted(self.listdir(rel)):
+            key = f"{rel}/{e.name}" if rel else e.name
+            if e.is_dir:
                 yield from self._walk(key)
             else:
-                yield key, size
+                yield key, e.size
 
     def path_of(self, key: str) -> str:
         return os.path.join(self.root, key)
