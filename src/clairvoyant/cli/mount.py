@@ -11,6 +11,12 @@ import threading
 import time
 
 
+PAGE_CACHE_UNSEEN = ("opens served by the kernel's page cache are not counted: the kernel sends this mount no "
+                     "open (no_open), so a file read again while its pages are cached never reaches the daemon; "
+                     "the counts are of files read through the daemon, not of opens (CLAIRVOYANT_MOUNT_OPENS=1 in "
+                     "the mount's environment counts them, at one request per open and per close)")
+
+
 def _print_stats(mnt: str, as_json: bool) -> int:
     from ..mount.fs import read_info, read_stats
 
@@ -23,16 +29,22 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     except (OSError, ValueError):
         pass
     if as_json:
-        print(json.dumps({"mount": mnt, **s.to_json(), "staging": staging}))
+        print(json.dumps({"mount": mnt, **s.to_json(), "staging": staging,
+                          **({} if s.page_cache_counted else {"note": PAGE_CACHE_UNSEEN})}))
         return 0
     from ..units import format_bytes
-    opens = s.opens_local + s.opens_source
-    share = f" ({100 * s.opens_local / opens:.1f}% local)" if opens else ""
-    print(f"{mnt}: opens {s.opens_local} local, {s.opens_source} from the source{share}; bytes "
-          f"{format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the source; "
-          f"{s.corrupt} corrupt and {s.stale} stale entries not served"
+    reads = s.opens_local + s.opens_source
+    share = f" ({100 * s.opens_local / reads:.1f}% local)" if reads else ""
+    opens = f"files read through the daemon: {s.opens_local} local, {s.opens_source} from the source{share}"
+    if s.page_cache_counted:
+        opens = (f"opens {s.opens}, {s.opens_cached} of them served by the kernel's page cache (no read reached "
+                 f"the daemon); {opens}")
+    print(f"{mnt}: {opens}; bytes {format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the "
+          f"source; {s.corrupt} corrupt and {s.stale} stale entries not served"
           + (f"; {s.events_dropped} first reads the staging did not hear of (it fell behind)"
              if s.events_dropped else ""))
+    if not s.page_cache_counted:
+        print(f"note: {PAGE_CACHE_UNSEEN}")
     if staging:
         print("staging: " + ", ".join(f"{k} {v}" for k, v in staging.items()))
     return 0
@@ -57,7 +69,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
-              stage=not args.no_stage,
+              stage=not args.no_stage, reindex=args.reindex,
               **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:
         print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, "
@@ -120,6 +132,9 @@ def add_parser(sub) -> None:
     p.add_argument("--stage-threads", type=int, default=None,
                    help="threads reading from the source ahead of use (default: clairvoyant.mount.fs.STAGE_THREADS)")
     p.add_argument("--no-stage", action="store_true", help="do not stage: only serve what is already there")
+    p.add_argument("--reindex", action="store_true",
+                   help="walk SRC again whole instead of checking its manifest (a stat per folder: a file "
+                   "rewritten in place is not noticed by that check; see docs/mount.md)")
     p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_mount)

@@ -44,10 +44,10 @@ STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = th
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
-# stale, quiet_local (written by the mount process), events dropped
-_LAYOUT = struct.Struct("<8sII11Q")
-_MAGIC, _VERSION = b"CVMNTST\0", 4
-_QUIET_LOCAL = _LAYOUT.size - 16
+# stale, quiet_local (written by the mount process), events dropped, no_open, opens seen, opens cached
+_LAYOUT = struct.Struct("<8sII14Q")
+_MAGIC, _VERSION = b"CVMNTST\0", 5
+_QUIET_LOCAL = 16 + 9 * 8
 
 
 class MountStats(NamedTuple):
@@ -60,9 +60,19 @@ class MountStats(NamedTuple):
     stale: int            # entries of an earlier session whose source file changed since (never served)
     events_dropped: int   # first reads the mount process did not hear of (its pipe was full): not
                           # cached through, nor read ahead from
+    opens: int | None     # opens of files the daemon saw; None where the kernel sends it none (no_open)
+    opens_cached: int | None   # of those, served by the kernel's page cache (no READ reached the daemon
+                               # before the close); None where the daemon cannot see them (no_open)
+
+    @property
+    def page_cache_counted(self) -> bool:
+        """Whether opens the kernel served from its page cache are counted (``opens_cached``): not
+        where the kernel sends the daemon no open (no_open, the default on Linux 3.19 and later),
+        where such an open reaches the daemon not at all and "opens" count first reads only."""
+        return self.opens_cached is not None
 
     def to_json(self) -> dict:
-        return self._asdict()
+        return {**self._asdict(), "page_cache_counted": self.page_cache_counted}
 
 
 def mount_available() -> tuple[bool, str]:
@@ -83,7 +93,8 @@ def read_stats(path: str) -> MountStats:
 
 
 def _stats(v: tuple) -> MountStats:
-    return MountStats(*v[3:9], v[11], v[13])
+    seen = v[14] == 0   # the kernel sends OPEN and RELEASE
+    return MountStats(*v[3:9], v[11], v[13], v[15] if seen else None, v[16] if seen else None)
 
 
 def read_info(mnt: str) -> dict:
@@ -162,7 +173,9 @@ class Mount:
         src.check()
         self.source = src
         self.path = check_mountpoint(mountpoint)
-        self.manifest, _ = manifest_mod.obtain(src, reindex=reindex)
+        # checked against the source (a stat per folder), changed folders listed again; a manifest
+        # of an earlier version, which records no folders, is walked again to show them all
+        self.manifest, _ = manifest_mod.obtain(src, reindex=reindex, require_folders=True)
         if len(self.manifest) == 0:
             raise ConfigError(f"{src.root} holds no files to mount")
         binary = DAEMON.binary()

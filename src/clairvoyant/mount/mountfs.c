@@ -6,8 +6,8 @@
  *
  * Metadata never touches SOURCE: getattr, lookup, readdir and open are answered from the
  * listing (written by clairvoyant/mount/listing.py from the manifest: every file's relative
- * path, size and key digest, and the directories derived from them), so a training job's
- * `stat`/`listdir` storm stays on this node.
+ * path, size, key digest, mode and times, and every folder's, empty ones included), so a
+ * training job's `stat`/`listdir` storm stays on this node.
  *
  * Opens cost nothing: where the kernel allows (no_open), the first open answers ENOSYS, and the
  * kernel then sends no OPEN or RELEASE for any file, only READs, and keeps a file's pages between
@@ -23,7 +23,12 @@
  * was verified whole (the slot's extent, offset and sequence number unchanged), else checks again.
  *
  * Counters live in the --stats file (struct mountfs_stats, mapped shared; the Python reader
- * clairvoyant/mount/fs.py must match it field for field); "opens" count first READs. Each one
+ * clairvoyant/mount/fs.py must match it field for field); "opens" count first READs. What the
+ * kernel serves from its page cache sends no READ: with no_open (no_open = 1 in the stats) it
+ * sends nothing at all for such an open, and the daemon cannot count it; with an OPEN and a
+ * RELEASE per open, an open of a non-empty file released with no READ through its handle is
+ * counted as served by the page cache (opens_cached), and the file is looked up in the tier or
+ * the source only at its handle's first READ. Each first READ
  * writes the file's number (u64; bit 63 set where the tier served it, and only while the mount
  * process has not set quiet_local) to --events-fd, if given, without blocking: the mount process
  * stages what was read from the source (read-through caching) and reads ahead in the order of
@@ -64,8 +69,9 @@
 #endif
 
 #define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 4
+#define STATS_VERSION 5
 #define LISTING_MAGIC "CVMNTLS1"
+#define LISTING_VERSION 2
 #define INDEX_MAGIC "CVINDEX1"
 #define ENTRY_MAGIC "CVENTRY1"
 #define TRAILER 32
@@ -80,6 +86,9 @@ struct mountfs_stats {
     uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
     uint64_t quiet_local;   /* set by the mount process: report no opens served from the tier */
     uint64_t events_dropped;   /* reports the mount process could not take (its pipe was full) */
+    uint64_t no_open;         /* 1: the kernel sends no OPEN/RELEASE: opens served by its page cache are unseen */
+    uint64_t opens_seen;      /* OPEN requests of files (without no_open) */
+    uint64_t opens_cached;    /* of those, released with no READ of a non-empty file: the page cache served them */
 };
 
 struct listing_head {   /* 64 bytes */
@@ -88,9 +97,11 @@ struct listing_head {   /* 64 bytes */
     uint64_t nfiles, ndirs, nchildren, strings;
     uint64_t reserved[2];
 };
-struct lfile { uint64_t size, digest, path; };
-struct ldir { uint64_t path, first, count; };
+struct lfile { uint64_t size, digest, path; uint32_t mode, pad; int64_t mtime, atime, ctime; };
+struct ldir { uint64_t path, first, count; uint32_t mode, nlink; int64_t mtime, atime, ctime; };
 struct lchild { uint64_t name, ref; };  /* ref: index << 1 | is_dir */
+_Static_assert(sizeof(struct lfile) == 56 && sizeof(struct ldir) == 56 && sizeof(struct lchild) == 16,
+               "the listing's records are laid out as clairvoyant/mount/listing.py writes them");
 
 struct slot { uint64_t digest; uint32_t seq, extent; uint64_t offset; uint32_t length, stamp; };
 
@@ -130,6 +141,15 @@ struct handle {
     int local;       /* 1: from the tier, 2: the info file, 3: read whole from the source,
                       * 4: a later part of an entry verified whole here (read in place),
                       * 5: a later part of a file this daemon read whole and handed over */
+};
+
+/* A handle of an OPEN (without no_open): prepared at its first READ, so that an open the kernel
+ * serves from its page cache reads nothing and is counted as such at its RELEASE. */
+struct opened {
+    pthread_mutex_t mu;
+    int state;       /* 0: not prepared yet, 1: prepared, < 0: -errno of the preparation */
+    int read;        /* a READ came through this handle */
+    struct handle h;
 };
 
 static void count(uint64_t *field, uint64_t n) { __atomic_fetch_add(field, n, __ATOMIC_RELAXED); }
@@ -424,7 +444,13 @@ static int ring_read(int64_t f, char *buf, size_t size, off_t off) {
 
 /* -- operations ------------------------------------------------------------------------------ */
 
-static void fill_file(struct stat *st, uint64_t size) {
+static struct timespec from_ns(int64_t ns) {
+    struct timespec t = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    if (t.tv_nsec < 0) { t.tv_nsec += 1000000000L; t.tv_sec -= 1; }
+    return t;
+}
+
+static void fill_plain(struct stat *st, uint64_t size) {   /* the info file */
     memset(st, 0, sizeof *st);
     st->st_mode = S_IFREG | 0444;
     st->st_nlink = 1;
@@ -436,13 +462,24 @@ static void fill_file(struct stat *st, uint64_t size) {
     st->st_mtim = st->st_ctim = st->st_atim = started;
 }
 
-static void fill_dir(struct stat *st) {
+/* A file's attributes: its size, and the source's mode bits and times (as the manifest has them). */
+static void fill_file(struct stat *st, const struct lfile *f) {
+    fill_plain(st, f->size);
+    st->st_mode = S_IFREG | (f->mode & 07777);
+    st->st_mtim = from_ns(f->mtime);
+    st->st_atim = from_ns(f->atime);
+    st->st_ctim = from_ns(f->ctime);
+}
+
+static void fill_dir(struct stat *st, const struct ldir *d) {
     memset(st, 0, sizeof *st);
-    st->st_mode = S_IFDIR | 0555;
-    st->st_nlink = 2;
+    st->st_mode = S_IFDIR | (d->mode & 07777);
+    st->st_nlink = d->nlink;
     st->st_uid = getuid();
     st->st_gid = getgid();
-    st->st_mtim = st->st_ctim = st->st_atim = started;
+    st->st_mtim = from_ns(d->mtime);
+    st->st_atim = from_ns(d->atime);
+    st->st_ctim = from_ns(d->ctime);
 }
 
 static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
@@ -453,6 +490,7 @@ static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
         conn->want |= FUSE_CAP_NO_OPEN_SUPPORT;
         no_open = getenv("CLAIRVOYANT_MOUNT_OPENS") == NULL;   /* set: every open reaches the daemon */
     }
+    __atomic_store_n(&sh->no_open, (uint64_t)no_open, __ATOMIC_RELAXED);
     conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
     /* Read-ahead is background work, and the kernel skips it once this many background requests
      * wait (9 by default): with dozens of readers, a file would arrive a page per READ. As many as
@@ -466,10 +504,10 @@ static void *mnt_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
 
 static int mnt_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
     (void)fi;
-    if (strcmp(path, INFO_NAME) == 0) { fill_file(st, info_len); return 0; }
+    if (strcmp(path, INFO_NAME) == 0) { fill_plain(st, info_len); return 0; }
     int64_t d, f = find(rel(path), &d);
-    if (f >= 0) { fill_file(st, files[f].size); return 0; }
-    if (d >= 0) { fill_dir(st); return 0; }
+    if (f >= 0) { fill_file(st, &files[f]); return 0; }
+    if (d >= 0) { fill_dir(st, &dirs[d]); return 0; }
     return -ENOENT;
 }
 
@@ -687,20 +725,46 @@ static int serve(struct handle *h, char *buf, size_t size, off_t off) {
 static int mnt_open(const char *path, struct fuse_file_info *fi) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_CREAT))) return -EROFS;
     if (no_open) return -ENOSYS;
-    struct handle *h = malloc(sizeof *h);
-    if (!h) return -ENOMEM;
-    int r = prepare(path, h, 1, UINT64_MAX);   /* reads come through this handle, which holds it all */
-    if (r) { free(h); return r; }
-    fi->fh = (uint64_t)(uintptr_t)h;
+    int info = strcmp(path, INFO_NAME) == 0;
+    int64_t d;
+    if (!info && find(rel(path), &d) < 0) return d >= 0 ? -EISDIR : -ENOENT;
+    struct opened *o = calloc(1, sizeof *o);
+    if (!o) return -ENOMEM;
+    pthread_mutex_init(&o->mu, NULL);
+    if (info) {   /* the info file: served from memory, not counted */
+        prepare(path, &o->h, 1, UINT64_MAX);
+        o->state = 1;
+        fi->direct_io = 1;
+    } else {
+        count(&sh->opens_seen, 1);
+    }
+    fi->fh = (uint64_t)(uintptr_t)o;
     fi->keep_cache = 1;
     fi->noflush = 1;   /* read-only: nothing to flush at close, so close sends no request */
-    if (h->local == 2) fi->direct_io = 1;
     return 0;
+}
+
+/* The handle of an OPEN, prepared at its first READ (reads come through it, and it holds it all). */
+static int opened_handle(struct opened *o, const char *path, struct handle **h) {
+    pthread_mutex_lock(&o->mu);
+    o->read = 1;
+    if (o->state == 0) {
+        int r = prepare(path, &o->h, 1, UINT64_MAX);
+        o->state = r ? r : 1;
+    }
+    int r = o->state < 0 ? o->state : 0;
+    pthread_mutex_unlock(&o->mu);
+    *h = &o->h;
+    return r;
 }
 
 static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi) {
     count(&sh->reads, 1);
-    if (fi->fh) return serve((struct handle *)(uintptr_t)fi->fh, buf, size, off);
+    if (fi->fh) {
+        struct handle *h;
+        int r = opened_handle((struct opened *)(uintptr_t)fi->fh, path, &h);
+        return r ? r : serve(h, buf, size, off);
+    }
     if (off != 0) {   /* a later part of a file read whole from the source moments ago: from memory */
         int64_t d, f = find(rel(path), &d);
         int r = f >= 0 ? ring_read(f, buf, size, off) : -1;
@@ -719,12 +783,15 @@ static int mnt_read(const char *path, char *buf, size_t size, off_t off, struct 
 }
 
 static int mnt_release(const char *path, struct fuse_file_info *fi) {
-    (void)path;
-    struct handle *h = (struct handle *)(uintptr_t)fi->fh;
-    if (h) {
-        unprepare(h);
-        free(h);
+    struct opened *o = (struct opened *)(uintptr_t)fi->fh;
+    if (!o) return 0;
+    if (!o->read && path && strcmp(path, INFO_NAME) != 0) {
+        int64_t d, f = find(rel(path), &d);
+        if (f >= 0 && files[f].size > 0) count(&sh->opens_cached, 1);   /* the kernel had every page */
     }
+    if (o->state == 1) unprepare(&o->h);
+    pthread_mutex_destroy(&o->mu);
+    free(o);
     return 0;
 }
 
@@ -736,12 +803,12 @@ static int mnt_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t 
     if (find(rel(path), &d) >= 0) return -ENOTDIR;
     if (d < 0) return -ENOENT;
     struct stat st;
-    fill_dir(&st);
+    fill_dir(&st, &dirs[d]);
     fill(buf, ".", &st, 0, 0);
     fill(buf, "..", &st, 0, 0);
     for (uint64_t k = 0; k < dirs[d].count; k++) {
         const struct lchild *c = &children[dirs[d].first + k];
-        if (c->ref & 1) fill_dir(&st); else fill_file(&st, files[c->ref >> 1].size);
+        if (c->ref & 1) fill_dir(&st, &dirs[c->ref >> 1]); else fill_file(&st, &files[c->ref >> 1]);
         if (fill(buf, strs + c->name, &st, 0, plus)) break;
     }
     return 0;
@@ -804,7 +871,7 @@ static int load_listing(const char *path) {
     const struct listing_head *h = (const void *)m;
     uint64_t need = sizeof *h + h->nfiles * sizeof(struct lfile) + h->ndirs * sizeof(struct ldir)
                     + h->nchildren * sizeof(struct lchild) + h->strings;
-    if (memcmp(h->magic, LISTING_MAGIC, 8) != 0 || h->version != 1 || need != (uint64_t)st.st_size) {
+    if (memcmp(h->magic, LISTING_MAGIC, 8) != 0 || h->version != LISTING_VERSION || need != (uint64_t)st.st_size) {
         errno = EINVAL;
         return die("not a listing of this version", path);
     }
