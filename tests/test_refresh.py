@@ -186,3 +186,14 @@ def test_a_list_file_source_records_no_folders(tmp_path, calls):
     assert m.tree is None and calls["stat_folder"] == [] and calls["listdir"] == []
     assert M.obtain(as_source(str(lst)))[0].tree is None
     assert M.obtain(as_source(src))[0].tree is not None   # control: the directory itself does
+
+
+def test_a_subclass_with_a_scan_of_its_own_keeps_it(tmp_path):
+    class OnlyA(PosixSource):
+        def scan(self):
+            return ((k, s) for k, s in super().scan() if k.startswith("a/"))
+
+    src = _source(tmp_path)
+    m = M.build(OnlyA(src))
+    assert list(m.keys) == ["a/1.jpg", "a/2.jpg"] and m.tree is None
+    assert M.build(PosixSource(src)).tree is not None   # control: the plain directory walks its tree

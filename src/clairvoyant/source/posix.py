@@ -37,9 +37,15 @@ def entry_of(name: str, st: os.stat_result) -> Entry:
 class PosixSource:
     """Every regular, non-hidden file below ``root`` is a sample keyed by its relative path."""
 
-    #: the manifest records this source's folders and checks them for changes at each start; a
-    #: subclass whose samples come from elsewhere than a walk (a list file) sets it False
+    #: the manifest records this source's folders and checks them for changes at each start
+    #: (a walk of the tree stands in for ``scan``); False for a subclass with a ``scan`` of its own
+    #: unless it says otherwise (its samples may not be the walk's: a list file, a filter)
     walks_folders = True
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if "scan" in cls.__dict__ and "walks_folders" not in cls.__dict__:
+            cls.walks_folders = False
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))

@@ -51,6 +51,8 @@ class Counters:
 class EmulatedStore(PosixSource):
     """A directory that behaves like a busy shared file system. Accepted wherever a path is."""
 
+    walks_folders = True   # its scan is the directory's walk
+
     def __init__(self, path: str | os.PathLike[str], *, open_latency: float = 0.010, read_latency: float = 0.002,
                  bandwidth: float = 400e6, max_inflight: int = 64, state_dir: str | None = None) -> None:
         super().__init__(path)
