@@ -226,3 +226,22 @@ def test_opens_the_page_cache_served_are_counted_or_said_to_be_unseen(tmp_path, 
         assert s2.opens_source == 2 * N
         if opens:   # drop_pages opens each file and reads nothing: counted with the page cache's
             assert s2.opens_cached == 4 * N and s2.opens == 6 * N
+
+
+def test_the_work_directory_of_a_killed_mount_is_removed_by_the_next(tmp_path):
+    import tempfile
+
+    from clairvoyant.mount.fs import WORK_PREFIX
+    src, mnt, local = _tree(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{dead.pid}.")    # as a SIGKILLed mount process leaves it
+    live = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}.")  # control: a live process's stays
+    try:
+        with Mount(src, mnt, local_dir=local, stage=False) as m:
+            assert os.path.basename(m._work).startswith(f"{WORK_PREFIX}{os.getpid()}.")
+        assert not os.path.exists(left) and os.path.isdir(live)
+    finally:
+        os.rmdir(live)
+        if os.path.exists(left):
+            os.rmdir(left)

@@ -40,6 +40,7 @@ from . import listing
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountfs.c")
 DAEMON = Daemon(_SOURCE, "mountfs", ("fuse3", "libxxhash"))
 HANDOFF_PREFIX = "handoff."
+WORK_PREFIX = "clairvoyant-mount-"
 STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = threads (the Loader starts at 48)
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
@@ -141,14 +142,20 @@ def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers, handoff: str) -
     shutil.rmtree(handoff, ignore_errors=True)
 
 
+def _own_dir(parent: str, prefix: str) -> str:
+    """A new directory ``prefix<pid>.<random>`` of this mount in ``parent``; those of mount
+    processes that are gone (killed: nothing cleaned up after them) are removed first."""
+    for name in os.listdir(parent):
+        pid = name[len(prefix):].split(".", 1)[0]
+        if name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=parent)   # one per mount
+
+
 def _handoff_dir(tier_root: str) -> str:
     """A handoff directory of this mount in the tier (bytes the daemon read from the source, for the
-    mount process to cache); those of mount processes that are gone are removed."""
-    for name in os.listdir(tier_root):
-        pid = name[len(HANDOFF_PREFIX):].split(".", 1)[0]
-        if name.startswith(HANDOFF_PREFIX) and pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(os.path.join(tier_root, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{HANDOFF_PREFIX}{os.getpid()}.", dir=tier_root)   # one per mount
+    mount process to cache)."""
+    return _own_dir(tier_root, HANDOFF_PREFIX)
 
 
 class Mount:
@@ -183,7 +190,7 @@ class Mount:
         self.local_dir = self.tiers.local.local_dir
         self.orders_dir = os.path.join(self.tiers.local.root, ORDERS_DIR)
         os.makedirs(self.orders_dir, mode=0o700, exist_ok=True)
-        work = tempfile.mkdtemp(prefix="clairvoyant-mount-")
+        work = _own_dir(tempfile.gettempdir(), WORK_PREFIX)   # the listing, stats, info, the daemon's log
         self.handoff = _handoff_dir(self.tiers.local.root)
         held: dict = {}
         try:
