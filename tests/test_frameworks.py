@@ -160,3 +160,35 @@ def test_accelerate_launch(data, tmp_path):
          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port(), str(script), str(data),
          str(tmp_path / "local"), str(tmp_path / "out")], tmp_path)
     check_epochs(ledger(tmp_path / "out"))
+
+
+_ACCELERATE_CHECKPOINT = """
+import json, sys
+from accelerate import Accelerator
+import clairvoyant
+accelerator = Accelerator(cpu=True)
+loader = clairvoyant.Loader(sys.argv[2], batch_size=32, local_dir=sys.argv[3], seed=0, num_workers=1)
+accelerator.register_for_checkpointing(loader)
+if sys.argv[1] == "save":
+    it = iter(loader)
+    head = [y.tolist() for _, y in (next(it) for _ in range(3))]
+    accelerator.save_state(sys.argv[4])
+    print(json.dumps(head + [y.tolist() for _, y in it]))
+else:
+    accelerator.load_state(sys.argv[4])
+    print(json.dumps([y.tolist() for _, y in loader]))
+"""
+
+
+@pytest.mark.skipif(shutil.which("accelerate", path=str(BIN)) is None, reason="accelerate is not installed")
+def test_accelerate_save_state_holds_the_loaders_position(data, tmp_path):
+    script = tmp_path / "ck.py"
+    script.write_text(_ACCELERATE_CHECKPOINT)
+    out = []
+    for step in ("save", "load"):
+        p = subprocess.run([sys.executable, str(script), step, str(data), str(tmp_path / f"local-{step}"),
+                            str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-4000:]
+        out.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    full, rest = out
+    assert len(full) == N // 32 and rest == full[3:]   # a state not restored would give all of full
