@@ -60,6 +60,7 @@ def run(cmd: list[str], cwd: Path, timeout: int = 240) -> None:
 
 
 def ledger(folder: Path, ranks: int = 2) -> list[dict[int, list[int]]]:
+    """Each rank's labels trained on, by epoch."""
     out = []
     for r in range(ranks):
         with open(folder / f"rank{r}.json") as f:
@@ -140,6 +141,44 @@ with open(os.path.join({str(tmp_path)!r}, f"rank{{trainer.global_rank}}.json"), 
 """)
     run([sys.executable, str(tmp_path / "main.py")], tmp_path)
     check_epochs(ledger(tmp_path))
+
+
+_EPOCH_END = """
+import json, os, sys
+import lightning as L
+from train_lightning import Model
+model = Model(sys.argv[1], sys.argv[2])
+every = L.pytorch.callbacks.ModelCheckpoint(dirpath=sys.argv[3], every_n_epochs=1, save_top_k=-1)
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=3, callbacks=[every], logger=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, ckpt_path=sys.argv[5] if len(sys.argv) > 5 else None)
+with open(os.path.join(sys.argv[4], f"rank{trainer.global_rank}.json"), "w") as f:
+    json.dump(model.seen, f)
+"""
+
+
+def test_lightning_resumes_from_an_end_of_epoch_checkpoint_with_the_next_epochs_order(data, tmp_path):
+    """The default checkpoint is taken at an epoch's end; Lightning restores no loader state from
+    it, calls ``iter()`` and only then ``set_epoch``: the resumed run trains epochs 1 and 2 in the
+    orders the uninterrupted run had (before the pass was planned at its first batch, it repeated
+    epoch 0's order)."""
+    (tmp_path / "train_lightning.py").write_text(guide_script("Lightning"))
+    (tmp_path / "end.py").write_text(_EPOCH_END)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    run([sys.executable, str(tmp_path / "end.py"), str(data), str(tmp_path / "local"), str(tmp_path / "ck"),
+         str(tmp_path / "a")], tmp_path)
+    full = ledger(tmp_path / "a")
+    ckpt = tmp_path / "ck" / "epoch=0-step=10.ckpt"
+    assert ckpt.exists(), sorted(os.listdir(tmp_path / "ck"))
+    run([sys.executable, str(tmp_path / "end.py"), str(data), str(tmp_path / "local-b"), str(tmp_path / "ck-b"),
+         str(tmp_path / "b"), str(ckpt)], tmp_path)
+    resumed = ledger(tmp_path / "b")
+    assert all(sorted(s) == [1, 2] for s in resumed)
+    assert [s[1] for s in resumed] == [s[1] for s in full] and [s[2] for s in resumed] == [s[2] for s in full]
+    assert [s[1] for s in resumed] != [s[0] for s in full]   # control: not epoch 0's order again
+    for e in (1, 2):
+        exactly_once(*(s[e] for s in resumed))
 
 
 def test_torchrun_bare_loop(data, tmp_path):

@@ -83,6 +83,34 @@ def test_set_epoch_wins_and_a_broken_pass_starts_its_epoch_again(dataset, tmp_pa
         assert same(list(loader), reference_batches(loader, 6, dataset))
 
 
+def test_set_epoch_between_iter_and_the_first_batch_counts_and_during_a_pass_waits(dataset, tmp_path, no_leaks,
+                                                                                   caplog):
+    """Lightning calls iter() and then set_epoch(): the pass is planned at its first batch. A
+    set_epoch during a pass is for the next one (as a sampler's): the pass and its position stay."""
+    import logging
+    caplog.set_level(logging.WARNING, logger="clairvoyant")
+    with Loader(dataset, batch_size=10, local_dir=tmp_path / "local", seed=3, num_workers=1) as loader:
+        it = iter(loader)
+        loader.set_epoch(4)
+        assert same(list(it), reference_batches(loader, 4, dataset))
+        loader.set_epoch(7)
+        it = iter(loader)
+        head = [next(it) for _ in range(2)]
+        loader.set_epoch(9)   # under way: epoch 7 goes on, and its position is kept
+        state = loader.state_dict()
+        assert (state["epoch"], state["position"]) == (7, 20)
+        rest = list(it)
+        assert same(head + rest, reference_batches(loader, 7, dataset))
+        assert same(list(loader), reference_batches(loader, 9, dataset))   # then the one asked for
+        assert "stopped before its end" not in caplog.text   # control: complete passes say nothing
+        # a pass broken off and not followed by set_epoch: the epoch starts again, and the log says so
+        it = iter(loader)
+        next(it)
+        del it
+        assert same(list(loader), reference_batches(loader, 10, dataset))
+        assert "stopped before its end" in caplog.text
+
+
 def test_a_state_saved_at_the_end_of_a_pass_goes_on_with_the_next_epoch(dataset, tmp_path, no_leaks):
     kw = dict(batch_size=10, local_dir=tmp_path / "local", seed=3, num_workers=1)
     with Loader(dataset, **kw) as a:

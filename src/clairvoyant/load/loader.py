@@ -218,6 +218,8 @@ class Loader:
         self._inventory_used = False
         self._epoch = 0
         self._passed = False      # the current epoch's pass reached its end: the next iteration moves on
+        self._deferred: int | None = None   # set_epoch during a pass: for the next one
+        self._broken: int | None = None   # the epoch of a pass closed before its end
         self._resume = 0          # global position of the epoch to start the next iteration at
         self._start = 0           # global position the current iteration started at
         self._span = 0            # batches of the current iteration
@@ -371,7 +373,14 @@ class Loader:
         iteration after a complete pass moves to the next epoch."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self._passed = False
+        if self._in_pass():   # as a sampler's: the pass under way keeps its order
+            self._deferred = int(epoch)
+            return
+        self._deferred = None
+        self._select(int(epoch))
+
+    def _select(self, epoch: int) -> None:
+        self._passed, self._broken = False, None
         if epoch != self._loaded_epoch:  # keep a resume position loaded for this very epoch
             self._resume = 0
             self._loaded_epoch = None
@@ -382,11 +391,36 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         """One pass over the rest of the current epoch. After a pass that reached the epoch's end,
         the next iteration is the next epoch's (as a re-shuffling DataLoader draws a new order each
-        pass) unless ``set_epoch`` was called in between."""
+        pass) unless ``set_epoch`` was called in between. The pass is planned at its first batch,
+        so a ``set_epoch`` between ``iter()`` and the first ``next()`` still counts (Lightning
+        calls them in that order)."""
         self._close_active()
+        it = _EpochIterator(self)
+        self._active = weakref.ref(it)
+        return it
+
+    def _in_pass(self) -> bool:
+        """A pass has yielded batches and not reached its end: ``set_epoch`` waits for the next one."""
+        it = self._active() if self._active is not None else None
+        return it is not None and it.started and not it.finished and self._done > 0 and not self._passed
+
+    def _settle_epoch(self) -> None:
+        """Apply a ``set_epoch`` that came while a pass was under way, once it is not."""
+        if self._deferred is not None and not self._in_pass():
+            epoch, self._deferred = self._deferred, None
+            self._select(epoch)
+
+    def _begin(self) -> EpochRun:
+        """Plan the pass and start its run: at the first ``next()`` of an iterator."""
         self._bind()
+        self._settle_epoch()
         if self._passed:
             self._epoch, self._resume, self._loaded_epoch, self._passed = self._epoch + 1, 0, None, False
+        elif self._broken == self._epoch:
+            log.warning("clairvoyant: the last pass over epoch %d stopped before its end; this pass starts "
+                        "that epoch again from position %d (call set_epoch(e) before each pass to choose, "
+                        "or iterate to the end)", self._epoch, self._resume)
+        self._broken = None
         start, self._resume, self._loaded_epoch = self._resume, 0, None
         plan = self._plan(start)
         self._start, self._span, self._done = start, len(plan), 0
@@ -408,14 +442,13 @@ class Loader:
             run.served = self._guard.recent
         if self._metrics is not None:
             run.on_batch = self._metrics.write
-        it = _EpochIterator(run, self)
-        self._active = weakref.ref(it)
-        return it
+        return run
 
     @property
     def position(self) -> int:
         """Samples of the current epoch's order consumed by all ranks together (a prefix of the
         order, plan/partition.py): where a resume, at any world size, continues."""
+        self._settle_epoch()
         if self._loaded_epoch is not None:
             return self._resume
         if self._span == 0:   # nothing iterated yet at this position
@@ -484,7 +517,7 @@ class Loader:
             raise ConfigError(f"the saved position {position} of epoch {epoch} is outside [0, {n}]")
         self._close_active()
         self._epoch, self._resume, self._done, self._start, self._span = epoch, position, 0, position, 0
-        self._loaded_epoch = self._epoch
+        self._loaded_epoch, self._deferred, self._broken = self._epoch, None, None
         self._passed = position == n   # saved at the epoch's end: a bare loop goes on with the next epoch
 
     # -- statistics and lifecycle ---------------------------------------------------------------
@@ -530,6 +563,7 @@ class Loader:
         if it is not None:
             it.close()
         self._active = None
+        self._settle_epoch()
 
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
@@ -571,40 +605,63 @@ class EpochSetter:
 
 
 class _EpochIterator:
-    """What ``iter(loader)`` returns. Dropping it (early break, exception, GC) releases everything."""
+    """What ``iter(loader)`` returns; the pass is planned at its first ``next()``. Dropping it
+    (early break, exception, GC) releases everything."""
 
-    def __init__(self, run: EpochRun, loader: Loader) -> None:
-        self._run = run
+    def __init__(self, loader: Loader) -> None:
         self._loader = loader
+        self._run: EpochRun | None = None
         self._reported = False
+        self.finished = False   # reached the epoch's end, or closed
+
+    @property
+    def started(self) -> bool:
+        return self._run is not None
+
+    def _mine(self) -> bool:
+        ld = self._loader
+        return ld._active is not None and ld._active() is self
 
     def __iter__(self) -> "_EpochIterator":
         return self
 
     def __len__(self) -> int:
+        if self._run is None:
+            if self.finished:
+                return 0
+            self._run = self._loader._begin()
         return len(self._run) - self._run.position
 
     def __next__(self) -> Any:
         loader = self._loader
+        if self._run is None:
+            if self.finished:
+                raise StopIteration
+            self._run = loader._begin()
         try:
             out = self._run.next()
         except StopIteration:
             if self._run.completed and not self._reported:
                 self._reported = True
-                if loader._active is not None and loader._active() is self:
+                if self._mine():
                     loader._passed = True
                 loader._epoch_done(self._run)
+            self.finished = True
             raise
         loader._done += 1
-        if loader._done >= loader._span:   # the last batch (a framework may never ask past it)
+        if loader._done >= loader._span and self._mine():   # the last batch (a framework may not ask past it)
             loader._passed = True
         return out
 
     def close(self) -> None:
-        self._run.close()
+        if self._run is not None and not self.finished and self._mine() and not self._loader._passed:
+            self._loader._broken = self._loader._epoch   # stopped before the epoch's end
+        self.finished = True
+        if self._run is not None:
+            self._run.close()
 
     def __del__(self) -> None:
         try:
-            self._run.close()
+            self.close()
         except Exception:
             pass
