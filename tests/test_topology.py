@@ -112,12 +112,11 @@ def test_a_loader_follows_a_group_started_after_it(dataset, tmp_path, monkeypatc
 _EXCHANGE = """
 import json, os, sys
 import torch.distributed as dist
-from clairvoyant.dist.topology import resolve
+from clairvoyant.dist.topology import digest63, gather_over_group, layout_of
 rank = int(sys.argv[1])
-os.environ["CLAIRVOYANT_NODE"] = sys.argv[3 + rank]
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 4), rank=rank, world_size=4)
-t = resolve({})
-print(json.dumps([t.rank, t.world_size, t.local_rank, t.local_world_size]))
+rows = gather_over_group([digest63(sys.argv[3 + rank].encode())])
+print(json.dumps([rank, 4, *layout_of([r[0] for r in rows], rank)]))
 dist.destroy_process_group()
 """
 
@@ -130,6 +129,10 @@ dist.destroy_process_group()
 ])
 def test_the_node_layout_is_exchanged_over_the_group(tmp_path, nodes, expected):
     """No LOCAL_WORLD_SIZE (Lightning sets none): every rank's node name is gathered over the group."""
+    from clairvoyant.dist.topology import layout_of
+    with pytest.raises(ConfigError, match=r"ranks \[0, 2\] share a node"):   # the pure half, on its own
+        layout_of([7, 8, 7, 9], 3)
+    assert layout_of([7, 7, 8, 8, 8], 4) == (2, 3)
     import subprocess
     import sys
     script = tmp_path / "x.py"
@@ -138,9 +141,60 @@ def test_the_node_layout_is_exchanged_over_the_group(tmp_path, nodes, expected):
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), *nodes],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(4)]
     outs = [p.communicate(timeout=100) for p in procs]
-    if expected is None:
+    if expected is None:   # every rank raises alike: none goes on into a collective alone
         assert all(p.returncode != 0 for p in procs)
         assert all("not consecutive" in err for _, err in outs)
     else:
         assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
         assert [json.loads(out) for out, _ in outs] == expected
+
+
+_TWO = """
+import os, sys, time
+import torch.distributed as dist
+from clairvoyant import ConfigError, Loader
+rank, store, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+from clairvoyant.dist import topology
+topology.GATHER_TIMEOUT = 3.0
+src = sys.argv[4 + rank] if mode == "differ" else sys.argv[4]
+if mode == "alone" and rank == 1:   # makes no Loader: rank 0 must not hang
+    time.sleep(6)
+    os._exit(0)
+import numpy as np
+with Loader(src, batch_size=4, local_dir=sys.argv[6] + str(rank), num_workers=1, output="numpy",
+            decode=lambda b: np.frombuffer(b, np.uint8).copy()) as ld:
+    try:
+        n = sum(len(y) for _, y in ld)
+        print("drew", n, ld.topology.local_world_size, flush=True)
+    except ConfigError as e:
+        print("ConfigError", e, flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["same", "differ", "alone"])
+def test_the_ranks_compare_their_manifests_once_and_a_missing_rank_is_an_error(tmp_path, mode):
+    """Two ranks under a gloo group: the same data set gives each half (control); data sets that
+    differ (the source changed between the ranks' starts) stop both with an error naming them;
+    a rank that makes no Loader leaves the other with an error after the exchange's time-out."""
+    import subprocess
+    import sys
+    for name, n in (("a", 8), ("b", 9)):
+        (tmp_path / name).mkdir()
+        for i in range(n):
+            (tmp_path / name / f"{i}.bin").write_bytes(bytes([i]) * 4)
+    script = tmp_path / "two.py"
+    script.write_text(_TWO)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), mode, str(tmp_path / "a"),
+                               str(tmp_path / "b"), str(tmp_path / "local")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=100)[0] for p in procs]
+    if mode == "same":
+        assert outs == ["drew 4 2\n", "drew 4 2\n"], outs   # a half each; one node of two ranks
+    elif mode == "differ":
+        assert all("do not agree" in o for o in outs), outs
+    else:
+        assert "did not hear from every other rank" in outs[0], outs

@@ -21,6 +21,8 @@ from typing import Mapping
 
 from ..errors import ConfigError
 
+GATHER_TIMEOUT = 300.0   # seconds the Loader's one exchange over the process group waits for every rank
+
 # (rank, world size, local rank, ranks on this node) variables, most specific launcher first.
 _LAUNCHERS = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),                   # torchrun
@@ -76,22 +78,21 @@ def process_group() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
-def resolve(env: Mapping[str, str] | None = None, *, exchange: bool = True) -> Topology:
+def resolve(env: Mapping[str, str] | None = None) -> Topology:
     """This process's place in the job, from the process group if one is initialised (checked
-    against the launcher's variables), else from the variables (``detect``). ``exchange=False``
-    never calls a collective: the node layout is then the variables' or this rank alone."""
+    against the launcher's variables), else from the variables (``detect``). Never a collective
+    call: under a group without the node's variables the layout is this rank alone until
+    ``gather_over_group`` (the Loader's first pass) says otherwise."""
     env = os.environ if env is None else env
     group = process_group()
     if group is None:
         return detect(env)
     rank, size = group
     _check_agrees(env, rank, size)
-    local = _local_from_env(env)
+    local = local_from_env(env, rank, size)
     if local is not None:
         return validate(rank, size, *local, origin="torch.distributed")
-    if not exchange or size == 1:
-        return validate(rank, size, 0, 1, origin="torch.distributed")
-    return validate(rank, size, *_exchange_layout(rank, size), origin="torch.distributed")
+    return validate(rank, size, 0, 1, origin="torch.distributed")
 
 
 def _check_agrees(env: Mapping[str, str], rank: int, size: int) -> None:
@@ -117,13 +118,20 @@ def _check_agrees(env: Mapping[str, str], rank: int, size: int) -> None:
             "to the Loader")
 
 
-def _local_from_env(env: Mapping[str, str]) -> tuple[int, int] | None:
+def local_from_env(env: Mapping[str, str], rank: int, size: int) -> tuple[int, int] | None:
+    """(local rank, ranks on the node) from torchrun's ``LOCAL_*``, or from the variables of a
+    launcher that agrees with the group (Open MPI, MPICH, srun); None if none says."""
     if "LOCAL_RANK" in env and "LOCAL_WORLD_SIZE" in env:
         try:
             return int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
         except ValueError as e:
             raise ConfigError(f"LOCAL_RANK={env['LOCAL_RANK']!r} / LOCAL_WORLD_SIZE={env['LOCAL_WORLD_SIZE']!r} "
                               "are not integers") from e
+    for names in _LAUNCHERS[1:]:
+        if all(v in env for v in names):
+            t = detect({v: env[v] for v in names})
+            if (t.rank, t.world_size) == (rank, size):
+                return t.local_rank, t.local_world_size
     return None
 
 
@@ -132,27 +140,53 @@ def node_name() -> str:
     return os.environ.get("CLAIRVOYANT_NODE") or socket.gethostname()
 
 
-def _exchange_layout(rank: int, size: int) -> tuple[int, int]:
-    """(local rank, ranks on this node) from every rank's node name, gathered over the process
-    group as 63-bit digests (tensors, nothing pickled). The ranks of a node must be consecutive,
-    as torchrun, Lightning and Accelerate place them."""
+def digest63(data: bytes) -> int:
+    """A non-negative int64 digest of ``data``, for exchanging names and fingerprints as tensors."""
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") >> 1
+
+
+def gather_over_group(values: list[int], timeout: float | None = None) -> list[list[int]]:
+    """Every rank's ``values`` (int64s, the same count on every rank), by rank: one all-gather
+    of tensors over the default group (nothing pickled), waited for at most ``timeout`` seconds:
+    a rank that never joins is a ``ConfigError`` saying so, not a hang."""
+    import datetime
+
     import torch
     import torch.distributed as dist
 
-    digest = int.from_bytes(hashlib.sha256(node_name().encode()).digest()[:8], "little") >> 1
+    timeout = GATHER_TIMEOUT if timeout is None else timeout
+    rank, size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
-    if dist.get_backend() == "nccl":   # NCCL gathers only device tensors
-        device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor([digest], dtype=torch.int64, device=device)
+    if dist.get_backend() == "nccl":   # NCCL gathers only device tensors: this rank's own device
+        local = os.environ.get("LOCAL_RANK")
+        device = torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
     every = [torch.zeros_like(mine) for _ in range(size)]
-    dist.all_gather(every, mine)
-    names = [int(t.item()) for t in every]
-    ranks = [r for r in range(size) if names[r] == digest]
-    if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
-        raise ConfigError(f"the ranks on node {node_name()!r} are {ranks}, not consecutive: clairvoyant needs "
-                          "a node's ranks in one block (as torchrun places them); set LOCAL_RANK and "
-                          "LOCAL_WORLD_SIZE, or pass local_world_size= to the Loader")
-    return rank - ranks[0], len(ranks)
+    work = dist.all_gather(every, mine, async_op=True)
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except RuntimeError as e:
+        raise ConfigError(
+            f"rank {rank} of {size} did not hear from every other rank at the Loader's first pass (they exchange "
+            f"node names and manifests once; waited up to {timeout:.0f} s): make the Loader and iterate it on "
+            "every rank, or pass rank= and world_size= to a Loader used on some ranks only") from e
+    return [t.tolist() for t in every]
+
+
+def layout_of(names: list[int], rank: int) -> tuple[int, int]:
+    """(local rank, ranks on this node) from every rank's node-name digest. Every node's ranks
+    must be consecutive, as torchrun, Lightning and Accelerate place them: otherwise every rank
+    raises alike (``ConfigError``), so that none goes on alone."""
+    first: dict[int, int] = {}
+    for r, name in enumerate(names):
+        if name in first and names[r - 1] != name:
+            apart = [q for q, n in enumerate(names) if n == name]
+            raise ConfigError(f"ranks {apart} share a node but are not consecutive: clairvoyant needs a node's "
+                              "ranks in one block (as torchrun places them); set LOCAL_RANK and LOCAL_WORLD_SIZE, "
+                              "or pass local_world_size= to the Loader")
+        first.setdefault(name, r)
+    mine = names[rank]
+    return rank - first[mine], names.count(mine)
 
 
 def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,

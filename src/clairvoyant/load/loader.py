@@ -25,7 +25,8 @@ from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist import cluster as cluster_mod
 from ..dist.cluster import Cluster
-from ..dist.topology import Topology, process_group, resolve, validate
+from ..dist.topology import (Topology, digest63, gather_over_group, layout_of, local_from_env, node_name,
+                             process_group, resolve, validate)
 from ..errors import ConfigError, CorruptEntry, EmptySourceError
 from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, position_after
@@ -166,8 +167,9 @@ class Loader:
             raise ConfigError("pass both rank and world_size, or neither (then they come from the launcher)")
         self._local_world_size = None if local_world_size is None else int(local_world_size)
         self._topology_given = rank is not None
+        self._agreed = False   # the ranks of a process group compared manifests and node names
         if rank is None:   # the process group if there is one, else the launcher's variables
-            self.topology = self._place(exchange=True)
+            self.topology = self._place()
         else:
             lws = int(local_world_size or 1)
             self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
@@ -266,32 +268,49 @@ class Loader:
 
     # -- where this process sits ------------------------------------------------------------------
 
-    def _place(self, *, exchange: bool) -> Topology:
+    def _place(self) -> Topology:
         """Rank, world size and node layout when none were given (dist/topology.py); a
-        ``local_world_size=`` argument overrides the node layout and spares the exchange."""
+        ``local_world_size=`` argument overrides the node layout."""
         lws = self._local_world_size
-        t = resolve(exchange=exchange and lws is None)
+        t = resolve()
         return t if lws is None else validate(t.rank, t.world_size, t.local_rank, lws, origin=t.origin)
 
     def _follows_group(self) -> bool:
-        """A process group was initialised after this Loader was placed by the launcher's variables
-        (Lightning's DDP starts it in ``Trainer.fit``, after a script may have made the Loader)."""
-        return (not self._topology_given and self._cluster is None and self.topology.origin != "torch.distributed"
-                and process_group() is not None)
+        """A process group is there and its ranks have not compared notes yet (also one started
+        after this Loader was made: Lightning's DDP starts it in ``Trainer.fit``)."""
+        return not self._topology_given and self._cluster is None and not self._agreed and process_group() is not None
 
     def _where(self) -> Topology:
         """The topology, as the process group says now (no collective call)."""
-        return self._place(exchange=False) if self._follows_group() else self.topology
+        return self._place() if self._follows_group() else self.topology
 
     def _bind(self) -> None:
-        """Take the process group's rank, world size and node layout before an iteration, if it
-        appeared after this Loader was made (every rank iterates: the layout exchange is safe here)."""
+        """Before the first pass under a process group (every rank iterates: a collective call is
+        safe here, never in the constructor): take the group's rank and world size, and exchange
+        once, over the group, each rank's node name and manifest. Ranks whose manifests differ
+        (the source changed while they started, each checking it on its own) stop with an error
+        instead of drawing samples twice or never; the node layout comes from the names where no
+        variable gives it."""
         if not self._follows_group():
             return
-        old, self.topology = self.topology, self._place(exchange=True)
-        log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed, initialised after the "
-                 "Loader was made (it had rank %d of %d from %s)", self.topology.rank, self.topology.world_size,
-                 self.topology.local_world_size, old.rank, old.world_size, old.origin)
+        old, t = self.topology, self._place()
+        rows = gather_over_group([digest63(node_name().encode()), len(self.manifest),
+                                  digest63(self.manifest.fingerprint.encode())])
+        mine = rows[t.rank][1:]
+        differ = [r for r, row in enumerate(rows) if row[1:] != mine]
+        if differ:
+            raise ConfigError(
+                f"the ranks do not agree on the data set {self.source.uri}: rank {t.rank} lists {mine[0]} samples, "
+                f"ranks {differ} list {sorted({rows[r][1] for r in differ})} (or other files): the source changed "
+                "while the job started. Run `clairvoyant index SRC` once before the job, then start it again")
+        if self._local_world_size is None and local_from_env(os.environ, t.rank, t.world_size) is None:
+            t = validate(t.rank, t.world_size, *layout_of([row[0] for row in rows], t.rank), origin=t.origin)
+        self._agreed, self.topology = True, t
+        if (t.rank, t.world_size, t.local_world_size) == (old.rank, old.world_size, old.local_world_size):
+            return
+        log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed (it had rank %d of %d, "
+                 "node of %d, from %s)", t.rank, t.world_size, t.local_world_size, old.rank, old.world_size,
+                 old.local_world_size, old.origin)
         if self._carry is not None:   # an epoch planned for the old layout: nothing of it carries over
             self._carry[1].close()
             self._carry = None
