@@ -197,3 +197,42 @@ def test_a_subclass_with_a_scan_of_its_own_keeps_it(tmp_path):
     m = M.build(OnlyA(src))
     assert list(m.keys) == ["a/1.jpg", "a/2.jpg"] and m.tree is None
     assert M.build(PosixSource(src)).tree is not None   # control: the plain directory walks its tree
+
+
+def test_a_manifest_the_user_gave_is_checked_but_never_rewritten(tmp_path, caplog):
+    """``manifest=PATH`` pins the data set (for reproducibility): a change of the source is logged,
+    the file stays as it was and the manifest is used as it is. Control: the default manifest
+    follows the source."""
+    src = _source(tmp_path)
+    pinned = str(tmp_path / "pinned.manifest")
+    first, built = M.obtain(as_source(src), pinned)
+    assert built and len(first) == 5
+    before = (tmp_path / "pinned.manifest").read_bytes()
+    time.sleep(0.01)
+    (tmp_path / "src" / "a" / "new.jpg").write_bytes(b"new")
+    caplog.set_level(logging.WARNING, logger="clairvoyant")
+    again, built = M.obtain(as_source(src), pinned)
+    assert not built and len(again) == 5 and again.fingerprint == first.fingerprint
+    assert (tmp_path / "pinned.manifest").read_bytes() == before
+    assert "is used as it is" in caplog.text
+    followed, _ = M.obtain(as_source(src))   # control: the default place follows the source
+    assert len(followed) == 6
+    rebuilt, built = M.obtain(as_source(src), pinned, reindex=True)
+    assert built and len(rebuilt) == 6 and (tmp_path / "pinned.manifest").read_bytes() != before
+
+
+def test_a_damaged_manifest_of_ours_is_listed_again_and_a_pinned_one_is_an_error(tmp_path, caplog):
+    """A crash of an older version could leave a torn manifest at the default place: it is listed
+    again, with a warning; a damaged manifest the user gave stays theirs to fix (control)."""
+    src = _source(tmp_path)
+    M.obtain(as_source(src))
+    default = M.default_manifest_path(as_source(src).uri)
+    with open(default, "r+b") as f:
+        f.truncate(100)
+    caplog.set_level(logging.WARNING, logger="clairvoyant")
+    again, built = M.obtain(as_source(src))
+    assert built and len(again) == 5 and "cannot be read" in caplog.text
+    mine = tmp_path / "mine.manifest"
+    mine.write_bytes(b"\x89CVYMAN\n" + b"\0" * 40)
+    with pytest.raises(ManifestError):
+        M.obtain(as_source(src), str(mine))

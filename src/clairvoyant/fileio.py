@@ -81,23 +81,36 @@ def write_all(fd: int, data: bytes | memoryview) -> int:
     return n
 
 
-def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected: int = -1) -> int:
+def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected: int = -1, *,
+                     durable: bool = False) -> int:
     """Create ``tmp``, let ``fill(fd)`` write it, then rename it to ``final``; return ``fill``'s count.
 
     Readers of ``final`` see the old content or the new, never a part. Where
     ``expected`` >= 0 and the count differs, nothing is published. On any
-    failure, ``fill``'s own included, ``tmp`` is removed.
+    failure, ``fill``'s own included, ``tmp`` is removed. ``durable``: the data
+    reaches the device before the rename and the rename before the return
+    (fsync of the file and of its directory), so that a crash of the machine
+    leaves the old file or the new, never an empty or partial one (for files
+    written seldom and read at every start, such as manifests).
     """
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             n = fill(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if 0 <= expected != n:
             os.unlink(tmp)
             return n
         os.replace(tmp, final)
+        if durable:
+            dfd = os.open(os.path.dirname(final) or ".", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
         return n
     except BaseException:
         try:

@@ -39,6 +39,7 @@ import logging
 import mmap
 import operator
 import os
+import socket
 import struct
 import time
 from collections.abc import Sequence
@@ -384,11 +385,14 @@ def save(manifest: Manifest, path: str, *, version: int = VERSION) -> None:
         raise ValueError(f"manifest version {version!r}: choose 1 (JSON) or 2 (binary)")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
+    # a cache home may be shared by the nodes of a cluster: the host in the name keeps two nodes'
+    # writers (the same pid, by chance) apart; fsync'ed, so that a crash never leaves a torn one
+    tmp = f"{tmp_name(directory, path)}.{socket.gethostname()}"
     if version == 1:
         data = json.dumps(manifest.to_json(), separators=(",", ":")).encode()
-        write_atomically(path, tmp_name(directory, path), lambda fd: write_all(fd, data))
+        write_atomically(path, tmp, lambda fd: write_all(fd, data), durable=True)
     else:
-        write_atomically(path, tmp_name(directory, path), lambda fd: _write_v2(manifest, fd))
+        write_atomically(path, tmp, lambda fd: _write_v2(manifest, fd), durable=True)
 
 
 def load(path: str, *, verify: bool = False) -> Manifest:
@@ -520,17 +524,31 @@ def obtain(source: Source, path: str | None = None, *, reindex: bool = False,
     manifest found at the default place (an earlier version's) is read and saved again in the
     binary format. A directory source's manifest is checked against the source first (one stat
     per folder, :func:`current`); ``require_folders``: one that records no folders (an earlier
-    version's) is rebuilt rather than used as it is (the mount shows every folder).
+    version's) is rebuilt rather than used as it is (the mount shows every folder). A manifest
+    ``path`` the caller gave that exists is pinned: checked, a change logged, never rewritten
+    (``reindex=True`` builds it anew).
     """
     target = path or default_manifest_path(source.uri)
     found = None if reindex else existing(source.uri, path)
+    manifest = None
     if found is not None:
-        manifest = load(found)
+        try:
+            manifest = load(found)
+        except ManifestError as e:
+            if path is not None:   # the user's: theirs to fix
+                raise
+            # ours, torn or damaged (a crash of an older version): list the source again
+            log.warning("the manifest %s of %s cannot be read (%s): listing the source again", found, source.uri, e)
+    if manifest is not None:
         if manifest.uri != source.uri:
             raise ManifestError(
                 f"manifest {found} belongs to {manifest.uri}, not to {source.uri}: pass the right manifest= "
                 "or rebuild with reindex=True")
-        manifest, changed = current(source, manifest, found, require_folders=require_folders)
+        pinned = found if path is not None and found == path else None
+        fresh, changed = current(source, manifest, found, require_folders=require_folders, pinned=pinned)
+        if pinned is not None and fresh is not None:
+            return manifest, False   # the user's file, as it is
+        manifest = fresh
         if manifest is not None:
             if found != target or changed:
                 _save_quietly(manifest, target)
@@ -540,8 +558,8 @@ def obtain(source: Source, path: str | None = None, *, reindex: bool = False,
     return manifest, True
 
 
-def current(source: Source, manifest: Manifest, origin: str, *,
-            require_folders: bool = False) -> tuple[Manifest | None, bool]:
+def current(source: Source, manifest: Manifest, origin: str, *, require_folders: bool = False,
+            pinned: str | None = None) -> tuple[Manifest | None, bool]:
     """``(manifest, changed)``: a directory source's persisted ``manifest`` (read from ``origin``)
     with the folders that changed since listed again (``refresh.py``; ``changed``: save it again);
     other sources' as it is. ``(None, False)`` when it records no folders and ``require_folders``:
@@ -559,7 +577,7 @@ def current(source: Source, manifest: Manifest, origin: str, *,
         return manifest, False
     from . import refresh
 
-    fresh, changes = refresh.check(source, manifest)
+    fresh, changes = refresh.check(source, manifest, pinned=pinned)
     return fresh, changes.saved
 
 

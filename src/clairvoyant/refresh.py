@@ -63,9 +63,10 @@ def _parent(key: str) -> str:
     return key.rpartition("/")[0]
 
 
-def check(source: PosixSource, manifest):
+def check(source: PosixSource, manifest, *, pinned: str | None = None):
     """``(manifest, changes)``: ``manifest`` with the changed folders of ``source`` listed again
-    (the same object when nothing changed), and what changed. ``manifest.tree`` must be set."""
+    (the same object when nothing changed), and what changed. ``manifest.tree`` must be set.
+    ``pinned``: the path of a manifest the user gave, which is kept as it is (the log says so)."""
     tree: Tree = manifest.tree
     source.check()
     dirs = tree.dirs
@@ -81,7 +82,7 @@ def check(source: PosixSource, manifest):
             return manifest, Changes(len(dirs), (), (), (), 0, 0, 0, False)
         return _with_folders(manifest, now), Changes(len(dirs), (), (), (), 0, 0, 0, True)
     fresh, changes = _relist(source, manifest, now, changed, gone)
-    _report(source, manifest, fresh, changes)
+    _report(source, manifest, fresh, changes, pinned)
     return fresh, changes
 
 
@@ -169,7 +170,7 @@ def _names(folders: tuple[str, ...]) -> str:
     return shown + (f" and {len(folders) - _SHOWN} more" if len(folders) > _SHOWN else "")
 
 
-def _report(source: PosixSource, old, fresh, c: Changes) -> None:
+def _report(source: PosixSource, old, fresh, c: Changes, pinned: str | None = None) -> None:
     if not (c.relisted or c.gone):
         log.debug("%s: folder attributes changed (no folder listed again)", source.root)
         return
@@ -184,7 +185,12 @@ def _report(source: PosixSource, old, fresh, c: Changes) -> None:
     files = f"{c.added} files added, {c.removed} removed, {c.resized} of another size"
     if c.files_changed:
         classes = (f"; classes {len(old.classes)} -> {len(fresh.classes)}" if old.classes != fresh.classes else "")
-        log.warning("%s changed since its manifest was made: %s; %s%s; manifest updated (fingerprint %s -> %s)",
-                    source.root, "; ".join(parts), files, classes, old.fingerprint, fresh.fingerprint)
+        if pinned is not None:
+            log.warning("%s changed since its manifest was made: %s; %s%s; the manifest you gave (%s) is used as "
+                        "it is, not updated: pass reindex=True (or remove it) to follow the source",
+                        source.root, "; ".join(parts), files, classes, pinned)
+        else:
+            log.warning("%s changed since its manifest was made: %s; %s%s; manifest updated (fingerprint %s -> %s)",
+                        source.root, "; ".join(parts), files, classes, old.fingerprint, fresh.fingerprint)
     else:
         log.info("%s: %s; %s", source.root, "; ".join(parts), files)
