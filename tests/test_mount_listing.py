@@ -209,7 +209,8 @@ def test_opens_the_page_cache_served_are_counted_or_said_to_be_unseen(tmp_path, 
         text, doc = _cli_stats(mnt), json.loads(_cli_stats(mnt, "--json"))
         if opens:
             assert (s.opens, s.opens_cached) == (4 * N, 3 * N) and s.page_cache_counted
-            assert f"opens {4 * N}, {3 * N} of them served by the kernel's page cache" in text
+            assert f"opens {4 * N}, {3 * N} of them with no read reaching the daemon (served by the kernel's " \
+                   "page cache" in text
             assert (doc["opens"], doc["opens_cached"], doc["page_cache_counted"]) == (4 * N, 3 * N, True)
             assert "note" not in doc
         else:
@@ -245,3 +246,44 @@ def test_the_work_directory_of_a_killed_mount_is_removed_by_the_next(tmp_path):
         os.rmdir(live)
         if os.path.exists(left):
             os.rmdir(left)
+
+
+@pytest.mark.parametrize("damage", [None, "child", "dir", "count"])
+def test_a_damaged_listing_is_refused_by_the_daemon_at_start(tmp_path, monkeypatch, damage):
+    """The daemon checks every offset and index of the listing it maps before serving anything:
+    a child pointing past the files, a folder's name past the strings, children counted past the
+    end. Control: the listing as written mounts."""
+    import struct
+
+    from clairvoyant.mount import listing
+
+    real = listing.write
+
+    def write(path, manifest):
+        real(path, manifest)
+        if damage is None:
+            return
+        with open(path, "r+b") as f:
+            blob = bytearray(f.read())
+            _, _, _, nfiles, ndirs, nchildren, strings = struct.unpack_from("<8sII4Q", blob, 0)
+            dirs_at = 64 + 56 * nfiles
+            children_at = dirs_at + 56 * ndirs
+            if damage == "child":    # the first child: a file number past the files
+                struct.pack_into("<Q", blob, children_at + 8, (nfiles + 5) << 1)
+            elif damage == "dir":    # the root's path: past the strings
+                struct.pack_into("<Q", blob, dirs_at, strings + 1)
+            else:                    # the root's children: more than there are
+                struct.pack_into("<Q", blob, dirs_at + 16, nchildren + 1)
+            f.seek(0)
+            f.write(blob)
+
+    monkeypatch.setattr(listing, "write", write)
+    src, mnt, local = _tree(tmp_path)
+    if damage is None:
+        with Mount(src, mnt, local_dir=local, stage=False):
+            assert os.listdir(mnt)
+        return
+    with pytest.raises(Exception, match="damaged listing"):
+        with Mount(src, mnt, local_dir=local, stage=False):
+            pass
+    assert not mounted(mnt)

@@ -37,8 +37,8 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     share = f" ({100 * s.opens_local / reads:.1f}% local)" if reads else ""
     opens = f"files read through the daemon: {s.opens_local} local, {s.opens_source} from the source{share}"
     if s.page_cache_counted:
-        opens = (f"opens {s.opens}, {s.opens_cached} of them served by the kernel's page cache (no read reached "
-                 f"the daemon); {opens}")
+        opens = (f"opens {s.opens}, {s.opens_cached} of them with no read reaching the daemon (served by the "
+                 f"kernel's page cache, or nothing read); {opens}")
     print(f"{mnt}: {opens}; bytes {format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the "
           f"source; {s.corrupt} corrupt and {s.stale} stale entries not served"
           + (f"; {s.events_dropped} first reads the staging did not hear of (it fell behind)"

@@ -869,9 +869,15 @@ static int load_listing(const char *path) {
     close(fd);
     if (m == MAP_FAILED) return die("cannot map the listing", path);
     const struct listing_head *h = (const void *)m;
-    uint64_t need = sizeof *h + h->nfiles * sizeof(struct lfile) + h->ndirs * sizeof(struct ldir)
-                    + h->nchildren * sizeof(struct lchild) + h->strings;
-    if (memcmp(h->magic, LISTING_MAGIC, 8) != 0 || h->version != LISTING_VERSION || need != (uint64_t)st.st_size) {
+    uint64_t need = sizeof *h, part;
+    int over = __builtin_mul_overflow(h->nfiles, (uint64_t)sizeof(struct lfile), &part) ||
+               __builtin_add_overflow(need, part, &need) ||
+               __builtin_mul_overflow(h->ndirs, (uint64_t)sizeof(struct ldir), &part) ||
+               __builtin_add_overflow(need, part, &need) ||
+               __builtin_mul_overflow(h->nchildren, (uint64_t)sizeof(struct lchild), &part) ||
+               __builtin_add_overflow(need, part, &need) || __builtin_add_overflow(need, h->strings, &need);
+    if (memcmp(h->magic, LISTING_MAGIC, 8) != 0 || h->version != LISTING_VERSION || over ||
+        need != (uint64_t)st.st_size) {
         errno = EINVAL;
         return die("not a listing of this version", path);
     }
@@ -880,6 +886,18 @@ static int load_listing(const char *path) {
     dirs = (const void *)(files + nfiles);
     children = (const void *)(dirs + ndirs);
     strs = (const char *)(children + h->nchildren);
+    /* every offset and index inside its section, every string ended within the strings: a damaged
+     * listing is refused here rather than read out of bounds later */
+    int bad = h->strings == 0 || strs[h->strings - 1] != 0 || ndirs == 0;
+    for (uint64_t i = 0; !bad && i < nfiles; i++) bad = files[i].path >= h->strings;
+    for (uint64_t i = 0; !bad && i < ndirs; i++)
+        bad = dirs[i].path >= h->strings || dirs[i].first > h->nchildren || dirs[i].count > h->nchildren - dirs[i].first;
+    for (uint64_t i = 0; !bad && i < h->nchildren; i++)
+        bad = children[i].name >= h->strings || (children[i].ref >> 1) >= ((children[i].ref & 1) ? ndirs : nfiles);
+    if (bad) {
+        errno = EINVAL;
+        return die("a damaged listing (an offset or index outside its section)", path);
+    }
     for (uint64_t i = 0; i < nfiles; i++) total_bytes += files[i].size;
     checked = calloc(nfiles ? nfiles : 1, 1);
     reading = calloc(nfiles ? nfiles : 1, 1);
@@ -909,6 +927,7 @@ static int map_stats(const char *path) {
     sh->version = STATS_VERSION;
     sh->size = sizeof *sh;
     sh->pid = (uint64_t)getpid();
+    sh->no_open = 1;   /* until the kernel's answer (mnt_init): opens are not claimed to be counted */
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy(sh->magic, STATS_MAGIC, sizeof sh->magic);  /* last: a reader sees the whole header */
     return 0;
