@@ -164,15 +164,15 @@ def test_a_whole_second_mtime_next_to_its_listing_is_listed_again_once(tmp_path,
     assert calls["listdir"] == []       # listed after that second: now it can
 
 
-def test_the_emulated_store_is_charged_nothing_for_the_check(tmp_path):
+def test_the_emulated_store_charges_a_stat_per_folder_for_the_check(tmp_path):
     store = EmulatedStore(_source(tmp_path), open_latency=0.0, read_latency=0.0, state_dir=str(tmp_path / "emu"))
     store.reset()
     M.obtain(store)
     assert store.counters().listings == 7
     store.reset()
-    M.obtain(store)   # the stat per folder is metadata the store does not charge: a Loader's count holds
+    M.obtain(store)   # a stat per folder, counted as such (metadata requests, not opens of files)
     c = store.counters()
-    assert (c.listings, c.opens) == (0, 0)
+    assert (c.listings, c.opens, c.getattrs) == (0, 0, 7)
     (tmp_path / "src" / "a" / "new.jpg").write_bytes(b"n")
     M.obtain(store)
     assert store.counters().listings == 1   # control: a changed folder's listing is charged

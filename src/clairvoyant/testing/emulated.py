@@ -30,9 +30,9 @@ from ..fileio import pid
 from ..paths import _user
 from ..source.posix import PosixSource
 
-# opens, reads, bytes, listings, peak in flight, next free time of the shared pipe; then one
-# end time per request slot
-_STATE = struct.Struct("<qqqqqd")
+# opens, reads, bytes, listings, peak in flight, next free time of the shared pipe, stats; then
+# one end time per request slot
+_STATE = struct.Struct("<qqqqqdq")
 _MAX_SLOTS = 1024
 _SIZE = _STATE.size + 8 * _MAX_SLOTS
 _CHUNK = 4 << 20
@@ -45,7 +45,8 @@ class Counters:
     bytes: int
     listings: int
     peak_inflight: int
-    getattrs: int = 0  # FuseStore only: stat calls that reached the daemon (the kernel caches the rest)
+    getattrs: int = 0  # stat calls: of folders (a manifest's check, EmulatedStore), or any that reached
+    #                    FuseStore's daemon (the kernel caches the rest)
 
 
 class EmulatedStore(PosixSource):
@@ -114,20 +115,20 @@ class EmulatedStore(PosixSource):
     def counters(self) -> Counters:
         with self._locked() as mm:
             v = _STATE.unpack_from(mm, 0)
-        return Counters(opens=v[0], reads=v[1], bytes=v[2], listings=v[3], peak_inflight=v[4])
+        return Counters(opens=v[0], reads=v[1], bytes=v[2], listings=v[3], peak_inflight=v[4], getattrs=v[6])
 
     def reset(self) -> None:
         """Zero the counters and forget requests in flight."""
         with self._locked() as mm:
             mm[:] = bytes(_SIZE)
 
-    def _request(self, opens: int, reads: int, nbytes: int, listings: int = 0) -> None:
+    def _request(self, opens: int, reads: int, nbytes: int, listings: int = 0, stats: int = 0) -> None:
         """Take one of ``max_inflight`` slots until this request's end time, then sleep until then.
 
         A slot is free once its end time has passed, so admission is one locked
         update and a killed reader cannot hold a slot for ever.
         """
-        fixed = opens * self.open_latency + reads * self.read_latency
+        fixed = (opens + stats) * self.open_latency + reads * self.read_latency   # a stat: metadata, as an open
         while True:
             with self._locked() as mm:
                 now = time.monotonic()
@@ -135,14 +136,14 @@ class EmulatedStore(PosixSource):
                 free = [i for i, e in enumerate(ends) if e <= now]
                 n_busy = self.max_inflight - len(free)
                 if free:
-                    o, r, b, li, peak, next_free = _STATE.unpack_from(mm, 0)
+                    o, r, b, li, peak, next_free, st = _STATE.unpack_from(mm, 0)
                     end = now + fixed
                     if nbytes:
                         end = max(end, next_free) + nbytes / self.bandwidth
                         next_free = end
                     self._ends[free[0]] = end
                     _STATE.pack_into(mm, 0, o + opens, r + reads, b + nbytes, li + listings,
-                                     max(peak, n_busy + 1), next_free)
+                                     max(peak, n_busy + 1), next_free, st + stats)
                     break
                 wake = min(ends)
             time.sleep(max(wake - now, 0.0002))
@@ -162,6 +163,13 @@ class EmulatedStore(PosixSource):
 
     def _charge_meta(self) -> None:
         self._request(opens=1, reads=0, nbytes=0)
+
+    def stat_folder(self, rel: str):
+        """A folder's stat (a manifest's check at each start): one metadata request, counted in
+        ``getattrs``, not in ``opens``."""
+        entry = super().stat_folder(rel)
+        self._request(opens=0, reads=0, nbytes=0, stats=1)
+        return entry
 
     def scan(self) -> Iterator[tuple[str, int]]:
         return super().scan()
