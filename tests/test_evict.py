@@ -181,3 +181,22 @@ def test_a_file_chosen_while_its_copy_was_on_the_way_is_evicted_once_there():
     f.present.add(2)
     assert Controller._settle(f, [2], held) == [] and f.evicted == [1, 3, 2]
 
+
+
+def test_staged_ahead_counts_a_read_only_where_the_readers_can_be_and_keeps_what_the_plan_keeps():
+    """A read moves a resident's next use on only if its pending use is within the readers' reach
+    (else it was a read of an earlier use); a file read from the source is kept only where the
+    Loader's plan keeps that access (to_stage), and then with its next use, NEVER included."""
+    from clairvoyant.plan.ahead import StagedAhead, to_stage
+    from clairvoyant.plan.evict import NEVER
+
+    seq = np.array([3, 1, 2, 3, 1, 0])
+    h = StagedAhead(seq, 4, [1])             # sample 1 resident, needed at position 1
+    assert not h.read(1, before=1) and h.pending(1) == 1   # control: out of reach, nothing moves
+    assert h.read(1, before=2) and h.pending(1) == 4
+    assert h.read(1, before=5) and h.pending(1) == NEVER
+    keep = to_stage(seq, np.zeros(0, np.int64), np.full(4, 10), 20, {})   # room for two samples
+    assert keep.tolist() == [True, True, False, False, False, False]   # 3 and 1 kept; 2 would evict sooner uses
+    k = StagedAhead(seq, 4, [], keep=keep)
+    assert k.keep_read(3, 0) == 3 and k.keep_read(2, 0) is None and k.keep_read(0, 0) is None
+    assert StagedAhead(seq, 4, []).keep_read(2, 0) is None   # without a plan: no later use, not kept

@@ -584,16 +584,18 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
     from clairvoyant.torch import DistributedSampler
 
     local = str(tmp_path / "local")
-    with small_mount(tmp_path, local_capacity="50%") as (src, m):
+    with small_mount(tmp_path, local_capacity="30%") as (src, m):
         keys = keys_of(m)
 
         ds = MountedFolder(m)
         sampler = DistributedSampler(ds, num_replicas=1, rank=0, mount=m.path)
-        for epoch in range(2):
+        for epoch in range(3):
             sampler.set_epoch(epoch)
             it = iter(sampler)
             first = next(it)
-            assert wait_until(lambda: m.staging()["epoch"] == epoch and m.staging()["frontier"] > 0, 10)
+            # the epoch's plan has begun (it may have nothing to stage before the readers use what the
+            # tier holds: every resident needed sooner than the first miss it keeps)
+            assert wait_until(lambda: m.staging()["epoch"] == epoch, 10)
             for i in [first, *it]:
                 time.sleep(0.02)   # a training step: staging runs ahead, evicting what is used farthest
                 with open(ds.samples[i][0], "rb") as f:
@@ -601,7 +603,7 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
                 used, _ = m.tiers.local.ledger.read()
                 assert used <= m.capacity.nbytes
         st = m.staging()
-        assert st["staged"] > N // 2 and st["evicted"] > 0, st   # it had to evict to go on
+        assert st["staged"] > 0 and st["evicted"] > 0, st   # it had to evict to go on
         assert m.stats().opens_local > 0 and m.stats().corrupt == 0
     reports = verify(local)
     assert all(r.consistent for r in reports), [r.to_json() for r in reports]
@@ -645,10 +647,14 @@ def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, chan
 
 def test_the_ranks_orders_are_merged_step_by_step(tmp_path):
     """Two ranks of a node publish their orders (world size 2) to one mount whose tier holds about
-    a third of the data set, and read nothing: the mount stages the longest prefix of the merged
-    order that fits (rank 0's first file, rank 1's first, rank 0's second, ...) and then waits for
-    the readers. Control: the prefix of rank 0's order followed by rank 1's is another set."""
+    a third of the data set, and read nothing: the mount stages, in the merged order (rank 0's
+    first file, rank 1's first, rank 0's second, ...), the misses the Loader's plan of that
+    sequence keeps, as many as fit, and then waits for the readers. Control: rank 0's order
+    followed by rank 1's gives another set."""
+    import numpy as np
+
     from clairvoyant.cache.entry import entry_size
+    from clairvoyant.plan.ahead import to_stage
     from clairvoyant.torch import DistributedSampler
 
     with small_mount(tmp_path, local_capacity="35%") as (src, m):
@@ -658,10 +664,13 @@ def test_the_ranks_orders_are_merged_step_by_step(tmp_path):
         samplers = [DistributedSampler(ds, num_replicas=2, rank=r, seed=3, mount=m.path) for r in (0, 1)]
         orders = [s.order().tolist() for s in samplers]
         merged = [i for pair in zip(*orders) for i in pair]
+        nexts = [s.order(1).tolist() for s in samplers]
+        entry = np.asarray(m.manifest.sizes) + entry_size(0)
 
-        def prefix(seq):
+        def prefix(seq, following):
+            keep = to_stage(np.asarray(seq), np.asarray(following), entry, m.capacity.nbytes, {})
             out, used = [], 0
-            for i in seq:
+            for i in (i for i, k in zip(seq, keep) if k):
                 need = entry_size(m.manifest.sizes[i])
                 if used + need > m.capacity.nbytes:
                     break
@@ -669,7 +678,8 @@ def test_the_ranks_orders_are_merged_step_by_step(tmp_path):
                 used += need
             return {keys[i] for i in out}
 
-        want, control = prefix(merged), prefix(orders[0] + orders[1])
+        want = prefix(merged, [i for pair in zip(*nexts) for i in pair])
+        control = prefix(orders[0] + orders[1], nexts[0] + nexts[1])
         assert want != control
         def staged():
             return {k for k in keys if m.tiers.local.find(k) is not None}
@@ -851,3 +861,51 @@ def test_later_parts_never_mix_an_older_copy_of_a_changed_file(tmp_path):
         forget_pages(m.path, ["a/f.bin"])
         path.write_bytes(b"B" * size)
         assert pages(m) == {b"B" * 4096}
+
+
+def _node_under_pressure(tmp_path, stage: bool) -> tuple[int, int, dict]:
+    """One node of four (rank 0's quarter of each shuffled epoch, through the sampler), its tier at
+    30% of the data set, 4 epochs, the kernel's pages dropped between them: (store opens, misses of
+    the Loader's plan of the same node sequence and capacity, the mount's staging counters)."""
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.plan.residency import simulate_epoch
+    from clairvoyant.torch import DistributedSampler
+
+    n, epochs = 240, 4
+    tmp_path.mkdir()
+    with store_mount(tmp_path, open_latency=0.001, stage_threads=4, n=n, local_capacity="30%",
+                     stage=stage) as (raw, store, m):
+        ds = MountedFolder(m)
+        sampler = DistributedSampler(ds, num_replicas=4, rank=0, seed=0, mount=m.path if stage else None)
+        store.reset()
+        for e in range(epochs):
+            sampler.set_epoch(e)
+            for i in sampler:
+                time.sleep(0.002)   # a training step
+                with open(ds.samples[i][0], "rb", buffering=0) as f:
+                    f.read()
+            drop_pages(p for p, _ in ds.samples)
+        time.sleep(0.3)
+        opens = store.counters().opens
+        staging = m.staging() if stage else {}
+        entry = np.asarray(m.manifest.sizes) + entry_size(0)
+        capacity = m.capacity.nbytes
+    held, misses = {}, 0
+    for e in range(epochs):   # the Loader's plan: farthest next use over the node's sequence
+        r = simulate_epoch(sampler.order(e), sampler.order(e + 1), entry, capacity, held)
+        misses += int((~r.hit).sum())
+        held = dict(zip(r.residents_after.samples.tolist(), r.residents_after.sizes.tolist()))
+    return opens, misses, staging
+
+
+def test_under_capacity_pressure_the_mount_reads_the_store_no_more_than_the_loaders_plan(tmp_path):
+    """The defect: with the sampler, a node's mount at 30% capacity staged every file ahead and
+    evicted files before their use (1.4x the Loader's store reads here; 8.35 opens per file over a
+    4-node job in the report). Now it stages only the misses the Loader's plan keeps, and never
+    evicts a staged file before it was read. Control: the same node reading through a mount that
+    does not stage (what it keeps is what was read, first come) reads the store more than the plan."""
+    opens, misses, staging = _node_under_pressure(tmp_path / "a", stage=True)
+    assert opens <= misses, (opens, misses, staging)
+    assert staging["evicted_unread"] == 0 and staging["staged"] > 0, staging
+    blind, misses_again, _ = _node_under_pressure(tmp_path / "b", stage=False)
+    assert misses_again == misses and blind > misses, (blind, misses)

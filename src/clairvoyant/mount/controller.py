@@ -2,11 +2,15 @@
 
 With samplers (``clairvoyant.torch``, ``mount=``): the ranks' published orders of the newest epoch
 are merged into the node's sequence as the Loader merges its ranks' batches (step by step, ranks
-in order), and the files are staged into the local tier in that order, ahead of the slowest
-rank's reported progress. When the tier is full, the resident whose next use in the sequence is
-farthest (never again counts as farthest) is evicted, but only if that use comes after the file
-to stage; otherwise staging waits for the ranks to move on. The tier's ledger stays the hard
-bound: a file that does not fit is simply not staged (its reader reads the source).
+in order); the Loader's plan of that sequence (plan/ahead.py ``to_stage``) says which misses are
+kept, and only those are staged, in order, ahead of the ranks' reported progress; a miss the plan
+does not keep is read by its reader from the source, and one a reader read before its copy was
+made is kept from the daemon's handoff if the plan keeps it. When the tier is full, the resident
+whose next use in the sequence is farthest (never again counts as farthest) is evicted, but only
+if that use comes after the file to stage; otherwise staging waits for the ranks to move on. A
+use counts as past when the daemon reports the read (or long after its hand-out, for a read the
+page cache served). The tier's ledger stays the hard bound: a file that does not fit is simply
+not staged (its reader reads the source).
 
 Without a sampler: each file a program opens from the source is staged after that open if the
 tier has room (read-through caching in first-open order, no eviction): a second pass over a data
@@ -34,10 +38,10 @@ import numpy as np
 from ..cache import native_stage
 from ..cache.entry import entry_size
 from ..cache.tiers import LOCAL
-from ..plan.ahead import StagedAhead
+from ..plan.ahead import StagedAhead, to_stage
 from ..plan.readahead import Readahead
 from .listing import publish_bytes
-from .orders import published, read_order, read_progress
+from .orders import PROGRESS_EVERY, published, read_order, read_progress
 
 log = logging.getLogger("clairvoyant")
 WATCH_EVERY = 0.01   # seconds between looks at the orders directory's mtime
@@ -45,6 +49,7 @@ EVENTS_GATHER = 0.002   # seconds the events thread lets reports gather before i
 EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
 BACKLOG = 4096   # files read from the source waiting for a staging slot, at most
 CHUNK = 32   # files of the plan handed to the stager in one call, at most
+MIN_LAG = 2 * PROGRESS_EVERY   # positions handed out before a use unseen by the daemon counts as past
 
 
 def _plan_key(cur: dict) -> tuple:
@@ -72,7 +77,8 @@ class Controller:
         self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "following": 0, "frontier": 0,
                       "consumed": 0,
                       "staged": 0, "staged_bytes": 0, "present": 0, "evicted": 0, "read_through": 0,
-                      "not_staged": 0, "failed": 0, "handed_over": 0, "read_ahead": 0, "ahead_no_room": 0}
+                      "not_staged": 0, "failed": 0, "handed_over": 0, "read_ahead": 0, "ahead_no_room": 0,
+                      "kept_reads": 0, "evicted_unread": 0}
         # read-ahead asks for at most half the files the tier holds at once: what a full tier gives
         # way to is what was read last, never what read-ahead still waits for
         fit = self.tiers.local_capacity // max(1, entry_size(int(self.sizes.mean())) if len(self.sizes) else 1)
@@ -86,6 +92,11 @@ class Controller:
         self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
         self._pending = 0          # bytes submitted for staging and not yet placed
         self._flying: set[int] = set()   # files whose copy is under way (the Python stager's)
+        # with a sampler: the daemon's first reads (file, from the source?) for the plan's thread,
+        # the files staged ahead and not read yet, and how far the readers trail the handed-out position
+        self._reads: deque[tuple[int, bool]] = deque()
+        self._unread: set[int] = set()
+        self._lag = MIN_LAG
         self._last_stats = 0.0
         self._threads = [threading.Thread(target=self._watch, name="clairvoyant-mount-orders", daemon=True),
                          threading.Thread(target=self._events, name="clairvoyant-mount-events", daemon=True)]
@@ -336,7 +347,14 @@ class Controller:
                 f = ev & ~EVENT_LOCAL
                 if f >= len(self.manifest):
                     continue
-                # with or without a sampler: what was read from the source is cached from its handoff
+                if self._sampler.is_set():   # the plan's thread decides what a read changes
+                    if len(self._reads) < BACKLOG:
+                        self._reads.append((f, not ev & EVENT_LOCAL))
+                    elif not ev & EVENT_LOCAL:   # far behind: let this one go
+                        self._discard(f)
+                        self._add("not_staged")
+                    continue
+                # without a sampler: what was read from the source is cached from its handoff
                 if not ev & EVENT_LOCAL:
                     if not backlog and self._submit(f, wait=False):
                         self._add("read_through")
@@ -440,7 +458,6 @@ class Controller:
         if not self._sampler.is_set():
             with self._giving_way:   # no read-ahead eviction under way from here on
                 self._sampler.set()   # a sampler says what comes next: no more guessing from the opens
-            self.m.quiet_local_opens()
             deadline = time.monotonic() + 2.0   # read-ahead's copies land before the tier is looked at
             while self._readahead.staged and self._in_flight() and time.monotonic() < deadline:
                 self._stop.wait(WATCH_EVERY)
@@ -459,13 +476,21 @@ class Controller:
         if names:
             found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
             resident = [i for i in found.tolist() if i >= 0]
-        held = StagedAhead(np.asarray(seq + after, dtype=np.int64), len(self.manifest), resident)
         capacity = self.tiers.local_capacity
+        entry = self.sizes + entry_size(0)
+        # the Loader's plan of this node's epoch: only the misses it keeps are staged ahead
+        stage = to_stage(np.asarray(seq, np.int64), np.asarray(after, np.int64), entry, capacity,
+                         {r: int(entry[r]) for r in resident})
+        held = StagedAhead(np.asarray(seq + after, dtype=np.int64), len(self.manifest), resident, keep=stage)
+        reach = [0]   # how far the fastest rank can have got (a read of a use beyond it is of an earlier one)
+
+        def position(steps: int) -> int:
+            return per_step[min(steps, len(per_step)) - 1] if steps > 0 else 0
 
         def consumed() -> int:
-            steps_done = min((p if e == epoch else 0)
-                             for e, p in (read_progress(self.m.orders_dir, r) for r in ranks))
-            return per_step[min(steps_done, len(per_step)) - 1] if steps_done > 0 else 0
+            steps = [p if e == epoch else 0 for e, p in (read_progress(self.m.orders_dir, r) for r in ranks)]
+            reach[0] = position(max(steps) + 2 * PROGRESS_EVERY)   # reads run up to a report ahead of it
+            return position(min(steps))
 
         chunk: list[tuple[int, int]] = []   # (position, file): a slot and room taken, not yet submitted
         gathered: set[int] = set()
@@ -477,27 +502,93 @@ class Controller:
                 gathered.clear()
                 self._submit_chunk(batch, held)
 
+        def follow() -> int:   # the readers' progress and reads: the position handed out
+            flush()   # what is gathered is in the plan's residents before any read is weighed
+            handed = consumed()
+            with self._lock:
+                self.stats["consumed"] = handed
+            self._follow(held, handed, reach[0], capacity)
+            return handed
+
         try:
-            self._plan_loop(seq + after, key, held, capacity, consumed, chunk, gathered, flush)
+            self._plan_loop(seq, stage, key, held, capacity, follow, chunk, gathered, flush)
+            while not self._stop.wait(WATCH_EVERY):   # staged to the end: keep following the readers
+                if self._changed() and self._current_key() != key:
+                    self._plan_key = None   # a new order: the watch thread plans it
+                    return
+                follow()
+                self._maybe_publish_stats()
         except BaseException:
             if chunk:   # gathered, never handed on: their slots go back
                 self._inflight.release(len(chunk))
             raise
 
-    def _plan_loop(self, seq: list[int], key: tuple, held: StagedAhead, capacity: int,
-                   consumed: Callable[[], int], chunk: list[tuple[int, int]], gathered: set[int],
+    def _follow(self, held: StagedAhead, handed: int, reach: int, capacity: int) -> None:
+        """Bring the plan up to the readers: the uses they were handed long enough ago count as
+        past (``MIN_LAG``, or twice the longest a seen read trailed its hand-out), each read the
+        daemon saw moves its file's next use on, and a file read from the source is kept if the
+        plan would keep it (plan/ahead.py), else its handoff goes."""
+        later: list[tuple[int, bool]] = []   # reads of the next epoch's uses: for the next plan
+        since = max(0, handed - self._lag)
+        while self._reads:
+            f, from_source = self._reads.popleft()
+            self._unread.discard(f)   # whichever use it served, a staged copy was read
+            p = held.pending(f)
+            if p is not None:
+                if held.read(f, reach):
+                    self._lag = max(self._lag, 2 * (handed - p))
+                elif p >= held.span and handed >= held.span and len(later) < BACKLOG:
+                    later.append((f, from_source))   # the readers began the next epoch before its order came
+                    continue
+                if from_source and not self._in_flight(f):   # a copy under way takes the handoff
+                    self._discard(f)
+                continue
+            if not from_source:
+                continue
+            q = held.position_of(f, since)
+            if (q is None or q >= held.span) and handed >= held.span and len(later) < BACKLOG:
+                later.append((f, from_source))
+                continue
+            self._keep_read(held, f, since, capacity)
+        self._reads.extendleft(reversed(later))
+        held.consumed(since)
+
+    def _keep_read(self, held: StagedAhead, f: int, since: int, capacity: int) -> None:
+        nxt = held.keep_read(f, since)
+        need = entry_size(int(self.sizes[f]))
+        room = capacity - self._used()
+        while nxt is not None and room < need:
+            victim = held.evict_for(nxt)
+            if victim is None:
+                break
+            room += self._evict(victim)
+        if nxt is None or room < need or not self._take_slot(wait=True):   # (a slot frees within a copy)
+            self._discard(f)
+            self._add("not_staged")
+            return
+        self._add("kept_reads")
+        self._submit_chunk([(nxt, f)], held, frontier=False)
+
+    def _plan_loop(self, seq: list[int], stage: np.ndarray, key: tuple, held: StagedAhead, capacity: int,
+                   follow: Callable[[], int], chunk: list[tuple[int, int]], gathered: set[int],
                    flush: Callable[[], None]) -> None:
-        """Stage ``seq`` in order within ``capacity``, evicting by farthest next use: files are
-        gathered into ``chunk`` (a slot and room taken for each) and handed on by ``flush``."""
+        """Stage the positions of ``seq`` that ``stage`` marks, in order, within ``capacity``,
+        evicting by farthest next use: files are gathered into ``chunk`` (a slot and room taken for
+        each) and handed on by ``flush``. A position the readers were handed already is not staged:
+        its reader takes the file from wherever it is now, and a copy started now would only take
+        room from the files ahead."""
         late: list[int] = []   # chosen for eviction while their copy was on the way
         room = 0   # bytes known free in the tier beyond the chunk's
+        handed = follow()
         for pos, i in enumerate(seq):
             if self._stop.is_set() or self._plan_key != key:
                 flush()
                 return
             if late:
                 late = self._settle(late, held, gathered)
-            if i in held or i in gathered:   # (a file of this epoch's end may open the next one)
+            if pos % PROGRESS_EVERY == 0:
+                handed = follow()
+            if not stage[pos] or pos < handed or i in held or i in gathered:
                 continue
             need = entry_size(int(self.sizes[i]))
             self._maybe_publish_stats()
@@ -507,10 +598,9 @@ class Controller:
             while need > room:
                 if self._stop.is_set():
                     return
-                done = consumed()
-                with self._lock:
-                    self.stats["consumed"] = done
-                held.consumed(done)
+                handed = follow()
+                if pos < handed:
+                    break   # the readers got there first
                 victim = held.evict_for(pos)
                 if victim is not None:   # farthest next use, after the file to stage: evict it
                     if not self._evict(victim):   # its copy is still on the way: it goes once there
@@ -524,6 +614,8 @@ class Controller:
                 if self._plan_key is None:
                     return
                 room = capacity - self._used()
+            if pos < handed:
+                continue
             if not self._take_slot(wait=False):   # the slots are taken: what is gathered goes first
                 flush()
                 if not self._take_slot(wait=True):
@@ -538,8 +630,9 @@ class Controller:
         while late and self._plan_key == key and time.monotonic() < deadline and not self._stop.wait(WATCH_EVERY):
             late = self._settle(late, held)   # the last copies land: what was chosen goes
 
-    def _submit_chunk(self, chunk: list[tuple[int, int]], held: StagedAhead) -> None:
-        """Stage the chunk's files (a slot taken for each), then count them staged in the plan."""
+    def _submit_chunk(self, chunk: list[tuple[int, int]], held: StagedAhead, frontier: bool = True) -> None:
+        """Stage the chunk's files (a slot taken for each), then count them staged in the plan
+        (``frontier``: they are the plan's walk, not files kept after a read)."""
         if self._native is not None:
             self._submit_native([i for _, i in chunk])
         else:
@@ -552,6 +645,9 @@ class Controller:
                     raise
         for pos, i in chunk:
             held.staged(i, pos)
+        if not frontier:
+            return
+        self._unread.update(i for _, i in chunk)
         with self._lock:
             self.stats["frontier"] = chunk[-1][0] + 1
 
@@ -561,6 +657,9 @@ class Controller:
         freed = self.tiers.local.delete(self.manifest.keys[i])
         if freed:
             self._add("evicted")
+            if i in self._unread:   # staged ahead and given way before anyone read it: wasted
+                self._unread.discard(i)
+                self._add("evicted_unread")
         return freed
 
     def _merge(self, orders: list[list[list[str]]]) -> tuple[list[int], list[int]]:

@@ -48,7 +48,6 @@ ORDERS_DIR = "mount-orders"
 # stale, quiet_local (written by the mount process), events dropped, no_open, opens seen, opens cached
 _LAYOUT = struct.Struct("<8sII14Q")
 _MAGIC, _VERSION = b"CVMNTST\0", 5
-_QUIET_LOCAL = 16 + 9 * 8
 
 
 class MountStats(NamedTuple):
@@ -262,13 +261,6 @@ class Mount:
         if mm is None:
             raise SourceError(f"the mount on {self.path} is closed")
         return _stats(_LAYOUT.unpack_from(mm, 0))
-
-    def quiet_local_opens(self) -> None:
-        """Have the daemon stop reporting the opens the tier serves: a sampler's published order
-        says what comes next, and the read-ahead that guesses it from the opens is not needed."""
-        mm = self._held.get("stats")
-        if mm is not None:
-            struct.pack_into("<Q", mm, _QUIET_LOCAL, 1)
 
     def staging(self) -> dict:
         """What the mount's staging did (controller.py); empty without staging."""

@@ -1,4 +1,5 @@
-"""POLICY, pure: which resident to evict while staging ahead of readers in a known sequence.
+"""POLICY, pure: which resident to evict while staging ahead of readers in a known sequence,
+and whether a file the readers had to read from the source is worth keeping.
 
 The mount (mount/controller.py) stages the node's merged order ahead of the slowest rank's
 progress. When the tier is full, the resident whose next use, counted from the consumption point
@@ -7,6 +8,19 @@ otherwise staging waits for the readers. ``StagedAhead`` keeps the residents in 
 that next use (plan/evict.py's ``FarthestNextUse``) and moves a resident's next use on when the
 readers pass its current one, so choosing a victim costs log R rather than a scan of every
 resident (R is in the millions for ImageNet on a large local disk).
+
+What to stage at all is the Loader's decision (``to_stage``): farthest-next-use over the node's
+sequence of this epoch, looking into the next, says per access whether it is a hit and whether
+the sample is kept after it; only a miss that is kept is staged ahead. A miss that is not kept
+is left to its reader (read from the source at its open, as the Loader reads it into its RAM
+window): staged ahead, it would hold room from its copy to its use, and what gave way for it
+would be read again. So the mount reads the store once per miss of the Loader's plan.
+
+A sampler hands out indices before its readers open the files (a DataLoader's workers run a
+few batches behind it), so a resident's use counts as past only once its read was seen
+(``read``) or the readers were handed positions well beyond it (``consumed``, which the caller
+gives a lag): a file handed out but not yet opened is never the one to give way. A file read from
+the source (not staged in time) is kept if the plan keeps that access (``keep_read``).
 """
 
 from __future__ import annotations
@@ -16,13 +30,25 @@ from typing import Iterable
 import numpy as np
 
 from .evict import FarthestNextUse
-from .residency import first_positions, next_use_positions
+from .residency import first_positions, next_use_positions, simulate_epoch
+
+
+def to_stage(sequence: np.ndarray, following: np.ndarray, entry_sizes: np.ndarray, capacity: int,
+             residents: dict[int, int]) -> np.ndarray:
+    """Per access of ``sequence`` (this epoch's, the node's order): whether to stage it ahead: a
+    miss that the Loader's plan (plan/residency.py, looking into ``following``) keeps."""
+    plan = simulate_epoch(np.asarray(sequence, np.int64), np.asarray(following, np.int64), entry_sizes, capacity,
+                          residents)
+    return ~plan.hit & plan.keep
 
 
 class StagedAhead:
     """Residents of a tier over ``sequence`` (sample per position) staged ahead of consumption."""
 
-    def __init__(self, sequence: np.ndarray, num_samples: int, residents: Iterable[int] = ()) -> None:
+    def __init__(self, sequence: np.ndarray, num_samples: int, residents: Iterable[int] = (),
+                 keep: np.ndarray | None = None) -> None:
+        """``keep``: per position (a prefix of the sequence), whether a read of it from the source
+        is worth keeping (``to_stage``); None: any read with a later use is."""
         self.sequence = np.ascontiguousarray(sequence, dtype=np.int64)
         self._next = next_use_positions(self.sequence, num_samples)   # NEVER where none follows
         first = first_positions(self.sequence, num_samples)
@@ -30,6 +56,10 @@ class StagedAhead:
         for s in residents:
             self._held.admit(int(s), 0, int(first[s]))
         self._seen = 0   # positions whose consumption is accounted for
+        self._keep = keep
+        # the positions of each sample, for reads of files that are not residents
+        self._by_sample = np.argsort(self.sequence, kind="stable")
+        self._starts = np.searchsorted(self.sequence[self._by_sample], np.arange(num_samples + 1))
 
     def __contains__(self, sample: int) -> bool:
         return sample in self._held
@@ -46,6 +76,47 @@ class StagedAhead:
             if s in self._held:
                 self._held.touch(s, int(nxt[p]))
         self._seen = max(self._seen, int(upto))
+
+    @property
+    def span(self) -> int:
+        """Positions of this epoch (those ``keep`` covers; the rest are the next epoch's)."""
+        return len(self.sequence) if self._keep is None else len(self._keep)
+
+    def pending(self, sample: int) -> int | None:
+        """The position of a resident's next use, or None if it is not resident."""
+        return self._held._next.get(int(sample))
+
+    def read(self, sample: int, before: int) -> bool:
+        """A resident was read: the use it was held for is past, if that use comes before
+        ``before`` (how far the readers can have got); its next one counts from now. False: a
+        read of an earlier use (a file handed out before it was staged), nothing changes."""
+        p = self.pending(sample)
+        if p is None or p >= min(before, len(self.sequence)):
+            return False
+        self._held.touch(int(sample), int(self._next[p]))
+        return True
+
+    def position_of(self, sample: int, at_or_after: int) -> int | None:
+        """The first position of ``sample`` at or after ``at_or_after``, or None."""
+        s = int(sample)
+        if not 0 <= s < len(self._starts) - 1:
+            return None
+        mine = self._by_sample[self._starts[s]:self._starts[s + 1]]
+        k = int(np.searchsorted(mine, at_or_after))
+        return int(mine[k]) if k < len(mine) else None
+
+    def keep_read(self, sample: int, at_or_after: int) -> int | None:
+        """A file not resident was read from the source for its use at the first position at or
+        after ``at_or_after``: the position of its next use (NEVER past the sequence) if it is
+        worth keeping (the plan keeps that access; without a plan, some use follows), else None. The caller makes room with ``evict_for`` (which gives way only to
+        residents needed later than that) and then calls ``staged``."""
+        p = self.position_of(sample, at_or_after)
+        if p is None:
+            return None
+        nxt = int(self._next[p])
+        if self._keep is not None:   # the plan's word, also for a sample kept in room that was free
+            return nxt if p < len(self._keep) and self._keep[p] else None
+        return None if nxt >= len(self.sequence) else nxt
 
     def staged(self, sample: int, position: int) -> None:
         """``sample`` is being staged for its use at ``position``."""
