@@ -43,6 +43,9 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	# clairvoyant mount (issue 12): 29 KB files, then ImageNet-sized ones (85 KB)
 	$(PY) benchmarks/mount.py
 	$(PY) benchmarks/mount.py --size 448 --images 1600 --out benchmarks/results/mount-448
+	# clairvoyant mount under capacity pressure (issue 22): 4 nodes at 30%, with and without the sampler
+	$(PY) benchmarks/mount_capacity.py
+	$(PY) benchmarks/mount_capacity.py --no-sampler
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

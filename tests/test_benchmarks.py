@@ -121,3 +121,20 @@ def test_mount_tiny(tmp_path):
     first, second = threads["epochs"]
     assert first["store_opens"] == 48 and second["store_opens"] == 0
     assert "MainThread" in first["main_by_thread_us"]
+
+
+def test_mount_capacity_tiny():
+    """Issue 22's defect, at a smoke size: 4 mounts at 30%, each node's DataLoader through the
+    sampler; the store is read no more than the Loader's plan of the same orders, nothing staged is
+    evicted unread."""
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE store unavailable: {why}")
+    res = json.loads(run("mount_capacity.py", "--images", "160", "--epochs", "2", "--size", "32", "--json"))
+    assert res["store_opens"] <= res["plan_misses"] and res["plan_misses"] > 160, res
+    assert all(n["evicted_unread"] == 0 for n in res["nodes"]), res

@@ -1,0 +1,194 @@
+"""Benchmark: `clairvoyant mount` under capacity pressure (issue 22's defect), 4 "nodes" on this
+machine. Each node is a `clairvoyant mount` process of one FUSE-emulated slow store, with its own
+local directory at ``--capacity`` of the data set, and a DataLoader process reading the node's
+quarter of every shuffled epoch through ``clairvoyant.torch.DistributedSampler(num_replicas=4,
+rank=i, mount=...)``; the kernel's pages of the mount are dropped between epochs, so that every
+read reaches the daemon as it would with a data set larger than memory.
+
+It prints the store's opens per file over the job, beside the reference computed from the same
+orders: the misses of the Loader's plan (farthest next use over each node's sequence, looking into
+the next epoch, at the same capacity), and each node's staging counters (staged, evicted, evicted
+unread). With ``--no-sampler`` the DataLoaders shuffle on their own (PyTorch's DistributedSampler:
+the mount sees only opens, and caches what was read in first-open order), the other configuration
+the issue names; the plan's figure is then that of clairvoyant's orders, for scale.
+
+    python benchmarks/mount_capacity.py                        # 3,200 files, 4 epochs, 30%
+    python benchmarks/mount_capacity.py --no-sampler
+    python benchmarks/mount_capacity.py --images 160 --epochs 2 --json   # a smoke run
+
+The 2 cores are shared by 4 mounts and 4 DataLoaders: the counts, not the times, are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.abspath(__file__)
+NODES = 4
+
+
+def reader_main(args: argparse.Namespace) -> None:
+    """One node's training program: a DataLoader over the node's quarter, through its mount."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from clairvoyant.testing import drop_pages
+    from clairvoyant.torch import DistributedSampler
+
+    mnt, rank = args.reader, args.rank
+    keys = sorted(os.path.relpath(os.path.join(d, f), mnt) for d, _, fs in os.walk(mnt) for f in fs
+                  if not f.startswith("."))
+
+    class Files(Dataset):
+        samples = [(os.path.join(mnt, k), 0) for k in keys]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, i: int) -> int:
+            with open(self.samples[i][0], "rb", buffering=0) as f:
+                return len(f.read())
+
+    ds = Files()
+    if args.no_sampler:   # PyTorch's own DistributedSampler: a new quarter each epoch, no order published
+        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=NODES, rank=rank, shuffle=True, seed=0)
+    else:
+        sampler = DistributedSampler(ds, num_replicas=NODES, rank=rank, seed=0, mount=mnt)
+    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=2)
+    for e in range(args.epochs):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(e)
+        for _ in loader:
+            pass
+        drop_pages(p for p, _ in ds.samples)
+
+
+def plan_misses(manifest, epochs: int, capacity: int) -> int:
+    """Store reads of the Loader's plan of every node's sequence at ``capacity`` bytes."""
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.plan.order import epoch_order
+    from clairvoyant.plan.partition import rank_indices
+    from clairvoyant.plan.residency import simulate_epoch
+
+    n = len(manifest)
+    entry = np.asarray(manifest.sizes) + entry_size(0)
+    total = 0
+    for r in range(NODES):
+        seqs = [np.asarray(rank_indices(epoch_order(n, 0, e, True), r, NODES)) for e in range(epochs + 1)]
+        held: dict[int, int] = {}
+        for e in range(epochs):
+            x = simulate_epoch(seqs[e], seqs[e + 1], entry, capacity, held)
+            total += int((~x.hit).sum())
+            held = dict(zip(x.residents_after.samples.tolist(), x.residents_after.sizes.tolist()))
+    return total
+
+
+def run(args: argparse.Namespace) -> dict:
+    from clairvoyant.fusebase import mounted
+    from clairvoyant.manifest import obtain
+    from clairvoyant.source import as_source
+    from clairvoyant.testing import FuseStore, make_dataset
+
+    work = tempfile.mkdtemp(prefix="cv-mount-capacity-")
+    raw = make_dataset(os.path.join(args.data or work, f"imgs-{args.images}-{args.size}"), args.images,
+                       num_classes=10, size=args.size)
+    cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+    out: dict = {"images": args.images, "epochs": args.epochs, "capacity": args.capacity,
+                 "sampler": not args.no_sampler, "nodes": []}
+    with FuseStore(raw, open_latency=args.open_latency, read_latency=0.0) as store:
+        mounts, mnts = [], []
+        try:
+            for i in range(NODES):
+                mnt = os.path.join(work, f"mnt{i}")
+                os.makedirs(mnt)
+                mnts.append(mnt)
+                mounts.append(subprocess.Popen([cv, "mount", store.path, mnt, "--local-dir",
+                                                os.path.join(work, f"local{i}"), "--local-capacity", args.capacity],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + 60
+            while not all(mounted(m) for m in mnts):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the mounts did not come up within 60 s")
+                time.sleep(0.1)
+            store.reset()
+            t0 = time.perf_counter()
+            readers = [subprocess.Popen([sys.executable, HERE, "--reader", mnts[i], "--rank", str(i), "--epochs",
+                                         str(args.epochs)] + (["--no-sampler"] if args.no_sampler else []))
+                       for i in range(NODES)]
+            if any(r.wait() for r in readers):
+                raise RuntimeError("a node's DataLoader failed")
+            time.sleep(1.0)   # the last staging reports settle
+            out["seconds"] = round(time.perf_counter() - t0, 1)
+            out["store_opens"] = store.counters().opens
+            for m in mnts:
+                d = json.loads(subprocess.run([cv, "mount", "--stats", "--json", m], capture_output=True,
+                                              text=True, check=True).stdout)
+                st = d.get("staging", {})
+                out["nodes"].append({k: st.get(k) for k in ("staged", "evicted", "evicted_unread", "kept_reads")}
+                                    | {k: d.get(k) for k in ("opens_local", "opens_source")})
+            manifest, _ = obtain(as_source(store.path))
+            capacity = json.loads(subprocess.run([cv, "mount", "--stats", "--json", mnts[0]], capture_output=True,
+                                                 text=True, check=True).stdout).get("capacity")
+        finally:
+            for p in mounts:   # as `clairvoyant umount` does (which would wait on our unreaped children)
+                p.terminate()
+            for p in mounts:
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            shutil.rmtree(work, ignore_errors=True)
+    if capacity is None:   # as the mount resolves a share of the data set
+        from clairvoyant.cache import capacity as capacity_mod
+        from clairvoyant.cache.entry import entry_size
+        entry = np.asarray(manifest.sizes) + entry_size(0)
+        capacity = capacity_mod.resolve(args.capacity, what="local_capacity", dataset_bytes=int(entry.sum()),
+                                        largest_entry=int(entry.max()), default=lambda: 0).nbytes
+    out["plan_misses"] = plan_misses(manifest, args.epochs, int(capacity))
+    out["store_opens_per_file"] = round(out["store_opens"] / args.images, 3)
+    out["plan_per_file"] = round(out["plan_misses"] / args.images, 3)
+    out["ratio_to_plan"] = round(out["store_opens"] / max(1, out["plan_misses"]), 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=3200)
+    p.add_argument("--size", type=int, default=128, help="image side in pixels")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--capacity", default="30%", help="each node's local tier")
+    p.add_argument("--open-latency", type=float, default=0.002, help="the store's seconds per open")
+    p.add_argument("--no-sampler", action="store_true", help="programs shuffle on their own")
+    p.add_argument("--data", help="where to keep the generated data set (default: a temporary folder)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--reader", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.reader:
+        reader_main(args)
+        return 0
+    res = run(args)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{args.images} files, {args.epochs} epochs, 4 nodes at {args.capacity} each, "
+          f"{'clairvoyant sampler' if res['sampler'] else 'programs shuffle on their own'}: "
+          f"store opened {res['store_opens_per_file']} times per file over the job; the Loader's plan of the "
+          f"same sequences {res['plan_per_file']} ({res['ratio_to_plan']}x the plan); {res['seconds']} s")
+    for i, n in enumerate(res["nodes"]):
+        print(f"  node {i}: {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
