@@ -17,10 +17,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import manifest as manifest_mod
-from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size, unseal
 from ..cache.extents import read_entry
-from ..cache.local import LocalStore, prepare_root
+from ..cache.node import open_tiers, residents
 from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist import cluster as cluster_mod
@@ -28,7 +27,6 @@ from ..dist.cluster import Cluster
 from ..dist.topology import (Topology, digest63, gather_over_group, layout_of, local_from_env, node_name,
                              process_group, resolve, validate)
 from ..errors import ConfigError, CorruptEntry, EmptySourceError
-from ..paths import default_local_dir, default_ram_dir
 from ..plan import num_batches, position_after
 from ..plan.rank_plan import ClusterSpec, Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..plan.residency import node_ranks
@@ -231,25 +229,12 @@ class Loader:
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
 
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
-        total, largest = int(self._entry_sizes.sum()), int(self._entry_sizes.max())
-        ram_base = prepare_root(os.fspath(ram_dir) if ram_dir is not None else default_ram_dir())
-        rcap = capacity_mod.resolve(ram_capacity, what="ram_capacity", dataset_bytes=total, largest_entry=largest,
-                                    default=lambda: capacity_mod.default_ram(ram_base, 0))
-        local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), self.source.uri,
-                           expected=len(self.manifest))
-        try:
-            lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total,
-                                        largest_entry=largest,
-                                        default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
-            tiers = Tiers(local, lambda: LocalStore(ram_base, self.source.uri, entries=False), lcap.nbytes,
-                          rcap.nbytes, self.source, direct=self._direct(lcap.nbytes))
-        except BaseException:
-            local.close()
-            raise
-        self.capacities = {"local": lcap, "ram": rcap}
-        log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", local.root, lcap,
-                 tiers.ram.root, rcap)
-        return tiers
+        node = open_tiers(self.source, self._entry_sizes, local_dir=local_dir, local_capacity=local_capacity,
+                          ram_dir=ram_dir, ram_capacity=ram_capacity, direct=self._direct)
+        self.capacities = {"local": node.local, "ram": node.ram}
+        log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", node.tiers.local.root,
+                 node.local, node.tiers.ram.root, node.ram)
+        return node.tiers
 
     def _direct(self, local_capacity: int) -> bool:
         """A miss to keep goes straight to the local tier when everything fits, or when this process
@@ -322,15 +307,7 @@ class Loader:
         the node start from the same picture), as manifest index -> entry bytes."""
         entries = self.tiers.inventory if not self._inventory_used else self.tiers.local.entries()
         self._inventory_used = True
-        if not entries:
-            return {}
-        names = list(entries)   # the keys' 64-bit digests, in hex (cache/extents.py)
-        found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
-        out = {}
-        for name, i in zip(names, found.tolist()):
-            if i >= 0 and entries[name] == self._entry_sizes[i]:
-                out[i] = int(entries[name])
-        return out
+        return residents(self.manifest, entries, self._entry_sizes)
 
     def _plan(self, position: int) -> RankEpochPlan:
         """This rank's plan of the current epoch from global ``position`` on (plan/rank_plan.py),

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..cache import native_stage
 from ..cache.entry import entry_size
+from ..cache.node import residents
 from ..cache.tiers import LOCAL
 from ..plan.ahead import StagedAhead, to_stage
 from ..plan.readahead import Readahead
@@ -471,17 +472,12 @@ class Controller:
         with self._lock:
             self.stats.update(plans=self.stats["plans"] + 1, epoch=epoch, ranks=len(ranks), sequence=len(seq),
                               following=len(after), frontier=0, consumed=0)
-        names = self.tiers.local.entries()
-        resident: list[int] = []
-        if names:
-            found = self.manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
-            resident = [i for i in found.tolist() if i >= 0]
         capacity = self.tiers.local_capacity
         entry = self.sizes + entry_size(0)
+        held_now = residents(self.manifest, self.tiers.local.entries(), entry)   # as the Loader finds them
         # the Loader's plan of this node's epoch: only the misses it keeps are staged ahead
-        stage = to_stage(np.asarray(seq, np.int64), np.asarray(after, np.int64), entry, capacity,
-                         {r: int(entry[r]) for r in resident})
-        held = StagedAhead(np.asarray(seq + after, dtype=np.int64), len(self.manifest), resident, keep=stage)
+        stage = to_stage(np.asarray(seq, np.int64), np.asarray(after, np.int64), entry, capacity, held_now)
+        held = StagedAhead(np.asarray(seq + after, dtype=np.int64), len(self.manifest), list(held_now), keep=stage)
         reach = [0]   # how far the fastest rank can have got (a read of a use beyond it is of an earlier one)
 
         def position(steps: int) -> int:

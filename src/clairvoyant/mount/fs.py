@@ -26,14 +26,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import manifest as manifest_mod
-from ..cache import capacity as capacity_mod
 from ..cache.entry import entry_size
-from ..cache.local import LocalStore
+from ..cache.node import open_tiers
 from ..cache.tiers import Tiers
 from ..errors import ConfigError, SourceError
 from ..fileio import process_alive
 from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
-from ..paths import default_local_dir, default_ram_dir
 from ..source import PosixSource, as_source
 from . import listing
 
@@ -111,23 +109,6 @@ def read_info(mnt: str) -> dict:
     return doc
 
 
-def _open_tiers(source, manifest, local_dir, local_capacity) -> tuple[Tiers, capacity_mod.Capacity]:
-    sizes = np.asarray(manifest.sizes, dtype=np.int64) + entry_size(0)
-    total, largest = int(sizes.sum()), int(sizes.max())
-    local = LocalStore(os.fspath(local_dir) if local_dir is not None else default_local_dir(), source.uri,
-                       expected=len(manifest))
-    try:
-        lcap = capacity_mod.resolve(local_capacity, what="local_capacity", dataset_bytes=total, largest_entry=largest,
-                                    default=lambda: capacity_mod.default_local(local.root, local.ledger.read()[0]))
-        ram_base = default_ram_dir()
-        tiers = Tiers(local, lambda: LocalStore(ram_base, source.uri, entries=False), lcap.nbytes, 0, source,
-                      direct=True)
-    except BaseException:
-        local.close()
-        raise
-    return tiers, lcap
-
-
 def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers, handoff: str) -> None:
     ctl = held.pop("controller", None)
     if ctl is not None:
@@ -185,7 +166,9 @@ class Mount:
         if len(self.manifest) == 0:
             raise ConfigError(f"{src.root} holds no files to mount")
         binary = DAEMON.binary()
-        self.tiers, self.capacity = _open_tiers(src, self.manifest, local_dir, local_capacity)
+        node = open_tiers(src, np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0), local_dir=local_dir,
+                          local_capacity=local_capacity, ram=False)
+        self.tiers, self.capacity = node.tiers, node.local
         self.local_dir = self.tiers.local.local_dir
         self.orders_dir = os.path.join(self.tiers.local.root, ORDERS_DIR)
         os.makedirs(self.orders_dir, mode=0o700, exist_ok=True)
