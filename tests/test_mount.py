@@ -601,10 +601,10 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
                 with open(ds.samples[i][0], "rb") as f:
                     assert f.read() == content(os.path.join(src, keys[i]))
                 used, _ = m.tiers.local.ledger.read()
-                assert used <= m.capacity.nbytes
+                assert used <= m.capacity.nbytes, (used, m.capacity.nbytes, m.staging())
         st = m.staging()
         assert st["staged"] > 0 and st["evicted"] > 0, st   # it had to evict to go on
-        assert m.stats().opens_local > 0 and m.stats().corrupt == 0
+        assert m.stats().opens_local > 0 and m.stats().corrupt == 0, (m.stats(), st)
     reports = verify(local)
     assert all(r.consistent for r in reports), [r.to_json() for r in reports]
 

@@ -508,11 +508,15 @@ class Controller:
 
         try:
             self._plan_loop(seq, stage, key, held, capacity, follow, chunk, gathered, flush)
+            looked = 0.0
             while not self._stop.wait(WATCH_EVERY):   # staged to the end: keep following the readers
                 if self._changed() and self._current_key() != key:
                     self._plan_key = None   # a new order: the watch thread plans it
                     return
-                follow()
+                now = time.monotonic()
+                if self._reads or now - looked >= self._poll:   # the progress files: read when it matters
+                    looked = now
+                    follow()
                 self._maybe_publish_stats()
         except BaseException:
             if chunk:   # gathered, never handed on: their slots go back
