@@ -43,7 +43,7 @@ STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = th
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
-# stale, quiet_local (written by the mount process), events dropped, no_open, opens seen, opens cached
+# stale, unused (was quiet_local), events dropped, no_open, opens seen, opens cached
 _LAYOUT = struct.Struct("<8sII14Q")
 _MAGIC, _VERSION = b"CVMNTST\0", 5
 

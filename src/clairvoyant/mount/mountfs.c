@@ -29,10 +29,9 @@
  * RELEASE per open, an open of a non-empty file released with no READ through its handle is
  * counted as served by the page cache (opens_cached), and the file is looked up in the tier or
  * the source only at its handle's first READ. Each first READ
- * writes the file's number (u64; bit 63 set where the tier served it, and only while the mount
- * process has not set quiet_local) to --events-fd, if given, without blocking: the mount process
- * stages what was read from the source (read-through caching) and reads ahead in the order of
- * the opens. With --handoff=DIR such
+ * writes the file's number (u64; bit 63 set where the tier served it) to --events-fd, if given,
+ * without blocking: the mount process stages what was read from the source (read-through
+ * caching), reads ahead in the order of the opens, and with a sampler counts a use as past. With --handoff=DIR such
  * an open reads the whole file at once and leaves its bytes, then the source file's mtime in ns
  * (u64, little-endian), in DIR/<number> (written to a temporary name, then renamed, before the
  * event), so that the mount process caches them from there instead of reading the shared store
@@ -84,7 +83,7 @@ struct mountfs_stats {
     uint32_t size;
     uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
     uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
-    uint64_t quiet_local;   /* set by the mount process: report no opens served from the tier */
+    uint64_t unused;        /* (was quiet_local: every first read is reported now) */
     uint64_t events_dropped;   /* reports the mount process could not take (its pipe was full) */
     uint64_t no_open;         /* 1: the kernel sends no OPEN/RELEASE: opens served by its page cache are unseen */
     uint64_t opens_seen;      /* OPEN requests of files (without no_open) */
@@ -665,7 +664,7 @@ static int prepare_file(const char *path, struct handle *h, int64_t f, int first
         h->local = 1;
         if (first) {
             count(&sh->opens_local, 1);
-            if (!__atomic_load_n(&sh->quiet_local, __ATOMIC_RELAXED)) report((uint64_t)f | EVENT_LOCAL);
+            report((uint64_t)f | EVENT_LOCAL);
         }
         return 0;
     }
