@@ -621,19 +621,20 @@ class _EpochIterator:
     def __iter__(self) -> "_EpochIterator":
         return self
 
-    def __len__(self) -> int:
-        if self._run is None:
-            if self.finished:
-                return 0
+    def _started_run(self) -> EpochRun | None:
+        """The pass's run, planned now if this is its first use; None once closed unstarted."""
+        if self._run is None and not self.finished:
             self._run = self._loader._begin()
-        return len(self._run) - self._run.position
+        return self._run
+
+    def __len__(self) -> int:
+        run = self._started_run()
+        return 0 if run is None else len(run) - run.position
 
     def __next__(self) -> Any:
         loader = self._loader
-        if self._run is None:
-            if self.finished:
-                raise StopIteration
-            self._run = loader._begin()
+        if self._started_run() is None:
+            raise StopIteration
         try:
             out = self._run.next()
         except StopIteration:

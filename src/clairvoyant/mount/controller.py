@@ -483,10 +483,15 @@ class Controller:
         def position(steps: int) -> int:
             return per_step[min(steps, len(per_step)) - 1] if steps > 0 else 0
 
-        def consumed() -> int:
-            steps = [p if e == epoch else 0 for e, p in (read_progress(self.m.orders_dir, r) for r in ranks)]
-            reach[0] = position(max(steps) + 2 * PROGRESS_EVERY)   # reads run up to a report ahead of it
-            return position(min(steps))
+        last = [-1.0, 0]   # when the progress files were read, and the position they gave
+
+        def consumed() -> int:   # the files are read at most every WATCH_EVERY (they change every 32 indices)
+            now = time.monotonic()
+            if now - last[0] >= WATCH_EVERY:
+                steps = [p if e == epoch else 0 for e, p in (read_progress(self.m.orders_dir, r) for r in ranks)]
+                reach[0] = position(max(steps) + 2 * PROGRESS_EVERY)   # reads run up to a report ahead of it
+                last[:] = [now, position(min(steps))]
+            return last[1]
 
         chunk: list[tuple[int, int]] = []   # (position, file): a slot and room taken, not yet submitted
         gathered: set[int] = set()

@@ -30,7 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from .evict import FarthestNextUse
-from .residency import first_positions, next_use_positions, simulate_epoch
+from .residency import first_positions, group_positions, next_use_positions, simulate_epoch
 
 
 def to_stage(sequence: np.ndarray, following: np.ndarray, entry_sizes: np.ndarray, capacity: int,
@@ -58,8 +58,7 @@ class StagedAhead:
         self._seen = 0   # positions whose consumption is accounted for
         self._keep = keep
         # the positions of each sample, for reads of files that are not residents
-        self._by_sample = np.argsort(self.sequence, kind="stable")
-        self._starts = np.searchsorted(self.sequence[self._by_sample], np.arange(num_samples + 1))
+        self._by_sample, self._starts, _ = group_positions(self.sequence, num_samples, place=False)
 
     def __contains__(self, sample: int) -> bool:
         return sample in self._held
@@ -84,7 +83,7 @@ class StagedAhead:
 
     def pending(self, sample: int) -> int | None:
         """The position of a resident's next use, or None if it is not resident."""
-        return self._held._next.get(int(sample))
+        return self._held.next_use(int(sample))
 
     def read(self, sample: int, before: int) -> bool:
         """A resident was read: the use it was held for is past, if that use comes before
@@ -108,8 +107,9 @@ class StagedAhead:
     def keep_read(self, sample: int, at_or_after: int) -> int | None:
         """A file not resident was read from the source for its use at the first position at or
         after ``at_or_after``: the position of its next use (NEVER past the sequence) if it is
-        worth keeping (the plan keeps that access; without a plan, some use follows), else None. The caller makes room with ``evict_for`` (which gives way only to
-        residents needed later than that) and then calls ``staged``."""
+        worth keeping (the plan keeps that access; without a plan, some use follows), else None.
+        The caller makes room with ``evict_for`` (which gives way only to residents needed later
+        than that) and then calls ``staged``."""
         p = self.position_of(sample, at_or_after)
         if p is None:
             return None

@@ -44,6 +44,10 @@ class FarthestNextUse:
     def __len__(self) -> int:
         return len(self._next)
 
+    def next_use(self, sample: int) -> int | None:
+        """A resident's next use (a position), or None if it is not resident."""
+        return self._next.get(sample)
+
     def residents(self) -> dict[int, int]:
         """Resident samples and their sizes."""
         return dict(self._size)
