@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from ..errors import CacheError
+from ..errors import CacheError, SourceChanged
 from .entry import entry_size, read_trailer
 from .extents import Loc
 from .local import LocalStore, remove_tree
@@ -54,7 +54,7 @@ class TierCounters:
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
              "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
-             "late_drops", "deferred", "not_kept")
+             "late_drops", "deferred", "not_kept", "range_reads", "range_placed")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -182,6 +182,62 @@ class Tiers:
                 return self._in_hand(data, mtime_ns, n)   # the device is full: the bytes are read already
         self.counters.add("bypassed")
         return Placement(SOURCE, None, False)
+
+    def stage_range(self, keys: list[str], sizes: list[int],
+                    read: Callable[[list[int]], tuple[list[bytes], int]]) -> list[Loc | None] | None:
+        """Place the samples of one range of the source (plan/ranges.py), read with one request,
+        each as its own entry of the local tier: ``read(positions)`` gives the bytes of those of
+        ``keys`` and the source's modification time. Each sample absent from the tier is placed
+        under its node-wide lock, its bytes reserved before the read; one present already is left
+        as it is. Returns where each key's entry was placed (None: not placed now, as it was
+        there already), or None where the tier has no room for the absent ones (nothing was read)."""
+        store, held = self.local, []
+        seen: set[int] = set()
+        try:
+            # every absent key's lock, in lock order (two stagers of ranges never wait on each other);
+            # a key whose lock another key of the range holds is left out (read on its own later)
+            for k in sorted(range(len(keys)), key=lambda k: store.lock_offset(keys[k])):
+                off = store.lock_offset(keys[k])
+                if off in seen:
+                    continue
+                seen.add(off)
+                if not store.claim(keys[k], sizes[k]):
+                    held.append(k)
+            held.sort()
+            out: list[Loc | None] = [None] * len(keys)
+            if not held:
+                return out
+            need = [entry_size(sizes[k]) for k in held]
+            total = sum(need)
+            if not store.ledger.reserve(total, self.local_capacity - self._owed_bytes):
+                return None
+            t0 = time.perf_counter()
+            try:
+                datas, mtime_ns = read(held)
+                for k, data in zip(held, datas):
+                    if len(data) != sizes[k]:
+                        raise SourceChanged(
+                            f"sample {keys[k]!r} is {len(data)} bytes on the source but {sizes[k]} in the manifest: "
+                            "the source changed since it was indexed; run `clairvoyant index --force` on it, "
+                            "or pass reindex=True")
+            except BaseException:
+                store.ledger.give_back(total)
+                raise
+            self.counters.add_fetch(time.perf_counter() - t0)
+            self.counters.add("range_reads")
+            for j, (k, data) in enumerate(zip(held, datas)):
+                loc = self._publish_local(keys[k], data, mtime_ns)
+                if loc is None:   # the device is full: the rest are not placed (read on their own)
+                    rest = sum(need[j + 1:])
+                    if rest:
+                        store.ledger.give_back(rest)
+                    break
+                out[k] = loc
+                self.counters.add("range_placed")
+            return out
+        finally:
+            for k in held:
+                store.release(keys[k])
 
     @staticmethod
     def _fetch_into(ledger, n: int, fetch: Callable[[], tuple[bytes, int]]) -> tuple[bytes, int]:

@@ -31,6 +31,7 @@ from ..plan import num_batches, position_after
 from ..plan.rank_plan import ClusterSpec, Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..plan.residency import node_ranks
 from ..source import DatasetPort, as_source, is_dataset
+from ..stage.engine import RangeReader
 from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.spike import SpikeRule
@@ -227,6 +228,7 @@ class Loader:
         self._loaded_epoch: int | None = None
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
+        self._ranges: RangeReader | bool | None = None   # see _range_reader (False: none)
 
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
         node = open_tiers(self.source, self._entry_sizes, local_dir=local_dir, local_capacity=local_capacity,
@@ -323,9 +325,22 @@ class Loader:
             held = last[0].cluster_residents if carried else c.residents(self._residents())
             spec = ClusterSpec(c.nodes, c.node, c.capacities, tuple(held))
         residents = last[0].residents_after if carried else ({} if c is not None else self._residents())
+        reader = self._range_reader() if spec is None else None
         return plan_rank_epoch(self._entry_sizes, self._config, layout, epoch=self._epoch,
                                capacity=self.tiers.local_capacity, residents=residents, position=position,
-                               cluster=spec)
+                               cluster=spec, ranges=None if reader is None else reader.ranges)
+
+    def _range_reader(self) -> RangeReader | None:
+        """A source that packs samples together, read a range at a time where the plan says it pays
+        (plan/ranges.py): only where the local tier holds the data set (the plan checks) and no
+        cluster cache serves samples from peers. Worked out once."""
+        if self._ranges is None:
+            self._ranges = False
+            find = getattr(self.source, "sample_ranges", None)
+            if self._cluster is None and find is not None and \
+                    self.tiers.local_capacity >= int(self._entry_sizes.sum()):
+                self._ranges = RangeReader(find(self.manifest.keys), self.source.read_range)
+        return self._ranges or None
 
     def _serve(self, index: int) -> bytes | None:
         """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry."""
@@ -432,7 +447,8 @@ class Loader:
                        # has not written yet is worth waiting for a moment rather than read twice
                        peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
                        progress=self._progress, tuner=self._tuner,
-                       peer_fetch=self._cluster.fetch if self._cluster is not None else None)
+                       peer_fetch=self._cluster.fetch if self._cluster is not None else None,
+                       ranges=self._range_reader() if plan.whole is not None else None)
         self._carry = (plan, run)
         if self._guard is not None:
             run.served = self._guard.recent

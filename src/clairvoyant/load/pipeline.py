@@ -33,7 +33,7 @@ from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
 from ..plan.rank_plan import RankEpochPlan
 from ..source import Source
-from ..stage.engine import PeerFetch, Stager
+from ..stage.engine import PeerFetch, RangeReader, Stager
 from ..tune.stats import Stats
 from ..tune.autotune import Tuner
 from .pool import WorkerPool
@@ -107,13 +107,14 @@ class EpochRun:
                  prefetch: int, stage_threads: int, lookahead: int, reader: ReaderSpec,
                  skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
                  progress: "NodeProgress | None" = None, tuner: "Tuner | None" = None,
-                 peer_fetch: "PeerFetch | None" = None) -> None:
+                 peer_fetch: "PeerFetch | None" = None, ranges: "RangeReader | None" = None) -> None:
         """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is."""
         epoch, batches = plan.epoch, list(plan.batches)
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self.epoch = epoch
         self._actions = list(zip(plan.hit, plan.keep))   # per batch: (hit, keep) per sample
         self._peer = plan.peer                           # per batch: the node serving each sample (cluster)
+        self._whole = plan.whole                         # per batch: read the sample's range whole (ranges)
         self._late = collections.deque(plan.late_drops)  # (batch, sample): home samples a peer has read
         self._late_on_serve = set(plan.late_on_serve)    # of those, to delete as soon as they are served
         self._late_gone: set[int] = set()                # deleted on serve: skipped when their batch comes
@@ -155,7 +156,7 @@ class EpochRun:
             progress.set(self._base)
             gate = lambda k, stopped: progress.wait_for(self._base + k, stopped)  # noqa: E731
         self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged,
-                              peer_wait=peer_wait, gate=gate, peer_fetch=peer_fetch)
+                              peer_wait=peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges)
         _LIVE.add(self)
         self._stager.drop([manifest.keys[s] for s in plan.drops])
         self._stager.start()
@@ -210,7 +211,8 @@ class EpochRun:
         while self._submitted < end:
             k = self._submitted
             hit, keep = self._actions[k]
-            self._stager.submit(k, self._batches[k], hit, keep, None if self._peer is None else self._peer[k])
+            self._stager.submit(k, self._batches[k], hit, keep, None if self._peer is None else self._peer[k],
+                                None if self._whole is None else self._whole[k])
             self._submitted += 1
 
     def _dispatch_locked(self) -> None:

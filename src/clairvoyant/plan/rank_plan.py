@@ -22,7 +22,9 @@ import numpy as np
 from .cluster import NodeLayout, plan_cluster_epoch
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
+from .ranges import DEFAULT_REQUEST_BYTES, Ranges, whole_reads
 from .residency import node_sequence, simulate_epoch
+from .residents import Residents
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class RankEpochPlan:
     late_drops: tuple[tuple[int, int], ...] = ()   # (batch, sample): delete once this rank is past batch
     late_on_serve: frozenset[int] = frozenset()    # late drops read once this epoch: delete once served
     cluster_residents: tuple[Mapping[int, int], ...] | None = None   # every node's, at the epoch's end
+    # shard-granular reads (plan/ranges.py), else None: per sample, read its range whole here
+    whole: tuple[np.ndarray, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -87,11 +91,13 @@ class RankEpochPlan:
 
 def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: Layout, *, epoch: int, capacity: int,
                     residents: Mapping[int, int], position: int = 0,
-                    cluster: ClusterSpec | None = None) -> RankEpochPlan:
+                    cluster: ClusterSpec | None = None, ranges: Ranges | None = None,
+                    request_bytes: int = DEFAULT_REQUEST_BYTES) -> RankEpochPlan:
     """Plan ``epoch`` for ``layout.rank`` from global ``position`` on, for a node whose local tier
     holds ``capacity`` bytes and ``residents`` (sample -> entry bytes) now; ``entry_sizes`` are the
     bytes each sample takes in a tier. With ``cluster``, the nodes of the job are planned as one
-    cache (plan/cluster.py) and ``capacity`` and ``residents`` come from it."""
+    cache (plan/cluster.py) and ``capacity`` and ``residents`` come from it. With ``ranges`` (a source
+    that packs samples together), the node reads whole the ranges plan/ranges.py says pay."""
     c, t = config, layout
     if cluster is not None:
         return _plan_in_cluster(entry_sizes, c, t, epoch, position, cluster)
@@ -100,12 +106,17 @@ def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: Layout,
     seq = node_sequence(c.num_samples, epoch=epoch, position=position, **kw)
     following = node_sequence(c.num_samples, epoch=epoch + 1, **kw)
     res = simulate_epoch(seq, following, entry_sizes, capacity, residents)
-    return _for_rank(c, t, epoch, position, seq, res.hit, res.keep, res.drop_at_start, res.residents_after)
+    reads = None if ranges is None else whole_reads(seq, res.hit, entry_sizes, capacity, Residents.of(residents),
+                                                    res.residents_after, ranges, request_bytes=request_bytes)
+    if reads is None:
+        return _for_rank(c, t, epoch, position, seq, res.hit, res.keep, res.drop_at_start, res.residents_after)
+    return _for_rank(c, t, epoch, position, seq, reads.hit, res.keep, res.drop_at_start, reads.residents_after,
+                     whole_at=reads.whole)
 
 
 def _for_rank(c: PlanConfig, t: Layout, epoch: int, position: int, seq: np.ndarray, hit: np.ndarray,
               keep: np.ndarray, drop_at_start, residents_after: Mapping[int, int], peer: np.ndarray | None = None,
-              **cluster) -> RankEpochPlan:
+              whole_at: np.ndarray | None = None, **cluster) -> RankEpochPlan:
     """This rank's share of its node's plan (per access of the node sequence ``seq``): its batches,
     their slices of the per-access arrays, and the residents it evicts at the start."""
     order = epoch_order(c.num_samples, c.seed, epoch, c.shuffle)
@@ -125,7 +136,8 @@ def _for_rank(c: PlanConfig, t: Layout, epoch: int, position: int, seq: np.ndarr
                          first_batch=position // (c.batch_size * t.world_size), batches=tuple(mine),
                          hit=tuple(hit[a:b] for a, b in spans), keep=tuple(keep[a:b] for a, b in spans),
                          drops=drops, residents_after=residents_after,
-                         peer=None if peer is None else tuple(peer[a:b] for a, b in spans), **cluster)
+                         peer=None if peer is None else tuple(peer[a:b] for a, b in spans),
+                         whole=None if whole_at is None else tuple(whole_at[a:b] for a, b in spans), **cluster)
 
 
 def _step_length(n: int, R: int, B: int, step: int) -> int:

@@ -27,14 +27,18 @@ import json
 import os
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
 from ..fdcache import FdCache
+from ..plan.ranges import Ranges
 from . import tarindex
 from .tarindex import ShardError, ShardIndex, index_path, split_member
 
 __all__ = ["TarShardSource", "ShardError", "split_member", "is_shard_dir"]
 
 DEFAULT_GAP = 64 * 1024        # read_many: neighbours closer than this share one pread
+RANGE_SPAN = 8 * 1024 * 1024   # sample_ranges: a shard is read whole in pieces of about this many bytes
 MAX_SPAN = 16 * 1024 * 1024    # read_many: no single pread longer than this (unless one sample is)
 MAX_OPEN = 64                  # shard descriptors kept open per process
 
@@ -75,6 +79,7 @@ class TarShardSource:
         self._fds = FdCache(max_open, opener=_opener)
         self._index: ShardIndex | None = None
         self._index_file: str | None = None   # where the index was loaded from or saved to
+        self._ranges: tuple[np.ndarray, ...] | None = None   # see sample_ranges (this process's only)
         self._load_index()
 
     def __repr__(self) -> str:
@@ -84,6 +89,7 @@ class TarShardSource:
         d = self.__dict__.copy()
         d["_fds"] = None
         d["_index"] = None
+        d["_ranges"] = None
         d["_stamp"] = self._index.stamp if self._index is not None else None
         return d
 
@@ -255,6 +261,53 @@ class TarShardSource:
                                   "it changed or was cut since it was indexed; copy it again (a new run "
                                   "re-reads its headers)")
         return data
+
+    # -- ranges: samples read together ---------------------------------------------------------
+
+    def sample_ranges(self, keys: Sequence[str], span: int = RANGE_SPAN) -> Ranges:
+        """The shards cut into ranges of about ``span`` bytes (by where a sample starts), as the
+        manifest ``keys`` number the samples (plan/ranges.py). ``read_range`` reads one."""
+        ix = self.index
+        rows = self._rows_of(keys)
+        shard, offset = ix.shard[rows].astype(np.int64), ix.offset[rows].astype(np.int64)
+        end = offset + ix.length[rows].astype(np.int64)
+        piece = np.stack([shard, offset // max(1, int(span))], axis=1)
+        uniq, of = np.unique(piece, axis=0, return_inverse=True)
+        of = of.reshape(-1).astype(np.int32)
+        n = len(uniq)
+        start = np.full(n, np.iinfo(np.int64).max, np.int64)
+        stop = np.zeros(n, np.int64)
+        np.minimum.at(start, of, offset)
+        np.maximum.at(stop, of, end)
+        self._ranges = (uniq[:, 0].copy(), start, stop, rows, of)
+        return Ranges(of=of, nbytes=stop - start)
+
+    def read_range(self, r: int, wanted: Sequence[int]) -> tuple[list[bytes], int]:
+        """Range ``r`` of the last ``sample_ranges`` read with one request: the bytes of the samples
+        ``wanted`` (manifest indices in it), in that order, and the shard's modification time (ns)
+        when its headers were read."""
+        if self._ranges is None:
+            raise RuntimeError("read_range before sample_ranges")
+        shard, start, stop, rows, of = self._ranges
+        sid, first = int(shard[r]), int(start[r])
+        ix = self.index
+        what = f"range {first}..{int(stop[r])} of shard {ix.shards[sid][0]}"
+        buf = memoryview(self._read_range(sid, first, int(stop[r]) - first, what))
+        out = []
+        for i in wanted:
+            if int(of[i]) != r:
+                raise ValueError(f"sample {i} is not in range {r}")
+            row = int(rows[i])
+            at = int(ix.offset[row]) - first
+            out.append(bytes(buf[at:at + int(ix.length[row])]))
+        return out, ix.shards[sid][2]
+
+    def _rows_of(self, keys: Sequence[str]) -> np.ndarray:
+        """The index row of each manifest key (the identity where the manifest lists the index)."""
+        ix = self.index
+        if len(keys) == ix.count and all(a == b for a, b in zip(keys, ix.keys())):
+            return np.arange(ix.count, dtype=np.int64)
+        return np.fromiter((self._row(k) for k in keys), np.int64, len(keys))
 
     def read_error(self, key: str, path: str, e: OSError) -> SampleReadError:
         if isinstance(e, FileNotFoundError):

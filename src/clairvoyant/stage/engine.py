@@ -12,6 +12,8 @@ by a token in the other; staging in need order in the other):
    index is the deadline): a planned hit is checked in the local tier, a miss
    is read from the source once, into room reserved for it first (cache/tiers.py);
    where neither tier has room it is not read here, and its reader reads it.
+   Where the plan reads the sample's range whole (plan/ranges.py), every sample
+   of the range absent from the local tier is placed there from one read.
 
 Reads from the source release the GIL, so threads, not processes, do this.
 """
@@ -26,6 +28,7 @@ from typing import Callable
 from ..cache.tiers import LOCAL, Placement, Tiers
 from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
+from ..plan.ranges import Ranges
 from ..source import Source
 
 # on_done(batch, position in batch, Placement or the exception that stopped the staging, seconds
@@ -33,6 +36,20 @@ from ..source import Source
 OnDone = Callable[[int, int, "Placement | BaseException", float, float], None]
 # peer_fetch(node, sample index, size): the sample's verified bytes from that node's tier, or None
 PeerFetch = Callable[[int, int, int], "bytes | None"]
+
+
+class RangeReader:
+    """The ranges of a source (plan/ranges.py) as the stager reads them: the samples of each, and
+    ``read(range, manifest indices)`` giving their bytes from one request and the source's
+    modification time."""
+
+    def __init__(self, ranges: Ranges, read: Callable[[int, list[int]], tuple[list[bytes], int]]) -> None:
+        self.ranges, self.of = ranges, ranges.of
+        self._order, self._cuts = ranges.members()
+        self.read = read
+
+    def members(self, r: int) -> list[int]:
+        return self._order[self._cuts[r]:self._cuts[r + 1]].tolist()
 _AFTER, _DROP = "after", "drop"
 _WAKE = ("wake",)
 
@@ -43,12 +60,13 @@ class Stager:
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
                  on_done: OnDone, peer_wait: float = 0.0,
                  gate: Callable[[int, Callable[[], bool]], None] | None = None,
-                 peer_fetch: PeerFetch | None = None) -> None:
+                 peer_fetch: PeerFetch | None = None, ranges: RangeReader | None = None) -> None:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
         self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
         self._gate = gate             # gate(batch, stopped): waits while other ranks of the node are behind
         self._peer_fetch = peer_fetch  # the cluster cache: samples another node's tier serves
+        self._ranges = ranges          # the source's ranges, where the plan reads some whole
         self._queue: queue.SimpleQueue = queue.SimpleQueue()     # staging, in need order
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
         self._stop = False
@@ -86,12 +104,13 @@ class Stager:
                 self._excess += self._target - n
             self._target = n
 
-    def submit(self, batch_id: int, indices, hit, keep, peer=None) -> None:
-        """Stage a batch: per sample, hit (in the local tier), keep (there after its access) and
-        the node whose tier serves it (-1: none; ``peer`` None: no cluster cache)."""
+    def submit(self, batch_id: int, indices, hit, keep, peer=None, whole=None) -> None:
+        """Stage a batch: per sample, hit (in the local tier), keep (there after its access), the
+        node whose tier serves it (-1: none; ``peer`` None: no cluster cache) and whether its range
+        is read whole here (``whole`` None: none is)."""
         for j, idx in enumerate(indices):
             self._queue.put((batch_id, j, int(idx), bool(hit[j]), bool(keep[j]),
-                             -1 if peer is None else int(peer[j])))
+                             -1 if peer is None else int(peer[j]), whole is not None and bool(whole[j])))
 
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
@@ -150,12 +169,14 @@ class Stager:
                 if self._retire():
                     return
                 continue   # staging work is dropped on close; after-use work above is finished
-            batch_id, j, idx, hit, keep, peer = item
+            batch_id, j, idx, hit, keep, peer, whole = item
             if self._gate is not None:
                 self._gate(batch_id, lambda: self._stop)
             t0, asked = time.perf_counter(), [0.0]
             try:
-                outcome: Placement | BaseException = (self._stage(idx, hit, keep) if peer < 0
+                placed = self._whole(idx) if whole else None
+                outcome: Placement | BaseException = (placed if placed is not None
+                                                       else self._stage(idx, hit, keep) if peer < 0
                                                        else self._from_peer(idx, peer, asked))
             except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
                 outcome = e
@@ -169,6 +190,20 @@ class Stager:
             if self._retire():   # the tuner asked for fewer threads: this one goes, its item done
                 return
 
+    def _whole(self, idx: int) -> Placement | None:
+        """Read ``idx``'s range whole and place its absent samples in the local tier; where idx's
+        entry is now, or None if it was not placed (no room, no range reader): staged on its own."""
+        ranges = self._ranges
+        if ranges is None:
+            return None
+        r = int(ranges.of[idx])
+        members = ranges.members(r)
+        keys = [self._manifest.keys[i] for i in members]
+        sizes = [int(self._manifest.sizes[i]) for i in members]
+        out = self._tiers.stage_range(keys, sizes, lambda pos: ranges.read(r, [members[k] for k in pos]))
+        loc = None if out is None else out[members.index(idx)]
+        return None if loc is None else Placement(LOCAL, loc, True)   # (None: present, or no room)
+
     def _stage(self, idx: int, hit: bool, keep: bool) -> Placement:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
         tiers = self._tiers
@@ -177,12 +212,12 @@ class Stager:
             if path is not None:
                 tiers.counters.add("local_hits")
                 return Placement(LOCAL, path, False)
-            tiers.counters.add("missed_hits")   # planned, but not there (yet): fetch it
         fetch = lambda: self._fetch(key, size)   # noqa: E731
         if not (hit or keep):
             return tiers.stage(key, size, False, fetch)
         # the local tier is involved: hold the node-wide lock of the sample, so that of all the
-        # processes of the node one reads it from the source and the others find it
+        # processes of the node one reads it from the source and the others find it (a planned hit
+        # being placed right now, by a read of its whole range, is found once its lock is free)
         locked = False
         for _ in range(2):
             locked = not tiers.claim(key, size)
@@ -192,6 +227,8 @@ class Stager:
             if path is not None:
                 tiers.counters.add("local_hits")
                 return Placement(LOCAL, path, False)
+        if hit:
+            tiers.counters.add("missed_hits")   # planned, but not there: fetch it
         try:
             return tiers.stage(key, size, keep, fetch)
         finally:

@@ -1,0 +1,186 @@
+"""Shard-granular reads: the plan (plan/ranges.py) and the stager reading a range of tar shards
+whole. Every check has a negative control that must fail."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from clairvoyant import Loader
+from clairvoyant.pack import pack
+from clairvoyant.plan.ranges import Ranges, whole_reads
+from clairvoyant.plan.residency import simulate_epoch
+from clairvoyant.plan.residents import Residents
+from clairvoyant.source import TarShardSource
+from clairvoyant.source import shards as shards_mod
+
+
+def _plan(seq, sizes, capacity, residents, ranges, **kw):
+    res = simulate_epoch(seq, seq, sizes, capacity, residents)
+    return res, whole_reads(seq, res.hit, sizes, capacity, Residents.of(residents), res.residents_after, ranges, **kw)
+
+
+def test_each_range_is_read_whole_at_its_first_miss_and_its_other_samples_become_hits():
+    rng = np.random.default_rng(0)
+    n, per = 60, 6
+    of = np.repeat(np.arange(n // per), per).astype(np.int32)
+    sizes = np.full(n, 1000, np.int64)
+    ranges = Ranges(of=of, nbytes=np.full(n // per, per * 1100, np.int64))
+    seq = rng.permutation(n)
+    res, w = _plan(seq, sizes, int(sizes.sum()), {}, ranges)
+    assert w is not None
+    # one whole read per range, at the first access of any of its samples
+    assert int(w.whole.sum()) == n // per
+    firsts = {}
+    for i, s in enumerate(seq.tolist()):
+        firsts.setdefault(int(of[s]), i)
+    assert sorted(np.flatnonzero(w.whole).tolist()) == sorted(firsts.values())
+    assert sorted(w.ranges.tolist()) == list(range(n // per))
+    assert [int(of[seq[i]]) for i in sorted(firsts.values())] == w.ranges.tolist()   # in read order
+    # every other access is now a hit; the residency plan alone had a miss per sample
+    assert int((~w.hit).sum()) == n // per and int((~res.hit).sum()) == n
+    assert dict(w.residents_after) == {i: 1000 for i in range(n)}
+    # negative control: the unchanged plan is not this one
+    assert not np.array_equal(w.hit, res.hit)
+
+
+def test_no_range_is_read_whole_where_the_tier_does_not_hold_the_data_set():
+    n, per = 60, 6
+    of = np.repeat(np.arange(n // per), per).astype(np.int32)
+    sizes = np.full(n, 1000, np.int64)
+    ranges = Ranges(of=of, nbytes=np.full(n // per, per * 1000, np.int64))
+    seq = np.random.default_rng(1).permutation(n)
+    _, w = _plan(seq, sizes, int(sizes.sum()) - 1, {}, ranges)
+    assert w is None
+    # control: one byte more and it reads ranges whole
+    assert _plan(seq, sizes, int(sizes.sum()), {}, ranges)[1] is not None
+
+
+def test_a_range_is_read_whole_only_where_it_pays():
+    n, per = 12, 4
+    of = np.repeat(np.arange(n // per), per).astype(np.int32)
+    sizes = np.full(n, 1000, np.int64)
+    seq = np.arange(n)
+    # range 0: 3 of its 4 samples are resident: one absent sample is never worth a whole read
+    residents = {0: 1000, 1: 1000, 2: 1000}
+    # range 1 is small (4,000 bytes); range 2 holds a 1 MB gap: reading it whole costs more than
+    # its 4 samples read one by one at 100 bytes a request
+    nbytes = np.array([4000, 4000, 1_004_000], np.int64)
+    _, w = _plan(seq, sizes, 10**9, residents, Ranges(of=of, nbytes=nbytes), request_bytes=100)
+    assert w is not None and w.ranges.tolist() == [1]
+    assert w.whole.tolist() == [False] * 4 + [True, False, False, False] + [False] * 4
+    # control: where a request costs as much as 1 MB of transfer, range 2 pays too
+    _, w2 = _plan(seq, sizes, 10**9, residents, Ranges(of=of, nbytes=nbytes), request_bytes=1 << 20)
+    assert w2.ranges.tolist() == [1, 2]
+
+
+def test_ranges_are_checked():
+    with pytest.raises(ValueError, match="outside"):
+        Ranges(of=np.array([0, 2], np.int32), nbytes=np.array([1, 1], np.int64))
+    r = Ranges(of=np.array([1, 0, 1], np.int32), nbytes=np.array([5, 5], np.int64))
+    order, cuts = r.members()
+    assert [order[cuts[k]:cuts[k + 1]].tolist() for k in range(2)] == [[1], [0, 2]]
+
+
+@pytest.fixture
+def packed(dataset, tmp_path):
+    res = pack(dataset, tmp_path / "packed", shard_size="24KiB")
+    assert res.shards >= 10
+    return res.dst
+
+
+def test_the_source_cuts_shards_into_ranges_that_read_back_each_sample(packed):
+    src = TarShardSource(packed)
+    keys = [k for k, _ in src.scan()]
+    r = src.sample_ranges(keys)
+    assert r.count == len(src.paths)   # small shards: one range each
+    order, cuts = r.members()
+    for k in range(r.count):
+        members = order[cuts[k]:cuts[k + 1]].tolist()
+        got, mtime = src.read_range(k, members)
+        assert got == [src.read(keys[i]) for i in members]
+        assert mtime == src.index.shards[int(src.index.shard[members[0]])][2]
+    # pieces of at most about `span` bytes: more ranges, still every sample in one
+    small = src.sample_ranges(keys, span=4096)
+    assert small.count > r.count and len(small.of) == len(keys)
+    # negative control: a sample asked of a range that does not hold it
+    with pytest.raises(ValueError, match="not in range"):
+        src.read_range(0, [int(order[cuts[1]])])
+
+
+def _epochs(packed, local, count, epochs=2, **kw):
+    """Each epoch's sample digests (in order) and the preads of the shards it took."""
+    calls: list[int] = []
+    orig = shards_mod._pread
+    lock = threading.Lock()
+
+    def counting(fd, n, off):
+        with lock:
+            calls.append(n)
+        return orig(fd, n, off)
+
+    digest = lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()   # noqa: E731
+    out = []
+    shards_mod._pread = counting
+    try:
+        with Loader(packed, batch_size=8, local_dir=str(local), seed=3, decode=digest, num_workers=1, **kw) as L:
+            for e in range(epochs):
+                L.set_epoch(e)
+                n0 = len(calls)
+                out.append(([bytes(x) for xb, _ in L for x in xb], len(calls) - n0))
+            count.update(L.stats()["tiers"])
+    finally:
+        shards_mod._pread = orig
+    return out
+
+
+def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set(packed, dataset, tmp_path):
+    shards = len(TarShardSource(packed).paths)
+    stats: dict = {}
+    (e0, reads0), (e1, reads1) = _epochs(packed, tmp_path / "local", stats)
+    assert reads0 == shards and reads1 == 0
+    assert stats["range_reads"] == shards and stats["range_placed"] == 96 and stats["missed_hits"] == 0
+    # the same samples, in the same order, as the tree itself gives (per-sample shuffle kept)
+    digest = lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()   # noqa: E731
+    with Loader(dataset, batch_size=8, local_dir=str(tmp_path / "tree"), seed=3, decode=digest,
+                num_workers=1) as tree:
+        want = []
+        for e in range(2):
+            tree.set_epoch(e)
+            want.append([bytes(x) for xb, _ in tree for x in xb])
+    assert [e0, e1] == want and len(set(e0)) == 96
+    # negative control: a tier that holds half of it reads per sample (a read per first access)
+    half: dict = {}
+    (h0, hreads0), _ = _epochs(packed, tmp_path / "half", half, local_capacity="50%")
+    assert h0 == e0 and hreads0 == 96 and half["range_reads"] == 0
+
+
+def test_a_failed_range_read_leaves_nothing_placed_and_each_sample_is_read_on_its_own(packed, tmp_path):
+    orig = TarShardSource.read_range
+    failed = []
+
+    def flaky(self, r, wanted):
+        if not failed:
+            failed.append(r)
+            raise OSError(5, "Input/output error")
+        return orig(self, r, wanted)
+
+    TarShardSource.read_range = flaky
+    try:
+        stats: dict = {}
+        with pytest.raises(Exception, match="Input/output error"):
+            _epochs(packed, tmp_path / "local", stats, epochs=1)
+        # with on_error="skip" the epoch goes on: the failed range's other samples are read alone
+        failed.clear()
+        stats = {}
+        (e0, reads), = _epochs(packed, tmp_path / "skip", stats, epochs=1, on_error="skip")
+    finally:
+        TarShardSource.read_range = orig
+    shards = len(TarShardSource(packed).paths)
+    assert len(e0) == 95   # the one sample whose range read failed is skipped, the rest all come
+    assert stats["range_reads"] == shards - 1 and stats["missed_hits"] >= 1
+    assert reads == (shards - 1) + stats["missed_hits"]
