@@ -26,6 +26,7 @@ from .errors import SourceError
 from .paths import cache_home
 
 COMMON_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuse_common.h")  # both daemons'
+TIER_FORMAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cache", "tier_format.h")  # mountfs's
 INSTALL_HINT = ("run scripts/install-sysdeps.sh (Debian: apt-get install fuse3 libfuse3-dev libxxhash-dev "
                 "pkg-config)")
 
@@ -38,7 +39,7 @@ class Daemon:
 
     def binary_path(self) -> str:
         h = hashlib.sha256()
-        for part in (self.source, COMMON_HEADER):
+        for part in (self.source, COMMON_HEADER, TIER_FORMAT):
             with open(part, "rb") as f:
                 h.update(f.read())
         h.update("\0".join(self.packages).encode())

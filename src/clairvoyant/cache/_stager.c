@@ -8,8 +8,8 @@
  *   2. take the bytes from the handoff directory if a reader's open already read them from the
  *      source (``<token>``: the bytes, then the source's mtime in ns), else read the source file
  *      (openat, fstat, read, close) and check its size is the listed one;
- *   3. write the entry (the bytes, then the 32-byte trailer of cache/entry.py: "CVENTRY1", xxh3-64
- *      of the bytes, mtime in ns, size; little-endian) at its place with one pwrite.
+ *   3. write the entry (the bytes, then the 32-byte trailer of tier_format.h, the format
+ *      cache/entry.py reads) at its place with one pwrite.
  * The lock stays held: Python lets go once the entry is published (or given up).
  *
  * One Python-level staging call per file costs a dozen GIL hand-offs among dozens of threads
@@ -25,7 +25,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "tier_format.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -37,7 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TRAILER 32
 #define MAX_THREADS 256
 
 struct job {
@@ -133,12 +132,7 @@ static void run(Stager *s, struct job *j) {
     j->handed = from_handoff(s, j, buf);
     if (!j->handed) err = from_source(s, j, buf);
     if (!err) {
-        uint64_t sum = XXH3_64bits(buf, j->size);
-        char *t = buf + j->size;
-        memcpy(t, "CVENTRY1", 8);
-        memcpy(t + 8, &sum, 8);          /* little-endian hosts (as mountfs.c reads it) */
-        memcpy(t + 16, &j->mtime, 8);
-        memcpy(t + 24, &j->size, 8);
+        seal_trailer(buf + j->size, buf, j->size, j->mtime);
         uint64_t put = 0;
         while (put < n) {
             ssize_t w = pwrite(j->out_fd, buf + put, n - put, (off_t)(j->offset + (int64_t)put));

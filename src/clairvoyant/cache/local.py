@@ -113,7 +113,7 @@ class LocalStore:
 
     def lock_offset(self, key: str) -> int:
         """The byte of the locks file that is ``key``'s node-wide lock."""
-        return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
+        return key_digest(key) >> 32   # (cache/tier_format.h: key_lock_offset)
 
     def locate(self, key: str) -> tuple[Loc, int] | None:
         """Where the entry of ``key`` is and the session it was written or checked in, or None."""

@@ -61,7 +61,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "cache/tier_format.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "mountfs: the listing, index and stats files are little-endian"
@@ -71,10 +71,6 @@
 #define STATS_VERSION 5
 #define LISTING_MAGIC "CVMNTLS1"
 #define LISTING_VERSION 2
-#define INDEX_MAGIC "CVINDEX1"
-#define ENTRY_MAGIC "CVENTRY1"
-#define TRAILER 32
-#define INDEX_HEADER 4096
 #define INFO_NAME "/.clairvoyant.json"
 
 struct mountfs_stats {
@@ -101,8 +97,6 @@ struct ldir { uint64_t path, first, count; uint32_t mode, nlink; int64_t mtime, 
 struct lchild { uint64_t name, ref; };  /* ref: index << 1 | is_dir */
 _Static_assert(sizeof(struct lfile) == 56 && sizeof(struct ldir) == 56 && sizeof(struct lchild) == 16,
                "the listing's records are laid out as clairvoyant/mount/listing.py writes them");
-
-struct slot { uint64_t digest; uint32_t seq, extent; uint64_t offset; uint32_t length, stamp; };
 
 static struct {
     char *listing, *index, *extents, *stats, *info, *source, *handoff;
@@ -557,7 +551,7 @@ static int key_fcntl(uint64_t digest, int cmd, short type, struct flock *fl) {
     memset(fl, 0, sizeof *fl);
     fl->l_type = type;
     fl->l_whence = SEEK_SET;
-    fl->l_start = (off_t)(digest >> 32);
+    fl->l_start = key_lock_offset(digest);
     fl->l_len = 1;
     return fcntl(locks_fd, cmd, fl);
 }
