@@ -96,7 +96,7 @@ def packed(dataset, tmp_path):
 def test_the_source_cuts_shards_into_ranges_that_read_back_each_sample(packed):
     src = TarShardSource(packed)
     keys = [k for k, _ in src.scan()]
-    r = src.sample_ranges(keys)
+    r = Ranges(*src.sample_ranges(keys))
     assert r.count == len(src.paths)   # small shards: one range each
     order, cuts = r.members()
     for k in range(r.count):
@@ -105,7 +105,7 @@ def test_the_source_cuts_shards_into_ranges_that_read_back_each_sample(packed):
         assert got == [src.read(keys[i]) for i in members]
         assert mtime == src.index.shards[int(src.index.shard[members[0]])][2]
     # pieces of at most about `span` bytes: more ranges, still every sample in one
-    small = src.sample_ranges(keys, span=4096)
+    small = Ranges(*src.sample_ranges(keys, span=4096))
     assert small.count > r.count and len(small.of) == len(keys)
     # negative control: a sample asked of a range that does not hold it
     with pytest.raises(ValueError, match="not in range"):

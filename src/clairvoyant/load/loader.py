@@ -28,6 +28,7 @@ from ..dist.topology import (Topology, digest63, gather_over_group, layout_of, l
                              process_group, resolve, validate)
 from ..errors import ConfigError, CorruptEntry, EmptySourceError
 from ..plan import num_batches, position_after
+from ..plan.ranges import Ranges
 from ..plan.rank_plan import ClusterSpec, Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..plan.residency import node_ranks
 from ..source import DatasetPort, as_source, is_dataset
@@ -339,7 +340,8 @@ class Loader:
             find = getattr(self.source, "sample_ranges", None)
             if self._cluster is None and find is not None and \
                     self.tiers.local_capacity >= int(self._entry_sizes.sum()):
-                self._ranges = RangeReader(find(self.manifest.keys), self.source.read_range)
+                of, nbytes = find(self.manifest.keys)
+                self._ranges = RangeReader(Ranges(of=of, nbytes=nbytes), self.source.read_range)
         return self._ranges or None
 
     def _serve(self, index: int) -> bytes | None:

@@ -41,11 +41,18 @@ class PosixSource:
     #: (a walk of the tree stands in for ``scan``); False for a subclass with a ``scan`` of its own
     #: unless it says otherwise (its samples may not be the walk's: a list file, a filter)
     walks_folders = True
+    #: a key is the plain file ``root/key``, read with nothing charged or checked on the way: the
+    #: native staging threads may read it themselves (stage/native.py); False for a subclass that
+    #: reads, charges or checks otherwise, unless it says so
+    native_reads = True
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
         if "scan" in cls.__dict__ and "walks_folders" not in cls.__dict__:
             cls.walks_folders = False
+        if "native_reads" not in cls.__dict__ and any(
+                m in cls.__dict__ for m in ("read", "read_versioned", "_charge", "path_of")):
+            cls.native_reads = False
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))

@@ -31,7 +31,6 @@ import numpy as np
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
 from ..fdcache import FdCache
-from ..plan.ranges import Ranges
 from . import tarindex
 from .tarindex import ShardError, ShardIndex, index_path, split_member
 
@@ -264,9 +263,10 @@ class TarShardSource:
 
     # -- ranges: samples read together ---------------------------------------------------------
 
-    def sample_ranges(self, keys: Sequence[str], span: int = RANGE_SPAN) -> Ranges:
+    def sample_ranges(self, keys: Sequence[str], span: int = RANGE_SPAN) -> tuple[np.ndarray, np.ndarray]:
         """The shards cut into ranges of about ``span`` bytes (by where a sample starts), as the
-        manifest ``keys`` number the samples (plan/ranges.py). ``read_range`` reads one."""
+        manifest ``keys`` number the samples: each sample's range (int32) and the bytes one read of
+        each range takes (int64), plan/ranges.py's ``Ranges``. ``read_range`` reads one."""
         ix = self.index
         rows = self._rows_of(keys)
         shard, offset = ix.shard[rows].astype(np.int64), ix.offset[rows].astype(np.int64)
@@ -280,7 +280,7 @@ class TarShardSource:
         np.minimum.at(start, of, offset)
         np.maximum.at(stop, of, end)
         self._ranges = (uniq[:, 0].copy(), start, stop, rows, of)
-        return Ranges(of=of, nbytes=stop - start)
+        return of, stop - start
 
     def read_range(self, r: int, wanted: Sequence[int]) -> tuple[list[bytes], int]:
         """Range ``r`` of the last ``sample_ranges`` read with one request: the bytes of the samples

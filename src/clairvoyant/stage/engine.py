@@ -30,6 +30,8 @@ from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..plan.ranges import Ranges
 from ..source import Source
+from . import native
+from .native import NativeRoute
 
 # on_done(batch, position in batch, Placement or the exception that stopped the staging, seconds
 # the staging took, of which seconds spent asking a peer node)
@@ -75,6 +77,9 @@ class Stager:
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
         self._size_lock = threading.Lock()
+        # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
+        self._native = (NativeRoute(tiers, manifest, source.root, threads, self._deliver, self._queue.put)
+                        if native.applies(source, tiers, gate is not None) else None)
         self._target = threads    # threads wanted (the tuner moves it)
         self._excess = 0          # threads to retire, each after the item in hand
         self._started = False
@@ -108,9 +113,18 @@ class Stager:
         """Stage a batch: per sample, hit (in the local tier), keep (there after its access), the
         node whose tier serves it (-1: none; ``peer`` None: no cluster cache) and whether its range
         is read whole here (``whole`` None: none is)."""
-        for j, idx in enumerate(indices):
-            self._queue.put((batch_id, j, int(idx), bool(hit[j]), bool(keep[j]),
-                             -1 if peer is None else int(peer[j]), whole is not None and bool(whole[j])))
+        items = [(batch_id, j, int(idx), bool(hit[j]), bool(keep[j]), -1 if peer is None else int(peer[j]),
+                  whole is not None and bool(whole[j])) for j, idx in enumerate(indices)]
+        if self._native is not None:   # kept misses from a local POSIX source: to the native threads
+            mine = [it for it in items if it[4] and not (it[3] or it[6]) and it[5] < 0]
+            back = set(id(it) for it in self._native.submit(mine))
+            items = [it for it in items if not (it[4] and not (it[3] or it[6]) and it[5] < 0) or id(it) in back]
+        for it in items:
+            self._queue.put(it)
+
+    def _deliver(self, batch_id: int, j: int, placed: Placement, seconds: float) -> None:
+        if not self._stop:
+            self._on_done(batch_id, j, placed, seconds, 0.0)
 
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
@@ -126,6 +140,8 @@ class Stager:
         """Finish the after-use work queued so far, then stop; each thread ends the sample in hand."""
         with self._size_lock:
             self._stop = True
+        if self._native is not None:
+            self._native.close()
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:
@@ -209,6 +225,9 @@ class Stager:
         tiers = self._tiers
         if hit:
             path = tiers.find_local(key, size, self._peer_wait)
+            if path is None and self._native is not None:   # the native threads may be staging it now
+                self._native.wait(idx)
+                path = tiers.find_local(key, size)
             if path is not None:
                 tiers.counters.add("local_hits")
                 return Placement(LOCAL, path, False)

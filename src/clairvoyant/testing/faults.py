@@ -7,7 +7,9 @@ import errno
 import os
 from typing import Iterator
 
+from ..cache import native_stage
 from ..cache import publish as publish_mod
+from ..cache.entry import TRAILER
 from ..errors import SampleReadError
 from ..source.posix import PosixSource
 
@@ -49,8 +51,25 @@ def disk_full_after(nbytes: int, root: str | None = None) -> Iterator[None]:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         original(fd, data, trailer, offset)
 
+    # the native staging threads write in C: their jobs are failed with ENOSPC past the same mark,
+    # as the device would fail their pwrite (cache/native_stage.py then gives their places back)
+    native_finish = native_stage.NativeStager._finish
+
+    def native_limited(self, done):
+        out = []
+        for token, err, *rest in done:
+            job = self._jobs.get(token)
+            if err == 0 and job is not None and (root is None or self.store.root.startswith(root)):
+                written[0] += job[3] - TRAILER.size
+                if written[0] > nbytes:
+                    err = errno.ENOSPC
+            out.append((token, err, *rest))
+        return native_finish(self, out)
+
     publish_mod.write_at = limited
+    native_stage.NativeStager._finish = native_limited
     try:
         yield
     finally:
         publish_mod.write_at = original
+        native_stage.NativeStager._finish = native_finish

@@ -1,0 +1,115 @@
+"""MECHANISM: the Loader's misses staged on native threads (cache/native_stage.py, ``_stager.c``).
+
+Of the staging work the plan gives a rank, one kind is the bulk of a first epoch: a miss the
+local tier keeps, read from a local POSIX source straight into the tier. The Python staging
+threads do it at about 250 us of CPU per file (open, read, checksum, write and publish, each a
+step through the interpreter); the native engine the mount uses does it at about 60 us (a C
+thread per file reads and writes the entry; one Python thread publishes a batch under one lock
+of the index). ``NativeRoute`` hands those misses to that engine and tells the Loader's run of
+each outcome as the Python threads would. Anything it cannot stage (no room, the source
+changed, an unreadable file, a full device) goes back to the Python threads, which stage it or
+raise the typed error naming the sample: errors are worded in one place.
+
+Where it applies is decided once, by ``applies``: the native engine is built, the source reads
+a key as the plain file ``root/key`` (``native_reads``: not a charged or remote store), misses
+to keep go straight to the local tier, and no node-wide deadline gate orders the ranks' work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from ..cache import native_stage
+from ..cache.native_stage import Done, NativeStager
+from ..cache.tiers import LOCAL, Placement, Tiers
+from ..manifest import Manifest
+
+# deliver(batch, position in batch, placement, seconds); fallback(item): stage it in Python
+Deliver = Callable[[int, int, Placement, float], None]
+Item = tuple   # the Python stager's item: (batch, position, sample, hit, keep, peer, whole)
+
+
+def applies(source, tiers: Tiers, gated: bool) -> bool:
+    """Whether the Loader's kept misses from ``source`` go to the native engine (module docstring)."""
+    return (native_stage.available() and bool(getattr(source, "native_reads", False)) and tiers.direct
+            and not gated)
+
+
+class NativeRoute:
+    """Kept misses of a local POSIX source, staged by native threads into ``tiers.local``."""
+
+    def __init__(self, tiers: Tiers, manifest: Manifest, root: str, threads: int, deliver: Deliver,
+                 fallback: Callable[[Item], None]) -> None:
+        self._tiers, self._manifest = tiers, manifest
+        self._deliver, self._fallback = deliver, fallback
+        self._lock = threading.Lock()
+        self._jobs: dict[int, tuple[Item, float]] = {}   # token -> (item, when submitted)
+        self._by_sample: dict[int, list] = {}  # sample -> [jobs under way, Event set when none is]
+        self._token = 0
+        self._closed = False
+        self._engine = NativeStager(tiers.local, tiers.local_capacity, root, None, threads, self._done)
+
+    def submit(self, items: list[Item]) -> list[Item]:
+        """Stage ``items`` (each a kept miss); returns those the engine did not take (no room: the
+        Python threads place them, in the RAM window if need be)."""
+        if not items:
+            return []
+        keys, sizes = self._manifest.keys, self._manifest.sizes
+        with self._lock:
+            first = self._token
+            self._token += len(items)
+            now = time.perf_counter()
+            for k, it in enumerate(items):
+                self._jobs[first + k] = (it, now)
+                self._by_sample.setdefault(it[2], [0, threading.Event()])[0] += 1
+        jobs = [(first + k, keys[it[2]], int(sizes[it[2]])) for k, it in enumerate(items)]
+        try:
+            outcomes = self._engine.submit_many(jobs)
+        except Exception:   # none of them went
+            outcomes = [False] * len(items)
+        back = []
+        for (token, _, _), it, out in zip(jobs, items, outcomes):
+            if out is not True:
+                self._forget(token)
+                back.append(it)
+        return back
+
+    def _forget(self, token: int) -> Item | None:
+        with self._lock:
+            got = self._jobs.pop(token, None)
+            if got is None:
+                return None
+            e = self._by_sample[got[0][2]]
+            e[0] -= 1
+            if e[0] == 0:
+                del self._by_sample[got[0][2]]
+                e[1].set()
+            return got
+
+    def wait(self, sample: int, timeout: float = 30.0) -> None:
+        """Wait until no native job of ``sample`` is under way (a planned hit of a sample the engine
+        is staging right now: its entry is about to be there)."""
+        with self._lock:
+            e = self._by_sample.get(sample)
+        if e is not None:
+            e[1].wait(timeout)
+
+    def _done(self, d: Done) -> None:
+        got = self._forget(d.token)
+        if got is None:
+            return
+        item, t0 = got
+        if self._closed:
+            return
+        if d.loc is not None:
+            self._tiers.counters.add("staged_local")
+            self._deliver(item[0], item[1], Placement(LOCAL, d.loc, True), time.perf_counter() - t0)
+        else:   # staged meanwhile by another process (the Python way finds it), or failed
+            self._fallback(item)
+
+    def close(self) -> None:
+        """Stop: jobs not started are given up (their places given back); idempotent."""
+        self._closed = True
+        self._engine.close()

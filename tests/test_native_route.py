@@ -1,0 +1,82 @@
+"""The Loader's kept misses on native threads (stage/native.py): the same batches and the same
+tier as the Python staging threads give, the same typed errors, and the native engine really
+used (each check against a run with it turned off)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from clairvoyant import Loader
+from clairvoyant.cache import native_stage
+from clairvoyant.errors import SourceChanged
+from clairvoyant.stage import native as native_mod
+
+pytestmark = pytest.mark.skipif(not native_stage.available(), reason="the native stager is not built here")
+
+digest = lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()   # noqa: E731
+
+
+def _run(dataset, local, monkeypatch, use_native: bool, epochs: int = 2, **kw):
+    submitted: list[int] = []
+    real_submit = native_mod.NativeRoute.submit
+
+    def counting(self, items):
+        submitted.append(len(items))
+        return real_submit(self, items)
+
+    monkeypatch.setattr(native_mod.NativeRoute, "submit", counting)
+    if not use_native:
+        monkeypatch.setattr(native_mod, "applies", lambda *a: False)
+    out = []
+    with Loader(dataset, batch_size=8, local_dir=str(local), seed=4, decode=digest, num_workers=1, **kw) as L:
+        for e in range(epochs):
+            L.set_epoch(e)
+            out.append([bytes(x) for xb, _ in L for x in xb])
+        stats = L.stats()["tiers"]
+        entries = sorted(L.store.entries())
+    monkeypatch.undo()
+    return out, sum(submitted), stats, entries
+
+
+def test_native_staging_gives_what_the_python_threads_give(dataset, tmp_path, monkeypatch):
+    got, sent, stats, entries = _run(dataset, tmp_path / "n", monkeypatch, True)
+    want, sent_py, stats_py, entries_py = _run(dataset, tmp_path / "p", monkeypatch, False)
+    assert got == want and len(set(got[0])) == 96
+    assert entries == entries_py and len(entries) == 96
+    assert sent == 96 and stats["staged_local"] == 96 and stats["local_hits"] == 96
+    # negative control: turned off, nothing goes to the native threads
+    assert sent_py == 0 and stats_py["staged_local"] == 96
+
+
+def test_a_partial_tier_still_goes_the_native_way_for_what_it_keeps(dataset, tmp_path, monkeypatch):
+    got, sent, stats, _ = _run(dataset, tmp_path / "n", monkeypatch, True, local_capacity="50%")
+    want, _, _, _ = _run(dataset, tmp_path / "p", monkeypatch, False, local_capacity="50%")
+    assert got == want
+    assert 0 < sent < 2 * 96 and stats["staged_local"] >= 1
+
+
+def test_a_changed_file_gives_the_typed_error_naming_it(dataset, tmp_path):
+    data = str(tmp_path / "data")
+    shutil.copytree(dataset, data)
+    with Loader(data, batch_size=8, local_dir=str(tmp_path / "l0"), num_workers=1) as L:
+        keys = list(L.manifest.keys)
+    grown, cut = keys[5], keys[9]
+    with open(os.path.join(data, grown), "ab") as f:   # sizes change, the folders' listings do not
+        f.write(b"more")
+    os.truncate(os.path.join(data, cut), 10)
+    with Loader(data, batch_size=8, local_dir=str(tmp_path / "l1"), num_workers=1, decode=digest,
+                on_error="skip") as L:
+        assert sum(len(xb) for xb, _ in L) == 94   # the two changed samples skipped, the rest served
+    with pytest.raises(SourceChanged) as e:
+        with Loader(data, batch_size=8, local_dir=str(tmp_path / "l2"), num_workers=1, decode=digest,
+                    shuffle=False) as L:
+            list(L)
+    assert grown in str(e.value) or cut in str(e.value)
+    # control: the untouched copy serves all 96
+    with Loader(dataset, batch_size=8, local_dir=str(tmp_path / "l3"), num_workers=1, decode=digest) as L:
+        assert sum(len(xb) for xb, _ in L) == 96
