@@ -173,8 +173,7 @@ class Loader:
             self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
         self.source = as_source(source, storage_options)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
-        if hasattr(self.source, "use_manifest"):   # an object store reads exactly the listed sizes
-            self.source.use_manifest(self.manifest)
+        self.source.use_manifest(self.manifest)   # an object store reads exactly the listed sizes
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
         self._cluster: Cluster | None = None

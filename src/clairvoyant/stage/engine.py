@@ -53,7 +53,7 @@ class Stager:
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
         self._stop = False
         self.fatal: BaseException | None = None  # an error that stopped a staging thread itself
-        self._read = getattr(source, "read_versioned", None) or (lambda key: (source.read(key), 0))
+        self._read = source.read_versioned
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
         self._size_lock = threading.Lock()
