@@ -23,6 +23,7 @@ from clairvoyant.cache.entry import check_entry, entry_size, unseal
 from clairvoyant.cache.extents import key_digest, read_entry
 from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.verify import verify
+from clairvoyant.source import Source
 from clairvoyant.testing import EmulatedStore
 from clairvoyant.testing.faults import disk_full_after
 
@@ -371,8 +372,14 @@ def _two_entry_tiers(tmp_path):
     from clairvoyant.cache.tiers import Tiers
     data = {k: bytes([i]) * 100 for i, k in enumerate("abcd")}
 
-    class Src:
+    class Src(Source):
         uri = "mem://owed"
+
+        def scan(self):
+            return ((k, len(v)) for k, v in data.items())
+
+        def read(self, key):
+            return data[key]
 
         def read_versioned(self, key):
             return data[key], 7

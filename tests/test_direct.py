@@ -85,11 +85,15 @@ def test_a_batch_that_falls_back_is_read_once(monkeypatch, tmp_path):
     read: every sample is read once (control: reading again would count each twice)."""
     from clairvoyant.load import worker
     from clairvoyant.load.decode import resolve
+    from clairvoyant.source import Source as SourceBase
 
     blobs = {"a": _jpeg(1), "b": _jpeg(2, fmt="PNG")}
     reads = []
 
-    class Source:
+    class Source(SourceBase):
+        def scan(self):
+            return ((k, len(b)) for k, b in blobs.items())
+
         def read(self, key):
             reads.append(key)
             return blobs[key]

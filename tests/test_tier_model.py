@@ -18,6 +18,7 @@ from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.tiers import LOCAL, Placement, Tiers
 from clairvoyant.errors import CorruptEntry
+from clairvoyant.source import Source
 
 from conftest import orphan_extents
 
@@ -26,8 +27,14 @@ SOURCE = {k: os.urandom(100 + 37 * i) for i, k in enumerate(KEYS)}
 CAPACITY = 4 * entry_size(250)
 
 
-class DictSource:
+class DictSource(Source):
     uri = "mem://model"
+
+    def scan(self):
+        return ((k, len(v)) for k, v in SOURCE.items())
+
+    def read(self, key: str) -> bytes:
+        return SOURCE[key]
 
     def read_versioned(self, key: str) -> tuple[bytes, int]:
         return SOURCE[key], 7

@@ -6,8 +6,8 @@ node-local storage while reader processes build batches from the local copy.
 """
 
 from .errors import (CacheError, ClairvoyantError, ConfigError, DecodeError, EmptySourceError,
-                     LocalDirNotWritable, LocalStorageFull, ManifestError, PeerLost, SampleReadError, SourceChanged,
-                     SourceError, SourceNotFound, WorkerDied, WorkerError)
+                     LocalDirNotWritable, LocalStorageFull, ManifestError, NotASource, PeerLost, SampleReadError,
+                     SourceChanged, SourceError, SourceNotFound, WorkerDied, WorkerError)
 from .load.loader import Loader
 from .load.seeding import ReaderInfo, get_worker_info
 from .manifest import Manifest
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Loader", "Manifest", "Source", "PosixSource", "ListedSource", "list_file_source",
     "get_worker_info", "ReaderInfo",
-    "ClairvoyantError", "ConfigError", "SourceError", "SourceNotFound", "EmptySourceError",
+    "ClairvoyantError", "ConfigError", "NotASource", "SourceError", "SourceNotFound", "EmptySourceError",
     "SampleReadError", "SourceChanged", "ManifestError", "CacheError", "LocalDirNotWritable",
     "LocalStorageFull", "DecodeError", "WorkerError", "WorkerDied", "PeerLost",
 ]

@@ -36,6 +36,10 @@ class SourceChanged(SourceError):
     """A sample on the source no longer matches the persisted manifest."""
 
 
+class NotASource(ConfigError, TypeError):
+    """An object given as a data source lacks what every source has (``uri``, ``scan``, ``read``)."""
+
+
 class ManifestError(ClairvoyantError, ValueError):
     """A persisted manifest is malformed or belongs to another source."""
 

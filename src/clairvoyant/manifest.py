@@ -494,7 +494,7 @@ def _load_tree(path: str, doc: dict, count: int, section: Callable) -> Tree | No
 
 def build(source: Source, progress: Callable[[int], None] | None = None) -> Manifest:
     """Walk the source once (a directory source: its folders and file attributes too)."""
-    if getattr(source, "walks_folders", False):
+    if source.walks_folders:   # a PosixSource: its walk, folders included
         source.check()
         got = Collector()
         for item in source.walk_tree():
@@ -505,15 +505,13 @@ def build(source: Source, progress: Callable[[int], None] | None = None) -> Mani
             raise EmptySourceError(f"data source {source.root!r} holds no files: point it at the directory that "
                                    "holds the samples")
         keys, sizes, tree = got.finish()
-        return Manifest.from_columns(source.uri, keys, sizes, getattr(source, "labels", None),
-                                     tuple(getattr(source, "classes", ())), tree)
+        return Manifest.from_columns(source.uri, keys, sizes, source.labels, tuple(source.classes), tree)
     entries = []
     for entry in source.scan():
         entries.append(entry)
         if progress is not None and len(entries) % 1000 == 0:
             progress(len(entries))
-    return Manifest.from_entries(source.uri, entries, getattr(source, "labels", None),
-                                 tuple(getattr(source, "classes", ())))
+    return Manifest.from_entries(source.uri, entries, source.labels, tuple(source.classes))
 
 
 def obtain(source: Source, path: str | None = None, *, reindex: bool = False,
@@ -564,7 +562,7 @@ def current(source: Source, manifest: Manifest, origin: str, *, require_folders:
     with the folders that changed since listed again (``refresh.py``; ``changed``: save it again);
     other sources' as it is. ``(None, False)`` when it records no folders and ``require_folders``:
     walk the source again."""
-    if not getattr(source, "walks_folders", False):
+    if not source.walks_folders:
         return manifest, False
     if manifest.tree is None:
         if require_folders:

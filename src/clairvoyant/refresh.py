@@ -144,8 +144,7 @@ def _relist(source: PosixSource, manifest, now: list[Entry | None], changed: lis
     files = Tree(np.concatenate([tree.file_modes[kept], tree_new.file_modes])[order],
                  np.concatenate([tree.file_times[kept], tree_new.file_times])[order],
                  tree_new.dirs, tree_new.dir_modes, tree_new.dir_times)
-    fresh = Manifest.from_columns(manifest.uri, keys, sizes, getattr(source, "labels", None),
-                                  tuple(getattr(source, "classes", ())), files)
+    fresh = Manifest.from_columns(manifest.uri, keys, sizes, source.labels, tuple(source.classes), files)
 
     before = {k: s for k, s, p in zip(old_keys, manifest.sizes.tolist(), parents) if p in relisted}
     after = dict(zip(keys_new, sizes_new.tolist()))

@@ -108,7 +108,8 @@ class Tiers:
         self.ram = self._ram_session.store
         self.inventory = dict(self._local_session.inventory)   # entry name -> bytes, when the session began
         self._warned: set[str] = set()
-        self._version = getattr(source, "version", None)
+        # None where the source cannot tell a change: a staged copy of an earlier session is trusted
+        self._version = source.version if source.versioned else None
         # kept samples whose move down from the RAM window waits for room (key, bytes, mtime), in
         # need order; their RAM bytes stay reserved until they move (see _move_down)
         self._owed: list[tuple[str, bytes, int]] = []

@@ -186,8 +186,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     else:
         source = as_source(args.path, _storage_options(args))
     man, _ = manifest_mod.obtain(source)
-    if hasattr(source, "use_manifest"):   # an object store: reads of exactly the listed sizes
-        source.use_manifest(man)
+    source.use_manifest(man)   # an object store: reads of exactly the listed sizes
     readers = tuple(int(r) for r in args.readers.split(","))
     quiet = args.json or not sys.stderr.isatty()
     res = probe(source, man, readers=readers, seconds=args.seconds, local_dir=args.local_dir,

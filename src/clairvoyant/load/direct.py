@@ -31,7 +31,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 def eligible(spec: Any) -> bool:
     """Whether a reader's batches may take this path (the batch itself is checked later)."""
     return (_simplejpeg is not None and spec.decode is decode_image and spec.transform is None
-            and spec.target_transform is None and not getattr(spec.source, "has_fields", False))
+            and spec.target_transform is None and not spec.source.has_fields)
 
 
 def decode_batch(blobs: Sequence[bytes], labels: Sequence[int], slot: Slot,

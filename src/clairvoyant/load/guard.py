@@ -163,8 +163,8 @@ def _check_sample(s, source, tiers) -> list[Finding]:
 
 
 def _mtime(source, key: str) -> int | None:
-    version = getattr(source, "version", None)
     try:
-        return int(version(key)[1]) if version is not None else None
+        v = source.version(key)
+        return int(v[1]) if v is not None else None
     except OSError:
         return None

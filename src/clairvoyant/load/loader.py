@@ -40,6 +40,7 @@ from ..tune.stats import Stats
 from ..tune.verdict import judge
 from .decode import resolve as resolve_decode
 from .guard import Guard
+from .options import RunOptions
 from .pipeline import EpochRun
 from .transport import Output
 from .worker import ReaderSpec
@@ -175,8 +176,7 @@ class Loader:
             self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
         self.source = as_source(source, storage_options)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
-        if hasattr(self.source, "use_manifest"):   # an object store reads exactly the listed sizes
-            self.source.use_manifest(self.manifest)
+        self.source.use_manifest(self.manifest)   # an object store reads exactly the listed sizes
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
         self._cluster: Cluster | None = None
@@ -337,11 +337,10 @@ class Loader:
         cluster cache serves samples from peers. Worked out once."""
         if self._ranges is None:
             self._ranges = False
-            find = getattr(self.source, "sample_ranges", None)
-            if self._cluster is None and find is not None and \
-                    self.tiers.local_capacity >= int(self._entry_sizes.sum()):
-                of, nbytes = find(self.manifest.keys)
-                self._ranges = RangeReader(Ranges(of=of, nbytes=nbytes), self.source.read_range)
+            if self._cluster is None and self.tiers.local_capacity >= int(self._entry_sizes.sum()):
+                found = self.source.sample_ranges(self.manifest.keys)
+                if found is not None:
+                    self._ranges = RangeReader(Ranges(of=found[0], nbytes=found[1]), self.source.read_range)
         return self._ranges or None
 
     def _serve(self, index: int) -> bytes | None:
@@ -439,16 +438,9 @@ class Loader:
         self._start, self._span, self._done = start, len(plan), 0
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers
-        run = EpochRun(source=self.source, manifest=self.manifest, tiers=self.tiers, plan=plan,
-                       num_workers=self.num_workers, prefetch=self.prefetch,
-                       stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
-                       lookahead=self.lookahead, reader=self._reader_spec(start),
-                       skip_errors=self.on_error == "skip", output=self._output, stats=self._stats,
-                       mp_context=self.mp_context,
-                       # ranks of a node keep samples for each other: a planned hit that another rank
-                       # has not written yet is worth waiting for a moment rather than read twice
-                       peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0,
-                       progress=self._progress, tuner=self._tuner,
+        run = EpochRun(plan=plan, source=self.source, manifest=self.manifest, tiers=self.tiers,
+                       reader=self._reader_spec(start), options=self._run_options(), output=self._output,
+                       stats=self._stats, progress=self._progress, tuner=self._tuner,
                        peer_fetch=self._cluster.fetch if self._cluster is not None else None,
                        ranges=self._range_reader() if plan.whole is not None else None)
         self._carry = (plan, run)
@@ -481,6 +473,16 @@ class Loader:
         if self._guard is None:
             self._guard = Guard(self, SpikeRule(window, threshold, warmup, rel_floor), keep)
         return self._guard
+
+    def _run_options(self) -> RunOptions:
+        """This pass's options, as the Loader holds them now (the tuners move readers and threads)."""
+        return RunOptions(num_workers=self.num_workers,
+                          stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
+                          prefetch=self.prefetch, lookahead=self.lookahead, skip_errors=self.on_error == "skip",
+                          mp_context=self.mp_context,
+                          # ranks of a node keep samples for each other: a planned hit that another rank
+                          # has not written yet is worth waiting for a moment rather than read twice
+                          peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
 
     def _reader_spec(self, position: int) -> ReaderSpec:
         return ReaderSpec(decode=self.decode, transform=self.transform, target_transform=self.target_transform,

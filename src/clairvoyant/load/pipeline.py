@@ -36,6 +36,7 @@ from ..source import Source
 from ..stage.engine import PeerFetch, RangeReader, Stager
 from ..tune.stats import Stats
 from ..tune.autotune import Tuner
+from .options import RunOptions
 from .pool import WorkerPool
 from .timeline import BatchTimeline
 from .transport import Output, unpack_copy, unpack_shared
@@ -103,12 +104,15 @@ def _reader_error(msg: Failed, k: int) -> Exception:
 
 
 class EpochRun:
-    def __init__(self, *, source: Source, manifest: Manifest, tiers: Tiers, plan: RankEpochPlan, num_workers: int,
-                 prefetch: int, stage_threads: int, lookahead: int, reader: ReaderSpec,
-                 skip_errors: bool, output: Output, stats: Stats, mp_context: str, peer_wait: float = 0.0,
-                 progress: "NodeProgress | None" = None, tuner: "Tuner | None" = None,
-                 peer_fetch: "PeerFetch | None" = None, ranges: "RangeReader | None" = None) -> None:
-        """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is."""
+    def __init__(self, *, plan: RankEpochPlan, source: Source, manifest: Manifest, tiers: Tiers, reader: ReaderSpec,
+                 options: RunOptions, output: Output, stats: Stats, progress: "NodeProgress | None" = None,
+                 tuner: "Tuner | None" = None, peer_fetch: "PeerFetch | None" = None,
+                 ranges: "RangeReader | None" = None) -> None:
+        """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is.
+        ``options``: the run's reader, staging and error options (load/options.py); ``progress``:
+        the node's deadline gate (balance=True); ``tuner``: moves the staging thread count
+        (stage_threads="auto"); ``peer_fetch``: the cluster cache's reads from other nodes; ``ranges``: the source's ranges,
+        where the plan reads some whole (plan/ranges.py)."""
         epoch, batches = plan.epoch, list(plan.batches)
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self.epoch = epoch
@@ -130,8 +134,8 @@ class EpochRun:
         # deadline scheduling across the node's ranks: this rank's staging frontier, shared
         self._progress, self._base = progress, (epoch << 32) + plan.first_batch
         self._frontier = 0
-        self._skip, self._output, self._stats = skip_errors, output, stats
-        self._lookahead = max(1, lookahead)
+        self._skip, self._output, self._stats = options.skip_errors, output, stats
+        self._lookahead = max(1, options.lookahead)
         self._lock = threading.Lock()
         self._remaining = [len(b) for b in batches]
         self._failed: dict[int, list[tuple[int, BaseException]]] = {}
@@ -144,7 +148,8 @@ class EpochRun:
         self._closed = False
         self._owner_pid = os.getpid()
         # Fork the readers before any staging thread exists.
-        self._pool = WorkerPool(num_workers, prefetch + LEND, reader, mp_context)
+        num_workers, prefetch = options.num_workers, options.prefetch
+        self._pool = WorkerPool(num_workers, prefetch + LEND, reader, options.mp_context)
         self._digests = reader.digests
         self.served: collections.deque | None = None   # the guard's record of the last batches served
         self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
@@ -155,8 +160,8 @@ class EpochRun:
         if progress is not None:
             progress.set(self._base)
             gate = lambda k, stopped: progress.wait_for(self._base + k, stopped)  # noqa: E731
-        self._stager = Stager(source, tiers, manifest, threads=stage_threads, on_done=self._on_staged,
-                              peer_wait=peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges)
+        self._stager = Stager(source, tiers, manifest, threads=options.stage_threads, on_done=self._on_staged,
+                              peer_wait=options.peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges)
         _LIVE.add(self)
         self._stager.drop([manifest.keys[s] for s in plan.drops])
         self._stager.start()

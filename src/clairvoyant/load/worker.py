@@ -224,7 +224,7 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
     """Read (unless ``reads`` holds what was read already), decode, transform and collate a batch."""
     samples, skipped, repaired = [], [], []
     served: list[tuple[int, str, int]] | None = [] if spec.digests else None
-    fields_of = spec.source.fields_of if getattr(spec.source, "has_fields", False) else None
+    fields_of = spec.source.fields_of if spec.source.has_fields else None
     clock = time.perf_counter
     read_s = decode_s = 0.0
     k, slot_id = job.batch, job.slot

@@ -1,4 +1,5 @@
-"""Sources: where the bytes live. ``as_source`` accepts a path or a source object."""
+"""Sources: where the bytes live. ``as_source`` is the edge: a path, a URL or a source object in,
+a :class:`Source` out."""
 
 from __future__ import annotations
 
@@ -6,21 +7,24 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
+from .adapter import AdaptedSource, adapt
 from .base import Source
 from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
 from .posix import PosixSource
 from .shards import TarShardSource, is_shard_dir
 from .remote import RemoteSource, is_url
 
-__all__ = ["Source", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource", "as_source",
-           "is_dataset", "list_file_source"]
+__all__ = ["Source", "AdaptedSource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
+           "as_source", "is_dataset", "list_file_source"]
 
 
 def as_source(obj: Any, storage_options: dict | None = None) -> Source:
     """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
     :class:`ListedSource`, a path (or glob) ending in .tar or a directory of nothing but .tar files
     a :class:`TarShardSource`; a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
-    :class:`RemoteSource` with ``storage_options``; a source object is returned as is."""
+    :class:`RemoteSource` with ``storage_options``; a :class:`Source` is returned as is, another
+    object with ``uri``, ``scan()`` and ``read(key)`` is adapted (:class:`AdaptedSource`); anything
+    else is a :class:`NotASource` error naming what it lacks."""
     if is_url(obj):
         return RemoteSource(obj, storage_options)
     if storage_options is not None:
@@ -34,9 +38,4 @@ def as_source(obj: Any, storage_options: dict | None = None) -> Source:
         if (os.fspath(obj).endswith(".tar") and not os.path.isdir(obj)) or is_shard_dir(os.fspath(obj)):
             return TarShardSource(obj)
         return PosixSource(obj)
-    if isinstance(obj, Source):
-        return obj
-    raise ConfigError(
-        f"cannot use {obj!r} as a data source: pass a directory path, a list file (.csv, .jsonl), a "
-        "torchvision-style dataset with a `samples` list, or an object with `uri`, `scan()` and `read(key)` "
-        "(see clairvoyant.source.Source)")
+    return adapt(obj)

@@ -15,6 +15,7 @@ from typing import Iterator, NamedTuple
 
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
 from ..fileio import read_file, read_with_mtime
+from .base import Source
 
 
 class Entry(NamedTuple):
@@ -34,7 +35,7 @@ def entry_of(name: str, st: os.stat_result) -> Entry:
                  stat.S_IMODE(st.st_mode), st.st_mtime_ns, st.st_atime_ns, st.st_ctime_ns)
 
 
-class PosixSource:
+class PosixSource(Source):
     """Every regular, non-hidden file below ``root`` is a sample keyed by its relative path."""
 
     #: the manifest records this source's folders and checks them for changes at each start

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceChanged, SourceError, SourceNotFound
+from .base import Source
 
 log = logging.getLogger("clairvoyant")
 T = TypeVar("T")
@@ -74,7 +75,7 @@ class _ShortRead(OSError):
     """Fewer bytes came than the listing gave: a dropped connection (retried)."""
 
 
-class RemoteSource:
+class RemoteSource(Source):
     """The objects below ``url`` (``s3://bucket/prefix``, ``gs://...``, ``https://host/dir``...),
     each a sample keyed by its path relative to the prefix.
 
@@ -165,7 +166,7 @@ class RemoteSource:
             fs.retries = 1     # s3fs's and gcsfs's own retry loops: one attempt, we retry
         return fs
 
-    # -- the Source protocol -------------------------------------------------------------------
+    # -- the Source interface ------------------------------------------------------------------
 
     def use_manifest(self, manifest: Any) -> None:
         """The sizes to expect: reads ask for exactly the listed bytes (the Loader calls this)."""

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
 from ..fdcache import FdCache
 from . import tarindex
+from .base import Source
 from .tarindex import ShardError, ShardIndex, index_path, split_member
 
 __all__ = ["TarShardSource", "ShardError", "split_member", "is_shard_dir"]
@@ -60,7 +61,7 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
 
 # -- the source -------------------------------------------------------------------------------
 
-class TarShardSource:
+class TarShardSource(Source):
     """The samples of a directory of ``.tar`` shards, a list of shard paths, or a glob."""
 
     def __init__(self, shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
@@ -170,7 +171,7 @@ class TarShardSource:
                                   "manifest was made; run `clairvoyant index --force` on them, or pass reindex=True")
         return i
 
-    # -- the Source protocol -----------------------------------------------------------------
+    # -- the Source interface ----------------------------------------------------------------
 
     def scan(self) -> Iterator[tuple[str, int]]:
         ix = self.index

@@ -69,11 +69,12 @@ class Stager:
         self._gate = gate             # gate(batch, stopped): waits while other ranks of the node are behind
         self._peer_fetch = peer_fetch  # the cluster cache: samples another node's tier serves
         self._ranges = ranges          # the source's ranges, where the plan reads some whole
+        self._reading: dict[int, threading.Event] = {}   # range -> set once its whole read is done
         self._queue: queue.SimpleQueue = queue.SimpleQueue()     # staging, in need order
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
         self._stop = False
         self.fatal: BaseException | None = None  # an error that stopped a staging thread itself
-        self._read = getattr(source, "read_versioned", None) or (lambda key: (source.read(key), 0))
+        self._read = source.read_versioned
         self._threads = [threading.Thread(target=self._run, name=f"clairvoyant-stager-{i}", daemon=True)
                          for i in range(threads)]
         self._size_lock = threading.Lock()
@@ -115,6 +116,9 @@ class Stager:
         is read whole here (``whole`` None: none is)."""
         items = [(batch_id, j, int(idx), bool(hit[j]), bool(keep[j]), -1 if peer is None else int(peer[j]),
                   whole is not None and bool(whole[j])) for j, idx in enumerate(indices)]
+        for it in items:
+            if it[6] and self._ranges is not None:   # its range's samples wait for this read, not their own
+                self._reading.setdefault(int(self._ranges.of[it[2]]), threading.Event())
         if self._native is not None:   # kept misses from a local POSIX source: to the native threads
             mine = [it for it in items if it[4] and not (it[3] or it[6]) and it[5] < 0]
             back = set(id(it) for it in self._native.submit(mine))
@@ -142,6 +146,8 @@ class Stager:
             self._stop = True
         if self._native is not None:
             self._native.close()
+        for ev in list(self._reading.values()):   # whole reads dropped unstarted: nobody waits on them
+            ev.set()
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:
@@ -216,7 +222,12 @@ class Stager:
         members = ranges.members(r)
         keys = [self._manifest.keys[i] for i in members]
         sizes = [int(self._manifest.sizes[i]) for i in members]
-        out = self._tiers.stage_range(keys, sizes, lambda pos: ranges.read(r, [members[k] for k in pos]))
+        try:
+            out = self._tiers.stage_range(keys, sizes, lambda pos: ranges.read(r, [members[k] for k in pos]))
+        finally:
+            done = self._reading.pop(r, None)
+            if done is not None:
+                done.set()
         loc = None if out is None else out[members.index(idx)]
         return None if loc is None else Placement(LOCAL, loc, True)   # (None: present, or no room)
 
@@ -224,6 +235,9 @@ class Stager:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
         tiers = self._tiers
         if hit:
+            reading = self._reading.get(int(self._ranges.of[idx])) if self._reading else None
+            if reading is not None:   # placed by its range's read, under way in another thread
+                reading.wait(60.0)
             path = tiers.find_local(key, size, self._peer_wait)
             if path is None and self._native is not None:   # the native threads may be staging it now
                 self._native.wait(idx)

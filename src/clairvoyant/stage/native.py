@@ -33,7 +33,7 @@ Item = tuple   # the Python stager's item: (batch, position, sample, hit, keep, 
 
 def applies(source, tiers: Tiers, gated: bool) -> bool:
     """Whether the Loader's kept misses from ``source`` go to the native engine (module docstring)."""
-    return (native_stage.available() and bool(getattr(source, "native_reads", False)) and tiers.direct
+    return (native_stage.available() and source.native_reads and tiers.direct
             and not gated)
 
 

@@ -90,11 +90,8 @@ def _pct(xs: list[float], qs=(50, 90, 99)) -> dict:
 
 def _stat_once(source, key: str) -> None:
     # a file's version (a stat), an object's size (a HEAD request: RemoteSource.head)
-    version = getattr(source, "version", None) or getattr(source, "head", None)
-    if version is not None:
-        version(key)
-    else:
-        os.stat(os.path.join(getattr(source, "root", ""), key))
+    if source.head(key) is None:   # a source with no metadata request of its own
+        os.stat(os.path.join(source.root or "", key))
 
 
 def probe(source, manifest: Manifest, *, readers=READERS, seconds: float = 1.0, timed: int = 64, seed: int = 0,
