@@ -46,6 +46,9 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	# clairvoyant mount under capacity pressure (issue 22): 4 nodes at 30%, with and without the sampler
 	$(PY) benchmarks/mount_capacity.py
 	$(PY) benchmarks/mount_capacity.py --no-sampler
+	# one rank's memory at 1.28 M samples (issue 22); tar shards cold against warm (LitData beside it)
+	$(PY) benchmarks/rank_memory.py
+	$(PY) benchmarks/packed_peers.py --shards 24 --peers litdata
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -89,6 +89,8 @@ def child(manifest: str, local: str, batches: int, batch: int) -> dict:
     out["after_batches"] = rss()
     out["batches"] = n
     out["tiers"] = loader.stats()["tiers"]
+    out["ram_window_mib"] = round(loader.tiers.usage()["ram"]["used"] / 2**20, 1)   # staged bytes held here
+    out["lookahead"] = loader.lookahead
     out["capacities"] = {k: str(v) for k, v in loader.capacities.items()}
     loader.close()
     return out

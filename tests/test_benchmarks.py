@@ -138,3 +138,12 @@ def test_mount_capacity_tiny():
     res = json.loads(run("mount_capacity.py", "--images", "160", "--epochs", "2", "--size", "32", "--json"))
     assert res["store_opens"] <= res["plan_misses"] and res["plan_misses"] > 160, res
     assert all(n["evicted_unread"] == 0 for n in res["nodes"]), res
+
+
+def test_rank_memory_tiny():
+    import json
+    res = json.loads(run("rank_memory.py", "--tiny", "--json"))
+    assert res["batches"] == 3 and res["samples"] == 2000
+    after = res["after_batches"]
+    assert after["VmRSS"] >= res["after_import_torch"]["VmRSS"] * 0.5 > 0   # numbers read, not made up
+    assert res["tiers"]["fetches"] >= 3 * 32   # the batches' samples were read from the source
