@@ -4,7 +4,11 @@ whole. Every check has a negative control that must fail."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -184,3 +188,46 @@ def test_a_failed_range_read_leaves_nothing_placed_and_each_sample_is_read_on_it
     assert len(e0) == 95   # the one sample whose range read failed is skipped, the rest all come
     assert stats["range_reads"] == shards - 1 and stats["missed_hits"] >= 1
     assert reads == (shards - 1) + stats["missed_hits"]
+
+
+TWO_RANKS = textwrap.dedent("""
+    import hashlib, json, sys, threading
+    import numpy as np
+    from clairvoyant import Loader
+    from clairvoyant.source import shards as shards_mod
+    rank = int(sys.argv[3])
+    calls, lock, orig = [], threading.Lock(), shards_mod._pread
+    def counting(fd, n, off):
+        with lock:
+            calls.append(n)
+        return orig(fd, n, off)
+    shards_mod._pread = counting
+    digest = lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()
+    out = {"epochs": []}
+    with Loader(sys.argv[1], batch_size=4, local_dir=sys.argv[2], rank=rank, world_size=2, local_world_size=2,
+                num_workers=1, seed=3, decode=digest) as ld:
+        for e in range(2):
+            ld.set_epoch(e)
+            n0 = len(calls)
+            got = [bytes(x).hex() for xb, _ in ld for x in xb]
+            out["epochs"].append({"samples": got, "reads": len(calls) - n0})
+        out["tiers"] = ld.stats()["tiers"]
+    print(json.dumps(out))
+""")
+
+
+def test_the_ranks_of_a_node_read_each_range_once_between_them(packed, tmp_path, no_leaks):
+    local = str(tmp_path / "l")
+    procs = [subprocess.Popen([sys.executable, "-c", TWO_RANKS, packed, local, str(r)], stdout=subprocess.PIPE,
+                              text=True) for r in (0, 1)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    shards = len(TarShardSource(packed).paths)
+    for e in range(2):   # every sample once per epoch across the two ranks
+        both = outs[0]["epochs"][e]["samples"] + outs[1]["epochs"][e]["samples"]
+        assert len(both) == 96 and len(set(both)) == 96
+    reads0 = sum(o["epochs"][0]["reads"] for o in outs)
+    missed = sum(o["tiers"]["missed_hits"] for o in outs)
+    assert sum(o["tiers"]["range_reads"] for o in outs) == shards
+    assert reads0 == shards + missed and missed <= 4, (reads0, missed)
+    assert sum(o["epochs"][1]["reads"] for o in outs) == 0
