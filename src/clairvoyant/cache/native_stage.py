@@ -48,6 +48,17 @@ def available() -> bool:
     return _Engine is not None
 
 
+class Job(NamedTuple):
+    """One file for the C threads (``_stager.c`` parses it as this tuple, in this order)."""
+
+    token: int
+    path: str            # relative to the source root
+    size: int            # bytes, as listed
+    out_fd: int          # the extent the entry goes into
+    offset: int          # where in it
+    lock_offset: int     # the key's node-wide lock byte (cache/tier_format.h)
+
+
 class Done(NamedTuple):
     token: int
     key: str
@@ -104,7 +115,7 @@ class NativeStager:
                 job = None
                 store.abandon(ext, offset, n)
                 raise RuntimeError("the stager is closed")
-            self._engine.submit(token, key, size, ext.fd, offset, store.lock_offset(key))
+            self._engine.submit(*Job(token, key, size, ext.fd, offset, store.lock_offset(key)))
             ok = True   # the engine's now: it comes back from collect
             return True
         finally:
@@ -166,7 +177,7 @@ class NativeStager:
                 store.abandon(job[1], job[2], job[3])
             raise RuntimeError("the stager is closed")
         try:
-            self._engine.submit_many([(t, key, items[k][2], ext.fd, offset, store.lock_offset(key))
+            self._engine.submit_many([Job(t, key, items[k][2], ext.fd, offset, store.lock_offset(key))
                                       for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
         except BaseException:
             self._unclaim(tokens, jobs, give_back=True)
