@@ -170,7 +170,7 @@ class Loader:
             self.topology = self._place()
         else:
             lws = int(local_world_size or 1)
-            self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
+            self.topology = validate(int(rank), int(world_size), local_world_size=lws)
         self.source = as_source(source, storage_options)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         if hasattr(self.source, "use_manifest"):   # an object store reads exactly the listed sizes
@@ -256,7 +256,7 @@ class Loader:
         ``local_world_size=`` argument overrides the node layout."""
         lws = self._local_world_size
         t = resolve()
-        return t if lws is None else validate(t.rank, t.world_size, t.local_rank, lws, origin=t.origin)
+        return t if lws is None else validate(t.rank, t.world_size, local_world_size=lws, origin=t.origin)
 
     def _follows_group(self) -> bool:
         """A process group is there and its ranks have not compared notes yet (also one started
