@@ -73,7 +73,8 @@ def child(args: argparse.Namespace) -> None:
     from clairvoyant import manifest as manifest_mod
     from clairvoyant.cache.entry import entry_size
     from clairvoyant.cache.extents import key_digest
-    from clairvoyant.plan.rank_plan import ClusterSpec, Layout, PlanConfig, plan_rank_epoch
+    from clairvoyant.plan.layout import NodeLayout
+    from clairvoyant.plan.rank_plan import ClusterTiers, PlanConfig, plan_rank_epoch
     res: dict = {"after_imports": memory()}
     t = time.perf_counter()
     man = manifest_mod.load(args.manifest)
@@ -92,12 +93,11 @@ def child(args: argparse.Namespace) -> None:
     entry_sizes = ld._entry_sizes   # what the loader plans with (manifest sizes + entry header)
     assert entry_sizes[0] == man.sizes[0] + entry_size(0)
     config = PlanConfig(len(man), args.batch_size, seed=0)
-    nodes = tuple(range(n * rpn, (n + 1) * rpn) for n in range(args.nodes))
-    layout = Layout(0, world, nodes[0])
+    layout = NodeLayout.blocks(world, rpn, rank=0)
     capacities = (int(args.capacity),) * args.nodes
-    held: tuple = tuple({} for _ in nodes)
+    held: tuple = tuple({} for _ in layout.nodes)
     for epoch in (0, 1):
-        spec = ClusterSpec(nodes=nodes, node=0, capacities=capacities, residents=held)
+        spec = ClusterTiers(layout, capacities, held)
         t = time.perf_counter()
         plan = plan_rank_epoch(entry_sizes, config, layout, epoch=epoch, capacity=capacities[0], residents={},
                                cluster=spec)

@@ -48,7 +48,8 @@ def test_the_hit_rate_on_many_nodes_follows_what_each_node_has_read(nodes, fract
     import numpy as np
 
     from clairvoyant.plan.budget import epoch_hit_rate
-    from clairvoyant.plan.residency import node_sequence, simulate_epoch
+    from clairvoyant.plan.residency import simulate_epoch
+    from clairvoyant.plan.sequence import node_sequence
 
     n, batch = 4096, 8
     sizes = np.ones(n, dtype=np.int64)

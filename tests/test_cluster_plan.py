@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from clairvoyant.errors import ConfigError
 from clairvoyant.plan import plan_epoch
 from clairvoyant.plan import residency
-from clairvoyant.plan.cluster import NodeLayout, cluster_sequence, home_nodes, plan_cluster_epoch
-from clairvoyant.plan.residency import node_sequence, simulate_epoch
+from clairvoyant.plan.cluster import home_nodes, plan_cluster_epoch
+from clairvoyant.plan.layout import NodeLayout
+from clairvoyant.plan.residency import simulate_epoch
+from clairvoyant.plan.sequence import cluster_sequence, node_sequence
 
 needs_c = pytest.mark.skipif(residency._c_simulate is None,
                              reason="the C helper is not built (or CLAIRVOYANT_NO_CEXT is set): nothing to compare")

@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clairvoyant.plan import plan_epoch
-from clairvoyant.plan.rank_plan import Layout, PlanConfig, plan_rank_epoch
-from clairvoyant.plan.residency import node_sequence, simulate_epoch
+from clairvoyant.plan.layout import rank_on_node as Layout
+from clairvoyant.plan.rank_plan import PlanConfig, plan_rank_epoch
+from clairvoyant.plan.residency import simulate_epoch
+from clairvoyant.plan.sequence import node_sequence
 
 
 def node_plans(n, sizes, config, world, node, epoch, capacity, residents, position):
@@ -67,8 +69,8 @@ def test_the_node_check_sees_a_rank_plan_of_another_node():
 def test_late_drops_read_once_go_when_served():
     """A home sample a peer reads last may be deleted as soon as that peer has been served, unless
     the epoch reads it twice (a padded twin): those wait for the step lag."""
-    from clairvoyant.plan.cluster import NodeLayout, cluster_sequence
-    from clairvoyant.plan.rank_plan import ClusterSpec
+    from clairvoyant.plan.rank_plan import cluster_tiers as ClusterSpec
+    from clairvoyant.plan.sequence import cluster_sequence
     n, nodes = 203, 4   # 203 on 4 ranks: one padded sample read twice
     sizes = np.random.default_rng(3).integers(10, 30, n)
     cfg = PlanConfig(num_samples=n, batch_size=4, seed=5)

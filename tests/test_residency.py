@@ -6,7 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clairvoyant.plan.residency import node_ranks, node_sequence, simulate_epoch
+from clairvoyant.plan.layout import block_ranks as node_ranks
+from clairvoyant.plan.residency import simulate_epoch
+from clairvoyant.plan.sequence import node_sequence
 from clairvoyant.plan import plan_epoch
 from clairvoyant.testing.reference import belady_hits, lru_hits
 

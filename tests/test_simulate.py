@@ -13,8 +13,11 @@ import pytest
 from clairvoyant.cli.main import main
 from clairvoyant.plan.order import epoch_order
 from clairvoyant.plan.partition import padded_rest
-from clairvoyant.plan.rank_plan import ClusterSpec, Layout, PlanConfig, plan_rank_epoch
-from clairvoyant.plan.residency import node_sequence, simulate_epoch
+from clairvoyant.plan.layout import rank_on_node as Layout
+from clairvoyant.plan.rank_plan import PlanConfig, plan_rank_epoch
+from clairvoyant.plan.rank_plan import cluster_tiers as ClusterSpec
+from clairvoyant.plan.residency import simulate_epoch
+from clairvoyant.plan.sequence import node_sequence
 from clairvoyant.sim import Hardware, Job, StoreModel, dataset_sizes, simulate
 from clairvoyant.sim.engine import run_policy
 from clairvoyant.sim.policies import (ClusterPolicy, NodeTierPolicy, POLICIES, StorePolicy, make_policy,

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from clairvoyant import ConfigError
-from clairvoyant.dist.topology import Topology, detect
+from clairvoyant.dist.topology import detect
+from clairvoyant.dist.topology import validate as Topology
 
 
 @pytest.mark.parametrize("env, expected", [

@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, PeerLost
+from ..plan.layout import NodeLayout
 from . import peers
 
 log = logging.getLogger("clairvoyant")
@@ -80,7 +81,7 @@ def fingerprint(**fields: object) -> bytes:
 
 
 class Cluster:
-    """This rank in the job's cluster: node layout, capacities, and the peer service."""
+    """This rank in the job's cluster: node layout (``layout``), capacities, and the peer service."""
 
     def __init__(self, *, plan_fingerprint: bytes, timeout: float = PEER_TIMEOUT) -> None:
         """Join the job's cluster (collective: every rank of the job makes its Loader alike)."""
@@ -95,9 +96,8 @@ class Cluster:
                     f"ranks {g} share a node but are not numbered in one block: launch with the ranks of "
                     "each node numbered consecutively (Open MPI's default --map-by slot, not --map-by node), "
                     "or pass cluster=False")
-        self.nodes: tuple[range, ...] = tuple(range(g[0], g[0] + len(g)) for g in groups)
+        self.layout = NodeLayout(tuple(tuple(g) for g in groups), self.rank, "MPI")
         self._coll = self.comm.Dup()   # the epochs' exchanges: revocable without touching the caller's
-        self.node = next(i for i, g in enumerate(self.nodes) if self.rank in g)
         self.timeout = timeout
         self.capacities: tuple[int, ...] = ()
         self._service: peers.PeerService | None = None
@@ -105,7 +105,7 @@ class Cluster:
     def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
         caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
-        self.capacities = tuple(int(caps[g.start]) for g in self.nodes)
+        self.capacities = tuple(int(caps[g[0]]) for g in self.layout.nodes)
         self._service = peers.PeerService(self.comm, serve)
         self._service.start()
 
@@ -179,7 +179,7 @@ class Cluster:
 
     def residents(self, mine: Mapping[int, int]) -> list[dict[int, int]]:
         """Every node's residents (sample -> entry bytes), from each node's first rank's ``mine``."""
-        first = self.rank == self.nodes[self.node].start
+        first = self.layout.local_rank == 0
         idx = np.fromiter(mine.keys(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
         val = np.fromiter(mine.values(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
         counts = self._allgather_int(len(idx), "the exchange of every node's residents")
@@ -191,19 +191,18 @@ class Cluster:
         self._collective(what, "Iallgatherv", idx, [all_idx, counts, displs, MPI.INT64_T])
         self._collective(what, "Iallgatherv", val, [all_val, counts, displs, MPI.INT64_T])
         out = []
-        for g in self.nodes:
-            a, n = int(displs[g.start]), int(counts[g.start])
+        for g in self.layout.nodes:
+            a, n = int(displs[g[0]]), int(counts[g[0]])
             out.append(dict(zip(all_idx[a:a + n].tolist(), all_val[a:a + n].tolist())))
         return out
 
     def fetch(self, node: int, index: int, size: int) -> bytes | None:
         """Sample ``index`` from node ``node``'s tier (verified), or None: ask the rank of that node
         with this rank's position within its own node, so the node's ranks share the serving."""
-        g = self.nodes[node]
-        mine = self.rank - self.nodes[self.node].start
+        g = self.layout.nodes[node]
         if self._service is None:
             return None
-        return self._service.fetch(g.start + mine % len(g), index, size, self.timeout)
+        return self._service.fetch(g[self.layout.local_rank % len(g)], index, size, self.timeout)
 
     def counters(self) -> dict:
         return self._service.counters() if self._service is not None else {}

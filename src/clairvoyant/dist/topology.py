@@ -1,4 +1,5 @@
-"""Where this process sits: rank, world size and the ranks of its node.
+"""MECHANISM: where this process sits: rank, world size and the ranks of its node, found out and
+given as the one layout type (plan/layout.py ``NodeLayout``).
 
 The truth, in order: arguments given to the Loader; an initialised
 ``torch.distributed`` process group (what Lightning, Accelerate and torchrun
@@ -16,10 +17,10 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..errors import ConfigError
+from ..plan.layout import NodeLayout
 
 GATHER_TIMEOUT = 300.0   # seconds the Loader's one exchange over the process group waits for every rank
 
@@ -33,15 +34,6 @@ _LAUNCHERS = (
 )
 
 
-@dataclass(frozen=True)
-class Topology:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1   # ranks on this node (they share the node's cache tiers)
-    origin: str = field(default="single process", compare=False)   # where the numbers came from
-
-
 def _launcher(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
     for names in _LAUNCHERS:
         if names[0] in env and names[1] in env:
@@ -49,12 +41,12 @@ def _launcher(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
     return None
 
 
-def detect(env: Mapping[str, str] | None = None) -> Topology:
+def detect(env: Mapping[str, str] | None = None) -> NodeLayout:
     """The first launcher whose variables are set wins; none set means a single process."""
     env = os.environ if env is None else env
     names = _launcher(env)
     if names is None:
-        return Topology()
+        return NodeLayout(((0,),), 0, "single process")
     rank_var, size_var, local_var, local_size_var = names
     try:
         rank, size = int(env[rank_var]), int(env[size_var])
@@ -78,7 +70,7 @@ def process_group() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
-def resolve(env: Mapping[str, str] | None = None) -> Topology:
+def resolve(env: Mapping[str, str] | None = None) -> NodeLayout:
     """This process's place in the job, from the process group if one is initialised (checked
     against the launcher's variables), else from the variables (``detect``). Never a collective
     call: under a group without the node's variables the layout is this rank alone until
@@ -131,7 +123,7 @@ def local_from_env(env: Mapping[str, str], rank: int, size: int) -> tuple[int, i
         if all(v in env for v in names):
             t = detect({v: env[v] for v in names})
             if (t.rank, t.world_size) == (rank, size):
-                return t.local_rank, t.local_world_size
+                return int(env[names[2]]) if names[2] in env else 0, t.local_world_size
     return None
 
 
@@ -173,28 +165,41 @@ def gather_over_group(values: list[int], timeout: float | None = None) -> list[l
     return [t.tolist() for t in every]
 
 
-def layout_of(names: list[int], rank: int) -> tuple[int, int]:
-    """(local rank, ranks on this node) from every rank's node-name digest. Every node's ranks
+def nodes_of(names: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The ranks of each node from every rank's node-name digest (by rank). Every node's ranks
     must be consecutive, as torchrun, Lightning and Accelerate place them: otherwise every rank
     raises alike (``ConfigError``), so that none goes on alone."""
-    first: dict[int, int] = {}
+    groups: list[list[int]] = []
+    seen: set[int] = set()
     for r, name in enumerate(names):
-        if name in first and names[r - 1] != name:
+        if r and names[r - 1] == name:
+            groups[-1].append(r)
+            continue
+        if name in seen:
             apart = [q for q, n in enumerate(names) if n == name]
             raise ConfigError(f"ranks {apart} share a node but are not consecutive: clairvoyant needs a node's "
                               "ranks in one block (as torchrun places them); set LOCAL_RANK and LOCAL_WORLD_SIZE, "
                               "or pass local_world_size= to the Loader")
-        first.setdefault(name, r)
-    mine = names[rank]
-    return rank - first[mine], names.count(mine)
+        seen.add(name)
+        groups.append([r])
+    return tuple(tuple(g) for g in groups)
+
+
+def layout_of(names: Sequence[int], rank: int) -> tuple[int, int]:
+    """(local rank, ranks on this node) of ``rank`` from every rank's node-name digest (``nodes_of``)."""
+    t = NodeLayout(nodes_of(names), rank)
+    return t.local_rank, t.local_world_size
 
 
 def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,
-             origin: str = "given") -> Topology:
+             origin: str = "given") -> NodeLayout:
+    """The layout a launcher's numbers describe: ranks in node blocks of ``local_world_size``. The
+    launcher's ``local_rank`` is not kept: a rank's place on its node follows from the blocks (as
+    the plan has always taken it)."""
     if world_size < 1:
         raise ConfigError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
     if not 1 <= local_world_size <= world_size:
         raise ConfigError(f"local_world_size (ranks per node) must be in [1, {world_size}], got {local_world_size}")
-    return Topology(rank, world_size, local_rank, local_world_size, origin)
+    return NodeLayout.blocks(world_size, local_world_size, rank=rank, origin=origin)

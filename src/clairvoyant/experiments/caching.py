@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..cache.entry import entry_size
-from ..plan.residency import node_ranks, node_sequence
+from ..plan.sequence import node_sequence
 from ..testing import EmulatedStore, make_dataset
 from ..testing.reference import belady_hits, lru_hits
 from .processes import run_forked
@@ -71,7 +71,7 @@ def hit_rates(*, images: int = 2000, fractions=(0.10, 0.25, 0.50, 0.75), ranks_g
     total = int(sizes.sum())
     rows = []
     for R in ranks_grid:
-        seqs = [node_sequence(len(man), seed=seed, epoch=e, world_size=R, ranks=node_ranks(0, R, R),
+        seqs = [node_sequence(len(man), seed=seed, epoch=e, world_size=R, ranks=range(R),
                               batch_size=batch_size) for e in range(epochs)]
         full = np.concatenate(seqs)
         bounds = np.cumsum([0] + [len(s) for s in seqs])

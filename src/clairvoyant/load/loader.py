@@ -24,13 +24,13 @@ from ..cache.progress import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist import cluster as cluster_mod
 from ..dist.cluster import Cluster
-from ..dist.topology import (Topology, digest63, gather_over_group, layout_of, local_from_env, node_name,
-                             process_group, resolve, validate)
+from ..dist.topology import (digest63, gather_over_group, local_from_env, node_name, nodes_of, process_group,
+                             resolve, validate)
 from ..errors import ConfigError, CorruptEntry, EmptySourceError
 from ..plan import num_batches, position_after
+from ..plan.layout import NodeLayout
 from ..plan.ranges import Ranges
-from ..plan.rank_plan import ClusterSpec, Layout, PlanConfig, RankEpochPlan, plan_rank_epoch
-from ..plan.residency import node_ranks
+from ..plan.rank_plan import ClusterTiers, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..source import DatasetPort, as_source, is_dataset
 from ..stage.engine import RangeReader
 from ..tune.autotune import ReaderTuner, Tuner
@@ -173,7 +173,7 @@ class Loader:
             self.topology = self._place()
         else:
             lws = int(local_world_size or 1)
-            self.topology = validate(int(rank), int(world_size), int(rank) % lws, lws)
+            self.topology = validate(int(rank), int(world_size), local_world_size=lws)
         self.source = as_source(source, storage_options)
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         self.source.use_manifest(self.manifest)   # an object store reads exactly the listed sizes
@@ -188,8 +188,7 @@ class Loader:
             if (c.rank, c.world_size) != (t.rank, t.world_size):
                 raise ConfigError(f"MPI says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
                                   f"of {t.world_size}: pass the MPI rank and size, or cluster=False")
-            self.topology = validate(t.rank, t.world_size, t.rank - c.nodes[c.node].start, len(c.nodes[c.node]),
-                                     origin="MPI")
+            self.topology = c.layout
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
@@ -251,24 +250,23 @@ class Loader:
             self._progress = None
         t = self.topology
         if self._balance and t.local_world_size > 1:
-            ranks = node_ranks(t.rank, t.world_size, t.local_world_size)
-            self._progress = NodeProgress(self.tiers.local.root, ranks.index(t.rank), len(ranks))
+            self._progress = NodeProgress(self.tiers.local.root, t.local_rank, t.local_world_size)
 
     # -- where this process sits ------------------------------------------------------------------
 
-    def _place(self) -> Topology:
+    def _place(self) -> NodeLayout:
         """Rank, world size and node layout when none were given (dist/topology.py); a
         ``local_world_size=`` argument overrides the node layout."""
         lws = self._local_world_size
         t = resolve()
-        return t if lws is None else validate(t.rank, t.world_size, t.local_rank, lws, origin=t.origin)
+        return t if lws is None else validate(t.rank, t.world_size, local_world_size=lws, origin=t.origin)
 
     def _follows_group(self) -> bool:
         """A process group is there and its ranks have not compared notes yet (also one started
         after this Loader was made: Lightning's DDP starts it in ``Trainer.fit``)."""
         return not self._topology_given and self._cluster is None and not self._agreed and process_group() is not None
 
-    def _where(self) -> Topology:
+    def _where(self) -> NodeLayout:
         """The topology, as the process group says now (no collective call)."""
         return self._place() if self._follows_group() else self.topology
 
@@ -292,9 +290,9 @@ class Loader:
                 f"ranks {differ} list {sorted({rows[r][1] for r in differ})} (or other files): the source changed "
                 "while the job started. Run `clairvoyant index SRC` once before the job, then start it again")
         if self._local_world_size is None and local_from_env(os.environ, t.rank, t.world_size) is None:
-            t = validate(t.rank, t.world_size, *layout_of([row[0] for row in rows], t.rank), origin=t.origin)
+            t = NodeLayout(nodes_of([row[0] for row in rows]), t.rank, t.origin)
         self._agreed, self.topology = True, t
-        if (t.rank, t.world_size, t.local_world_size) == (old.rank, old.world_size, old.local_world_size):
+        if t == old:
             return
         log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed (it had rank %d of %d, "
                  "node of %d, from %s)", t.rank, t.world_size, t.local_world_size, old.rank, old.world_size,
@@ -316,18 +314,17 @@ class Loader:
         """This rank's plan of the current epoch from global ``position`` on (plan/rank_plan.py),
         starting from what the last epoch's plan left in the local tier if that epoch ran to its
         end, else from what the tier holds now."""
-        t, c = self.topology, self._cluster
-        layout = Layout(t.rank, t.world_size, node_ranks(t.rank, t.world_size, t.local_world_size))
+        c = self._cluster
         last = self._carry
         carried = last is not None and last[0].epoch == self._epoch - 1 and position == 0 and last[1].completed
         spec = None
         if c is not None:   # every node's residents: carried over where every rank can, else exchanged
             carried = c.all_true(carried)   # (collective calls, taken alike by every rank)
             held = last[0].cluster_residents if carried else c.residents(self._residents())
-            spec = ClusterSpec(c.nodes, c.node, c.capacities, tuple(held))
+            spec = ClusterTiers(c.layout, c.capacities, tuple(held))
         residents = last[0].residents_after if carried else ({} if c is not None else self._residents())
         reader = self._range_reader() if spec is None else None
-        return plan_rank_epoch(self._entry_sizes, self._config, layout, epoch=self._epoch,
+        return plan_rank_epoch(self._entry_sizes, self._config, self.topology, epoch=self._epoch,
                                capacity=self.tiers.local_capacity, residents=residents, position=position,
                                cluster=spec, ranges=None if reader is None else reader.ranges)
 
@@ -552,7 +549,8 @@ class Loader:
         d["stage_threads"] = self._tuner.threads if self._tuner is not None else self.stage_threads
         d["readers"] = self._reader_tuner.readers if self._reader_tuner is not None else self.num_workers
         if self._cluster is not None:
-            d["cluster"] = dict(self._cluster.counters(), node=self._cluster.node, nodes=len(self._cluster.nodes))
+            d["cluster"] = dict(self._cluster.counters(), node=self._cluster.layout.node,
+                                nodes=self._cluster.layout.num_nodes)
         return d
 
     def _epoch_done(self, run: EpochRun) -> None:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from ..cache.node import residents
 from ..cache.tiers import LOCAL
 from ..plan.ahead import StagedAhead, to_stage
 from ..plan.readahead import Readahead
+from ..plan.sequence import interleave
 from .listing import publish_bytes
 from .orders import PROGRESS_EVERY, published, read_order, read_progress
 
@@ -51,6 +52,16 @@ EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from th
 BACKLOG = 4096   # files read from the source waiting for a staging slot, at most
 CHUNK = 32   # files of the plan handed to the stager in one call, at most
 MIN_LAG = 2 * PROGRESS_EVERY   # positions handed out before a use unseen by the daemon counts as past
+
+
+class _Numbered(NamedTuple):
+    """A published order's files as numbers: ``files`` in order, ``counts`` per index (as many as
+    the manifest knows), for this epoch and the next (``next_*``)."""
+
+    files: np.ndarray
+    counts: np.ndarray
+    next_files: np.ndarray
+    next_counts: np.ndarray
 
 
 def _plan_key(cur: dict) -> tuple:
@@ -90,7 +101,8 @@ class Controller:
         self._giving_way = threading.Lock()   # held while read-ahead evicts; a plan starts after that
         self._plan_key: tuple | None = None
         self._dir_seen, self._dir_looked = None, 0.0
-        self._parsed: dict[str, tuple] = {}   # order file -> ((inode, mtime, size), its parsed order)
+        # order file -> ((inode, mtime, size), its parsed order, its files as numbers (_numbered))
+        self._parsed: dict[str, tuple] = {}
         self._pending = 0          # bytes submitted for staging and not yet placed
         self._flying: set[int] = set()   # files whose copy is under way (the Python stager's)
         # with a sampler: the daemon's first reads (file, from the source?) for the plan's thread,
@@ -413,7 +425,8 @@ class Controller:
                 ident = (st.st_ino, st.st_mtime_ns, st.st_size)   # replaced by rename: a new inode
                 cached = self._parsed.get(path)
                 if cached is None or cached[0] != ident:   # parse a published order once, not every look
-                    cached = self._parsed[path] = (ident, read_order(path))
+                    order = read_order(path)
+                    cached = self._parsed[path] = (ident, order, self._numbered(order))
                 orders[rank] = cached[1]
             except Exception:
                 continue   # being replaced, or foreign: the next look sees it whole
@@ -464,11 +477,13 @@ class Controller:
                 self._stop.wait(WATCH_EVERY)
         ranks = sorted(cur)
         epoch = cur[ranks[0]].epoch
-        seq, per_step = self._merge([cur[r].groups for r in ranks])
+        nums = [self._numbers_of(cur[r]) for r in ranks]
+        merged = interleave([n.files for n in nums], [n.counts for n in nums])   # like the Loader's
+        seq, per_step = merged.samples, merged.step_ends.tolist()
         # the next epoch's order, where every rank sent one: its uses count as next uses, and once
         # this epoch is staged, staging goes on into it (within the capacity)
-        following = [cur[r].following for r in ranks]
-        after = self._merge(following)[0] if all(following) else []
+        after = (interleave([n.next_files for n in nums], [n.next_counts for n in nums]).samples
+                 if all(cur[r].following for r in ranks) else np.zeros(0, np.int64))
         with self._lock:
             self.stats.update(plans=self.stats["plans"] + 1, epoch=epoch, ranks=len(ranks), sequence=len(seq),
                               following=len(after), frontier=0, consumed=0)
@@ -476,8 +491,8 @@ class Controller:
         entry = self.sizes + entry_size(0)
         held_now = residents(self.manifest, self.tiers.local.entries(), entry)   # as the Loader finds them
         # the Loader's plan of this node's epoch: only the misses it keeps are staged ahead
-        stage = to_stage(np.asarray(seq, np.int64), np.asarray(after, np.int64), entry, capacity, held_now)
-        held = StagedAhead(np.asarray(seq + after, dtype=np.int64), len(self.manifest), list(held_now), keep=stage)
+        stage = to_stage(seq, after, entry, capacity, held_now)
+        held = StagedAhead(np.concatenate([seq, after]), len(self.manifest), list(held_now), keep=stage)
         reach = [0]   # how far the fastest rank can have got (a read of a use beyond it is of an earlier one)
 
         def position(steps: int) -> int:
@@ -512,7 +527,7 @@ class Controller:
             return handed
 
         try:
-            self._plan_loop(seq, stage, key, held, capacity, follow, chunk, gathered, flush)
+            self._plan_loop(seq.tolist(), stage, key, held, capacity, follow, chunk, gathered, flush)
             looked = 0.0
             while not self._stop.wait(WATCH_EVERY):   # staged to the end: keep following the readers
                 if self._changed() and self._current_key() != key:
@@ -667,21 +682,27 @@ class Controller:
                 self._add("evicted_unread")
         return freed
 
-    def _merge(self, orders: list[list[list[str]]]) -> tuple[list[int], list[int]]:
-        """The node's sequence of file numbers from the ranks' orders (in rank order): step by step,
-        ranks in order, like the Loader's; and the sequence's length after each step."""
+    def _numbers_of(self, order) -> _Numbered:
+        """``_numbered(order)``, as worked out when the order was parsed."""
+        for _, parsed, numbers in self._parsed.values():
+            if parsed is order:
+                return numbers
+        return self._numbered(order)
+
+    def _numbered(self, order) -> _Numbered:
+        """A published order's files as file numbers, for ``interleave``: for this epoch and the
+        next, every file known to the manifest in order (int64) and how many of them each index
+        has. Once per published order."""
         index = self._key_index()
-        seq: list[int] = []
-        per_step: list[int] = []
-        for j in range(max((len(o) for o in orders), default=0)):
-            for o in orders:
-                if j < len(o):
-                    for k in o[j]:
-                        i = index.get(k)
-                        if i is not None:
-                            seq.append(i)
-            per_step.append(len(seq))
-        return seq, per_step
+
+        def numbered(groups: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+            found = np.fromiter((index.get(k, -1) for g in groups for k in g), np.int64)
+            per = np.fromiter((len(g) for g in groups), np.int64, len(groups))
+            known = found >= 0
+            counts = np.bincount(np.repeat(np.arange(len(groups)), per)[known], minlength=len(groups))
+            return found[known], counts.astype(np.int64)
+
+        return _Numbered(*numbered(order.groups), *numbered(order.following))
 
     def _current_key(self):
         cur = self._current()

@@ -7,7 +7,7 @@ has one **home** node, the only node that keeps it; any other node that needs
 it fetches it from the home's tier (a peer read) while the home holds it.
 
 - **The cluster sequence** of an epoch: step by step, rank 0 .. W-1, each
-  rank's batch in order (``cluster_sequence``). Restricted to the ranks of one
+  rank's batch in order (plan/sequence.py). Restricted to the ranks of one
   node it is that node's ``node_sequence``.
 - **The home** of a sample is the node that reads it first in the job's first
   epoch (``home_nodes``): stable over epochs, balanced because the order is
@@ -41,115 +41,22 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .evict import NEVER
+from .layout import NodeLayout
 from .order import epoch_order
-from .partition import num_batches, padded_rest
+from .partition import batch_lengths
 from . import residency
 from .residency import EpochResidency, first_positions, group_positions, next_use_positions, simulate_from
 from .residents import ClusterResidents, Residents
+from .sequence import Interleaved, epoch_sequence
 
-__all__ = ["NodeLayout", "cluster_sequence", "home_nodes", "plan_cluster_epoch", "ClusterEpoch", "NodeView",
-           "ClusterSummary"]
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """The global ranks on each node: ``nodes[n]`` are node n's ranks (kept in ascending order);
-    together they are ``range(world_size)``, each rank on one node."""
-
-    nodes: tuple[tuple[int, ...], ...]
-
-    def __post_init__(self) -> None:
-        nodes = tuple(tuple(sorted(int(r) for r in ranks)) for ranks in self.nodes)
-        flat = sorted(r for ranks in nodes for r in ranks)
-        if not nodes or any(not ranks for ranks in nodes):
-            raise ConfigError(f"every node needs at least one rank; got the layout {nodes}")
-        if flat != list(range(len(flat))):
-            raise ConfigError(f"the nodes' ranks must be 0 .. world_size - 1, each on one node; got {nodes}")
-        object.__setattr__(self, "nodes", nodes)
-
-    @classmethod
-    def blocks(cls, world_size: int, local_world_size: int) -> NodeLayout:
-        """Ranks in node blocks of ``local_world_size``, as launchers place them (the last may be short)."""
-        if world_size < 1 or local_world_size < 1:
-            raise ConfigError(f"world_size and local_world_size must be >= 1, got {world_size}, {local_world_size}")
-        return cls(tuple(tuple(range(a, min(a + local_world_size, world_size)))
-                         for a in range(0, world_size, local_world_size)))
-
-    @property
-    def world_size(self) -> int:
-        return sum(len(ranks) for ranks in self.nodes)
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.nodes)
-
-    def node_of_rank(self) -> np.ndarray:
-        """int32 per global rank: the node holding it."""
-        out = np.empty(self.world_size, np.int32)
-        for n, ranks in enumerate(self.nodes):
-            out[list(ranks)] = n
-        return out
+__all__ = ["home_nodes", "plan_cluster_epoch", "ClusterEpoch", "NodeView", "ClusterSummary"]
 
 
-def _shape(num_samples: int, world_size: int, batch_size: int, drop_last: bool, position: int) -> tuple[int, int]:
-    """``(full, rem)`` of an epoch's cluster sequence from ``position``: ``full`` steps of whole
-    batches (W x B accesses each), then one step of ``rem`` samples per rank (0: none)."""
-    per_rank = -(-(num_samples - position) // world_size)
-    length = min(per_rank, num_batches(per_rank, batch_size, drop_last) * batch_size)
-    return divmod(length, batch_size)
-
-
-def _cluster_samples(num_samples: int, *, seed: int, epoch: int, batch_size: int, world_size: int,
-                     shuffle: bool, drop_last: bool, position: int = 0) -> tuple[np.ndarray, int, int]:
-    """The samples of ``cluster_sequence`` in the order's own dtype (int32 where it fits), and its
-    shape ``(full, rem)`` (``_shape``)."""
-    if batch_size < 1 or world_size < 1:
-        raise ConfigError(f"batch_size and world_size must be >= 1, got {batch_size}, {world_size}")
-    order = epoch_order(num_samples, seed, epoch, shuffle)
-    per_rank = padded_rest(order, world_size, position).reshape(-1, world_size).T   # a view, one row per rank
-    full, rem = _shape(num_samples, world_size, batch_size, drop_last, position)
-    head = per_rank[:, :full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
-    tail = per_rank[:, full * batch_size:full * batch_size + rem]
-    return np.concatenate([head.reshape(-1), tail.reshape(-1)]), full, rem
-
-
-def _rank_and_step(where: np.ndarray, world_size: int, batch_size: int, full: int,
-                   rem: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rank and step (int32) of accesses ``where`` of a cluster sequence of shape ``(full, rem)``."""
-    where = np.asarray(where, dtype=np.int64)
-    head = full * world_size * batch_size
-    in_head = where < head
-    rank = np.where(in_head, (where // batch_size) % world_size, (where - head) // max(rem, 1))
-    step = np.where(in_head, where // (world_size * batch_size), full)
-    return rank.astype(np.int32), step.astype(np.int32)
-
-
-def _positions_of(ranks: Sequence[int], world_size: int, batch_size: int, full: int, rem: int) -> np.ndarray:
-    """The accesses of ``ranks`` (ascending) in a cluster sequence of shape ``(full, rem)``, ascending:
-    step by step, rank by rank, place by place (the ranks' node sequence)."""
-    r = np.asarray(ranks, dtype=np.int64)
-    head = (np.arange(full, dtype=np.int64)[:, None, None] * (world_size * batch_size)
-            + r[None, :, None] * batch_size + np.arange(batch_size, dtype=np.int64)[None, None, :])
-    tail = full * world_size * batch_size + r[:, None] * rem + np.arange(rem, dtype=np.int64)[None, :]
-    return np.concatenate([head.reshape(-1), tail.reshape(-1)])
-
-
-def cluster_sequence(num_samples: int, *, seed: int, epoch: int, batch_size: int, world_size: int,
-                     shuffle: bool = True, drop_last: bool = False,
-                     position: int = 0, samples_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every access of the epoch from global ``position`` on, in cluster order (step, then rank,
-    then place in the batch): ``(samples int64, rank int32, step int32)``. Steps count from
-    ``position`` (step 0 is each rank's first batch from there), as in ``node_sequence``.
-    ``samples_only``: rank and step come back empty."""
-    samples, full, rem = _cluster_samples(num_samples, seed=seed, epoch=epoch, batch_size=batch_size,
-                                          world_size=world_size, shuffle=shuffle, drop_last=drop_last,
-                                          position=position)
-    samples = samples.astype(np.int64, copy=False)
-    if samples_only:
-        return samples, np.zeros(0, np.int32), np.zeros(0, np.int32)
-    rank, step = _rank_and_step(np.arange(len(samples)), world_size, batch_size, full, rem)
-    return samples, rank, step
+def _full_rem(per_rank: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
+    """``(full, rem)`` of an epoch's cluster sequence whose ranks hold ``per_rank`` samples each
+    (the C helper's terms): ``full`` steps of whole batches, then one step of ``rem`` samples per
+    rank (0: none)."""
+    return divmod(int(batch_lengths(per_rank, batch_size, drop_last).sum()), batch_size)
 
 
 def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout, shuffle: bool = True,
@@ -169,13 +76,13 @@ def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
 
 
 @functools.lru_cache(maxsize=2)
-def _homes(num_samples: int, layout: NodeLayout, first_epoch: int, seed: int, batch_size: int, shuffle: bool,
-           drop_last: bool) -> np.ndarray:
-    """``home_nodes``, kept: every epoch's plan of a job asks for the same (read-only) answer; int16
-    below 32,768 nodes (half the memory per sample)."""
-    home = home_nodes(num_samples, seed=seed, batch_size=batch_size, layout=layout, shuffle=shuffle,
+def _homes(num_samples: int, nodes: tuple[tuple[int, ...], ...], first_epoch: int, seed: int, batch_size: int,
+           shuffle: bool, drop_last: bool) -> np.ndarray:
+    """``home_nodes``, kept: every epoch's plan of a job asks for the same (read-only) answer (by
+    the layout's nodes, whichever rank asks); int16 below 32,768 nodes (half the memory per sample)."""
+    home = home_nodes(num_samples, seed=seed, batch_size=batch_size, layout=NodeLayout(nodes), shuffle=shuffle,
                       drop_last=drop_last, first_epoch=first_epoch)
-    if layout.num_nodes < 2**15:
+    if len(nodes) < 2**15:
         home = home.astype(np.int16)
     home.setflags(write=False)
     return home
@@ -200,6 +107,7 @@ class NodeView:
     late_drops: np.ndarray
     late_once: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     residents_after: Residents = field(default_factory=Residents)
+    sequence: Interleaved | None = None   # the node's ranks' interleaving (where each rank's batches lie)
 
     @property
     def store(self) -> np.ndarray:
@@ -231,15 +139,15 @@ class ClusterSummary:
 @dataclass(frozen=True, eq=False)
 class ClusterEpoch:
     """The cluster's plan for one epoch; arrays are per access in cluster order unless named per
-    sample or per node. Only what the plan decides is stored (the samples, hit and keep per
-    access); who reads an access (``rank``, ``step``, ``node``) follows from its place and is worked
-    out when asked, and so is ``served_by``."""
+    sample or per node. Only what the plan decides is stored (the sequence, hit and keep per
+    access); who reads an access (``rank``, ``step``, ``node``) follows from its place in the
+    sequence and is worked out when asked, and so is ``served_by``."""
 
     epoch: int
     position: int
     layout: NodeLayout
     batch_size: int
-    samples: np.ndarray          # per access (int32 where the data set allows)
+    sequence: Interleaved        # every rank's batches interleaved (plan/sequence.py)
     hit: np.ndarray              # bool per access: the sample's home holds it then (served from there)
     keep: np.ndarray             # bool per access: the sample's home keeps it after the access
     home: np.ndarray             # per sample (int16 below 32,768 nodes, else int32)
@@ -253,13 +161,13 @@ class ClusterEpoch:
         return len(self.samples)
 
     @property
-    def _shape(self) -> tuple[int, int]:
-        return divmod(len(self.samples) // self.layout.world_size, self.batch_size)
+    def samples(self) -> np.ndarray:
+        """The sample of each access (int32 where the data set allows)."""
+        return self.sequence.samples
 
     @functools.cached_property
     def _rank_step(self) -> tuple[np.ndarray, np.ndarray]:
-        rank, step = _rank_and_step(np.arange(len(self.samples)), self.layout.world_size, self.batch_size,
-                                    *self._shape)
+        rank, step = self.sequence.rank_and_step()
         rank.setflags(write=False)
         step.setflags(write=False)
         return rank, step
@@ -287,16 +195,17 @@ class ClusterEpoch:
     def for_node(self, n: int) -> NodeView:
         if not 0 <= n < self.layout.num_nodes:
             raise ConfigError(f"node {n} is outside the layout's {self.layout.num_nodes} nodes")
-        idx = _positions_of(self.layout.nodes[n], self.layout.world_size, self.batch_size, *self._shape)
-        samples = self.samples[idx].astype(np.int64)
-        rank, step = _rank_and_step(idx, self.layout.world_size, self.batch_size, *self._shape)
+        ranks = self.layout.nodes[n]
+        idx, seq = self.sequence.only(ranks)   # the cluster's columns are the global ranks
+        samples = seq.samples.astype(np.int64)
+        local, step = seq.rank_and_step()
         mine = self.home[samples] == n
         hit = self.hit[idx]
-        return NodeView(node=n, samples=samples, rank=rank, step=step, hit=hit & mine,
+        return NodeView(node=n, samples=samples, rank=np.asarray(ranks, np.int32)[local], step=step, hit=hit & mine,
                         peer=np.where(hit & ~mine, self.home[samples], -1).astype(np.int32),
                         keep=self.keep[idx] & mine, drop_at_start=self.drop_at_start[n],
                         late_drops=self.late_drops[n], late_once=self.late_once[n],
-                        residents_after=self.residents_after[n])
+                        residents_after=self.residents_after[n], sequence=seq)
 
     def summary(self) -> ClusterSummary:
         nodes = self.layout.num_nodes
@@ -347,12 +256,14 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
         raise ConfigError(f"residents holds {len(held)} tiers for {nodes} nodes: give one dict per node")
     kw = dict(seed=seed, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     if home is None:
-        home = _homes(num_samples, layout, first_epoch, seed, batch_size, shuffle, drop_last)
+        home = _homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last)
     home = np.ascontiguousarray(home, dtype=home.dtype if home.dtype in (np.int16, np.int32) else np.int32)
     if home.shape != (num_samples,) or (num_samples and (home.min() < 0 or home.max() >= nodes)):
         raise ConfigError(f"home must give each of the {num_samples} samples a node in [0, {nodes})")
     world = layout.world_size
-    samples, full, rem = _cluster_samples(num_samples, epoch=epoch, world_size=world, position=position, **kw)
+    seq = epoch_sequence(num_samples, epoch=epoch, world_size=world, position=position, **kw)
+    samples = seq.samples
+    full, rem = divmod(len(samples) // world, batch_size)
     fits = (len(samples) + num_samples + world < 2**31 - 2 and nodes <= 65536   # positions as int32
             and (not num_samples or int(sizes.max()) < 2**31) and int(held.sizes.max(initial=0)) < 2**31
             and int(held.samples.max(initial=0)) < 2**31 and int(held.samples.min(initial=0)) >= 0)
@@ -362,15 +273,14 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
                                                        batch_size, drop_last, full, rem)
     else:
         following = (np.zeros(0, np.int64) if final else
-                     _cluster_samples(num_samples, epoch=epoch + 1, world_size=world, **kw)[0])
-        hit, keep, late, drops, afters = _plan_homes_py(samples, following, home, sizes, caps, held, layout,
-                                                        batch_size, full, rem, use_c)
+                     epoch_sequence(num_samples, epoch=epoch + 1, world_size=world, **kw).samples)
+        hit, keep, late, drops, afters = _plan_homes_py(seq, following, home, sizes, caps, held, layout, use_c)
     del following
     late_pos = np.flatnonzero(late & 1)
     late_samples = samples[late_pos].astype(np.int64)
     owner = home[late_samples]
     by = np.argsort(owner, kind="stable")          # per home; positions, so steps, ascend within each
-    _, step = _rank_and_step(late_pos[by], world, batch_size, full, rem)
+    _, step = seq.rank_and_step(late_pos[by])
     rows = np.stack([step.astype(np.int64), late_samples[by]], axis=1)
     once = (late[late_pos[by]] & 2) != 0
     late_cuts = np.searchsorted(owner[by], np.arange(nodes + 1))
@@ -378,7 +288,7 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
     onces = tuple(once[late_cuts[n]:late_cuts[n + 1]] for n in range(nodes))
     for a in (samples, hit, keep):
         a.setflags(write=False)
-    return ClusterEpoch(epoch=epoch, position=position, layout=layout, batch_size=batch_size, samples=samples,
+    return ClusterEpoch(epoch=epoch, position=position, layout=layout, batch_size=batch_size, sequence=seq,
                         hit=hit, keep=keep, home=home, sizes=sizes, drop_at_start=tuple(drops), late_drops=lates,
                         late_once=onces, residents_after=afters)
 
@@ -387,7 +297,7 @@ def _plan_homes_c(samples, next_order, home, sizes, caps, held, layout, batch_si
     """Every home's farthest-next-use in one C pass (``_belady.plan_homes``); residents homed
     elsewhere are dropped first. The next epoch is looked ahead into from its order."""
     n, nodes, world, L = len(home), layout.num_nodes, layout.world_size, len(samples)
-    next_full, next_rem = _shape(n, world, batch_size, drop_last, 0)
+    next_full, next_rem = _full_rem(-(-n // world), batch_size, drop_last)
     hit, keep, late = np.empty(L, np.uint8), np.empty(L, np.uint8), np.empty(L, np.uint8)
     out = residency._c_plan_homes(np.ascontiguousarray(samples, np.int32), n,
                                   np.ascontiguousarray(next_order, np.int32), next_full, next_rem,
@@ -400,16 +310,16 @@ def _plan_homes_c(samples, next_order, home, sizes, caps, held, layout, batch_si
     return hit.view(bool), keep.view(bool), late, drops, ClusterResidents(a, az, ac)
 
 
-def _plan_homes_py(samples, following, home, sizes, caps, held, layout, batch_size, full, rem, use_c):
-    """Home by home: the accesses to each home's samples (this epoch's, then the next epoch's),
-    in the home's local indices, through ``residency.simulate_from`` with a miss admitted only
-    where the home itself reads. The reference for ``_plan_homes_c``."""
-    nodes, L = layout.num_nodes, len(samples)
-    samples = samples.astype(np.int64)
+def _plan_homes_py(seq, following, home, sizes, caps, held, layout, use_c):
+    """Home by home: the accesses to each home's samples (this epoch's ``seq``, then the next
+    epoch's), in the home's local indices, through ``residency.simulate_from`` with a miss admitted
+    only where the home itself reads. The reference for ``_plan_homes_c``."""
+    nodes, L = layout.num_nodes, len(seq)
+    samples = seq.samples.astype(np.int64)
     members_order, member_cuts, local = group_positions(home, nodes, use_c)   # a sample's index at its home
     order, cuts, this_cuts, lseq = _group_accesses(samples, following, home, local, nodes, use_c)
     this_pos = order[order < L].astype(np.int64)   # this epoch's accesses (each home's first), home by home
-    rank, _ = _rank_and_step(this_pos, layout.world_size, batch_size, full, rem)
+    rank, _ = seq.rank_and_step(this_pos)
     reader = layout.node_of_rank()[rank]           # the node that makes each of those accesses
     hits, keeps, drops, afters = [], [], [], []
     for n in range(nodes):

@@ -42,6 +42,12 @@ def padded_rest(order: np.ndarray, world_size: int, position: int = 0) -> np.nda
     return rest
 
 
+def rank_rows(order: np.ndarray, world_size: int, position: int = 0) -> np.ndarray:
+    """Every rank's samples of the epoch ``order`` from global ``position`` on, as one
+    ``(world_size, samples per rank)`` view of the padded order: row r is ``rank_indices(..., r, ...)``."""
+    return padded_rest(order, world_size, position).reshape(-1, world_size).T
+
+
 def rank_indices(order: np.ndarray, rank: int, world_size: int, position: int = 0) -> np.ndarray:
     """Rank ``rank``'s samples of the epoch ``order`` from global ``position`` on."""
     return padded_rest(order, world_size, position)[rank::world_size]
@@ -51,6 +57,15 @@ def num_batches(samples_per_rank: int, batch_size: int, drop_last: bool) -> int:
     if drop_last:
         return samples_per_rank // batch_size
     return math.ceil(samples_per_rank / batch_size)
+
+
+def batch_lengths(samples_per_rank: int, batch_size: int, drop_last: bool) -> np.ndarray:
+    """int64 per batch of a rank of ``samples_per_rank``: the samples in it (``cut_batches``'s lengths)."""
+    n = num_batches(samples_per_rank, batch_size, drop_last)
+    out = np.full(n, batch_size, np.int64)
+    if n:
+        out[-1] = min(batch_size, samples_per_rank - (n - 1) * batch_size)
+    return out
 
 
 def cut_batches(indices: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:

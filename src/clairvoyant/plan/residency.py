@@ -1,10 +1,10 @@
 """POLICY, pure: what the node's bounded local tier holds at every step, for one epoch.
 
 The node's access sequence is the union of its ranks' orders, interleaved step
-by step (step s: rank 0's batch s, rank 1's batch s, ...), the way ranks that
-train in lockstep consume it. Every rank of the node computes the same
-sequence and runs the same farthest-next-use simulation over it, so they agree
-on every decision without talking to each other.
+by step (step s: rank 0's batch s, rank 1's batch s, ...; plan/sequence.py),
+the way ranks that train in lockstep consume it. Every rank of the node
+computes the same sequence and runs the same farthest-next-use simulation over
+it, so they agree on every decision without talking to each other.
 
 The simulation's result is stated as actions on the accesses themselves:
 
@@ -40,26 +40,7 @@ try:
     from ._belady import simulate as _c_simulate
 except ImportError:
     _c_simulate = _c_next_uses = _c_group_by = _c_group_accesses = _c_plan_homes = None
-from .order import epoch_order
-from .partition import cut_batches, rank_indices
 from .residents import Residents
-
-
-def node_ranks(rank: int, world_size: int, local_world_size: int) -> range:
-    """The global ranks on this rank's node, for launchers that place ranks in node blocks."""
-    first = (rank // local_world_size) * local_world_size
-    return range(first, min(first + local_world_size, world_size))
-
-
-def node_sequence(num_samples: int, *, seed: int, epoch: int, world_size: int, ranks: range, batch_size: int,
-                  shuffle: bool = True, drop_last: bool = False, position: int = 0) -> np.ndarray:
-    """The samples the node's ranks read in one epoch, from the epoch's global ``position`` on
-    (plan/partition.py), step by step."""
-    order = epoch_order(num_samples, seed, epoch, shuffle)
-    per_rank = [cut_batches(rank_indices(order, r, world_size, position), batch_size, drop_last) for r in ranks]
-    steps = len(per_rank[0]) if per_rank else 0
-    parts = [per_rank[i][s] for s in range(steps) for i in range(len(per_rank))]
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..plan.layout import NodeLayout
 
 MB = 1e6
 GB = 1e9
@@ -236,6 +237,11 @@ class Job:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus
+
+    @property
+    def layout(self) -> NodeLayout:
+        """The job's ranks in node blocks of ``gpus``."""
+        return NodeLayout.blocks(self.world_size, self.gpus)
 
     def steps(self, num_samples: int) -> int:
         per_rank = math.ceil(num_samples / self.world_size)

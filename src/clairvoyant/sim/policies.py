@@ -12,7 +12,7 @@ the simulator cannot drift from it:
   the RAM window (no cache; ``stage_threads`` readers per node);
 - ``node``: per-node tiers, today's runtime without the cluster cache: each
   node runs farthest-next-use over its ranks' interleaved sequence
-  (``plan.residency.node_sequence`` and ``simulate_epoch``), carrying its tier
+  (``plan.sequence.interleave`` and ``plan.residency.simulate_epoch``), carrying its tier
   from epoch to epoch;
 - ``cluster``: the cluster cache (``plan.cluster.plan_cluster_epoch``): each
   sample's home keeps it, peers read it over the interconnect;
@@ -33,11 +33,12 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ..errors import ConfigError
-from ..plan.cluster import NodeLayout, plan_cluster_epoch
+from ..plan.cluster import plan_cluster_epoch
 from ..plan.order import epoch_order
-from ..plan.partition import num_batches, padded_rest
-from ..plan.residency import EpochResidency, node_sequence, simulate_epoch
+from ..plan.partition import batch_lengths, rank_rows
+from ..plan.residency import EpochResidency, simulate_epoch
 from ..plan.residents import Residents
+from ..plan.sequence import interleave, node_sequence
 from .model import Hardware, Job
 
 POLICIES = ("store-only", "staging", "node", "cluster", "no-io")
@@ -121,38 +122,30 @@ def _grid(step: np.ndarray, node: np.ndarray | int, steps: int, nodes: int,
     return np.rint(out).astype(np.int64).reshape(steps, nodes)
 
 
-def access_steps(n: int, ranks: int, batch_size: int, steps: int) -> np.ndarray:
-    """The step of each of the ``n`` accesses of a node sequence of ``ranks`` ranks (step by step,
-    each rank's batch in turn; the last step's batches may be shorter)."""
-    return np.minimum(np.arange(n, dtype=np.int64) // (ranks * batch_size), max(steps - 1, 0))
-
-
 @dataclass(frozen=True, eq=False)
 class NodeSequences:
     """Every node's access sequence of one epoch at once: ``seq[n]`` is node n's
-    ``plan.residency.node_sequence`` (its ranks' batches step by step), ``step[n]`` the step of
+    ``plan.sequence.node_sequence`` (its ranks' batches step by step), ``step`` the step of
     each access. Built from one padded order for all nodes (``node_sequence`` pads the order
-    once per rank: at 1,024 nodes x 4 ranks that is 4,096 copies of it per epoch)."""
+    once per node: at 1,024 nodes that is 1,024 copies of it per epoch)."""
 
     seq: np.ndarray     # (nodes, accesses per node) int64
     step: np.ndarray    # (accesses per node,) int64: the same for every node
 
 
 def node_sequences(num_samples: int, job: Job, epoch: int) -> NodeSequences:
-    """``node_sequence`` of every node of ``job`` (ranks in node blocks of ``job.gpus``) for ``epoch``
-    from its start; tests/test_simulate.py holds it equal to ``node_sequence`` node by node."""
-    W, G, B = job.world_size, job.gpus, job.batch_size
-    order = epoch_order(num_samples, job.seed, epoch, job.shuffle)
-    per_rank = padded_rest(order, W, 0).reshape(-1, W).T          # (W, m): rank r's samples in order
-    m = per_rank.shape[1]
-    length = min(m, num_batches(m, B, job.drop_last) * B)
-    full, rem = divmod(length, B)
-    nodes = W // G
-    head = per_rank[:, :full * B].reshape(nodes, G, full, B).transpose(0, 2, 1, 3).reshape(nodes, full * G * B)
-    tail = per_rank[:, full * B:length].reshape(nodes, G * rem)
-    seq = np.concatenate([head, tail], axis=1).astype(np.int64, copy=False)
-    steps = full + (1 if rem else 0)
-    return NodeSequences(seq, access_steps(seq.shape[1], G, B, steps))
+    """``node_sequence`` of every node of ``job`` (``job.layout``: ranks in node blocks of
+    ``job.gpus``) for ``epoch`` from its start; tests/test_simulate.py holds it equal to
+    ``node_sequence`` node by node."""
+    rows = rank_rows(epoch_order(num_samples, job.seed, epoch, job.shuffle), job.world_size)   # a view
+    lengths = batch_lengths(rows.shape[1], job.batch_size, job.drop_last)
+    nodes = job.layout.nodes
+    seq = np.empty((len(nodes), len(nodes[0]) * int(lengths.sum())), np.int64)
+    for n, ranks in enumerate(nodes):
+        merged = interleave(rows[ranks[0]:ranks[-1] + 1], lengths)   # a block of rows: a view
+        seq[n] = merged.samples
+    step = merged.rank_and_step()[1].astype(np.int64) if nodes else np.zeros(0, np.int64)
+    return NodeSequences(seq, step)
 
 
 class Policy:
@@ -173,8 +166,8 @@ class Policy:
 
     def node_accesses(self, node: int, epoch: int) -> np.ndarray:
         j = self.job
-        ranks = range(node * j.gpus, (node + 1) * j.gpus)
-        return node_sequence(self.num_samples, epoch=epoch, world_size=j.world_size, ranks=ranks, **self._kw())
+        return node_sequence(self.num_samples, epoch=epoch, world_size=j.world_size, ranks=j.layout.nodes[node],
+                             **self._kw())
 
     def _empty(self, epoch: int, lookahead: int, readers: int) -> EpochTraffic:
         z = np.zeros((self.steps, self.job.nodes), np.int64)
@@ -306,7 +299,7 @@ class ClusterPolicy(Policy):
 
     def epochs(self) -> Iterator[EpochTraffic]:
         j, hw = self.job, self.hw
-        layout = NodeLayout.blocks(j.world_size, j.gpus)
+        layout = j.layout
         residents = None
         look = self.staging_lookahead()
         for e in range(j.epochs):
