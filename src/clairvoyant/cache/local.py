@@ -188,6 +188,31 @@ class LocalStore:
         crashpoints.reached("published")
         return Loc(self.extent_path(ext.n), offset, n)
 
+    def put_many_reserved(self, items: list[tuple[str, bytes]], mtime_ns: int) -> list[Loc | None]:
+        """``put_reserved`` for several entries (``(key, bytes)``, their bytes reserved in the
+        ledger, their keys' locks held), written each at its place and published under one lock of
+        the index: where each is now, or None where the index had no free slot (its bytes given
+        back). A write error gives every reservation back and raises (LocalStorageFull for a full
+        device); nothing of them is published then."""
+        placed: list[tuple[str, _Extent, int, int]] = []
+        key = items[0][0] if items else ""
+        try:
+            for key, data in items:
+                n = entry_size(len(data))
+                ext, offset = self._append.reserve(n)
+                placed.append((key, ext, offset, n))
+                _publish.write_at(ext.fd, data, seal(data, mtime_ns), offset)
+        except BaseException as e:
+            for _, ext, offset, n in placed:
+                self.abandon(ext, offset, n)   # (gives its reservation back)
+            rest = sum(entry_size(len(d)) for _, d in items[len(placed):])
+            if rest:
+                self.ledger.give_back(rest)
+            if isinstance(e, OSError):
+                raise _publish.local_error(e, self.root, key) from e
+            raise
+        return self.publish_placed(placed)
+
     def place(self, nbytes: int) -> tuple[_Extent, int]:
         """A place for an entry of ``nbytes`` (already reserved in the ledger) in this process's
         extent: ``(extent, offset)``. Its writer writes the entry at ``extent.fd``, ``offset``, then

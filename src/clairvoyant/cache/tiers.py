@@ -54,7 +54,7 @@ class TierCounters:
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
              "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
-             "late_drops", "deferred", "not_kept", "range_reads", "range_placed")
+             "late_drops", "deferred", "not_kept", "range_reads", "range_placed", "range_early")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -188,57 +188,65 @@ class Tiers:
                     read: Callable[[list[int]], tuple[list[bytes], int]]) -> list[Loc | None] | None:
         """Place the samples of one range of the source (plan/ranges.py), read with one request,
         each as its own entry of the local tier: ``read(positions)`` gives the bytes of those of
-        ``keys`` and the source's modification time. Each sample absent from the tier is placed
-        under its node-wide lock, its bytes reserved before the read; one present already is left
-        as it is. Returns where each key's entry was placed (None: not placed now, as it was
-        there already), or None where the tier has no room for the absent ones (nothing was read)."""
-        store, held = self.local, []
-        seen: set[int] = set()
+        ``keys`` and the source's modification time. The bytes of the samples absent from the
+        tier are reserved before the read; each is then published under its node-wide lock unless
+        another thread or process placed it meanwhile (its reservation given back). Returns where
+        each key's entry was placed (None: not placed now), or None where the tier has no room for
+        the absent ones (nothing was read)."""
+        store = self.local
+        absent = [k for k in range(len(keys)) if store.find(keys[k]) is None]
+        out: list[Loc | None] = [None] * len(keys)
+        if not absent:
+            return out
+        need = [entry_size(sizes[k]) for k in absent]
+        left = sum(need)
+        if not store.ledger.reserve(left, self.local_capacity - self._owed_bytes):
+            return None
         try:
-            # every absent key's lock, in lock order (two stagers of ranges never wait on each other);
-            # a key whose lock another key of the range holds is left out (read on its own later)
-            for k in sorted(range(len(keys)), key=lambda k: store.lock_offset(keys[k])):
-                off = store.lock_offset(keys[k])
-                if off in seen:
-                    continue
-                seen.add(off)
-                if not store.claim(keys[k], sizes[k]):
-                    held.append(k)
-            held.sort()
-            out: list[Loc | None] = [None] * len(keys)
-            if not held:
-                return out
-            need = [entry_size(sizes[k]) for k in held]
-            total = sum(need)
-            if not store.ledger.reserve(total, self.local_capacity - self._owed_bytes):
-                return None
             t0 = time.perf_counter()
-            try:
-                datas, mtime_ns = read(held)
-                for k, data in zip(held, datas):
-                    if len(data) != sizes[k]:
-                        raise SourceChanged(
-                            f"sample {keys[k]!r} is {len(data)} bytes on the source but {sizes[k]} in the manifest: "
-                            "the source changed since it was indexed; run `clairvoyant index --force` on it, "
-                            "or pass reindex=True")
-            except BaseException:
-                store.ledger.give_back(total)
-                raise
+            datas, mtime_ns = read(absent)
+            for k, data in zip(absent, datas):
+                if len(data) != sizes[k]:
+                    raise SourceChanged(
+                        f"sample {keys[k]!r} is {len(data)} bytes on the source but {sizes[k]} in the manifest: "
+                        "the source changed since it was indexed; run `clairvoyant index --force` on it, "
+                        "or pass reindex=True")
             self.counters.add_fetch(time.perf_counter() - t0)
             self.counters.add("range_reads")
-            for j, (k, data) in enumerate(zip(held, datas)):
-                loc = self._publish_local(keys[k], data, mtime_ns)
-                if loc is None:   # the device is full: the rest are not placed (read on their own)
-                    rest = sum(need[j + 1:])
-                    if rest:
-                        store.ledger.give_back(rest)
-                    break
-                out[k] = loc
-                self.counters.add("range_placed")
+            # each absent key's lock, in lock order (two range writers never wait on each other; a
+            # key whose lock byte another key of the range shares is left to be read on its own);
+            # a key placed meanwhile (on its own, or by another rank) is left as it is
+            held, seen, todo = [], set(), []
+            try:
+                for j in sorted(range(len(absent)), key=lambda j: store.lock_offset(keys[absent[j]])):
+                    k = absent[j]
+                    off = store.lock_offset(keys[k])
+                    if off in seen or store.claim(keys[k], sizes[k]):
+                        store.ledger.give_back(need[j])
+                        left -= need[j]
+                        continue
+                    seen.add(off)
+                    held.append(k)
+                    todo.append(j)
+                todo.sort()
+                if todo:
+                    left -= sum(need[j] for j in todo)   # put_many_reserved owns them from here
+                    try:
+                        locs = store.put_many_reserved([(keys[absent[j]], datas[j]) for j in todo], mtime_ns)
+                    except CacheError as e:   # the device is full (or failing): read the source instead
+                        self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples "
+                                        "that do not fit are read from the source until there is room again")
+                        locs = []
+                    for j, loc in zip(todo, locs):
+                        out[absent[j]] = loc
+                    self.counters.add("range_placed", sum(loc is not None for loc in locs))
+            finally:
+                for k in held:
+                    store.release(keys[k])
             return out
         finally:
-            for k in held:
-                store.release(keys[k])
+            if left:
+                store.ledger.give_back(left)
 
     @staticmethod
     def _fetch_into(ledger, n: int, fetch: Callable[[], tuple[bytes, int]]) -> tuple[bytes, int]:

@@ -161,7 +161,8 @@ class EpochRun:
             progress.set(self._base)
             gate = lambda k, stopped: progress.wait_for(self._base + k, stopped)  # noqa: E731
         self._stager = Stager(source, tiers, manifest, threads=options.stage_threads, on_done=self._on_staged,
-                              peer_wait=options.peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges)
+                              peer_wait=options.peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges,
+                              due=lambda k: k <= self._next + self._window)
         _LIVE.add(self)
         self._stager.drop([manifest.keys[s] for s in plan.drops])
         self._stager.start()

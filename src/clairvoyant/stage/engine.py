@@ -20,6 +20,7 @@ Reads from the source release the GIL, so threads, not processes, do this.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -53,6 +54,8 @@ class RangeReader:
     def members(self, r: int) -> list[int]:
         return self._order[self._cuts[r]:self._cuts[r + 1]].tolist()
 _AFTER, _DROP = "after", "drop"
+log = logging.getLogger("clairvoyant")
+RANGE_WAIT = 30.0   # seconds a sample not yet due waits for its range's whole read
 _WAKE = ("wake",)
 
 
@@ -62,13 +65,15 @@ class Stager:
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
                  on_done: OnDone, peer_wait: float = 0.0,
                  gate: Callable[[int, Callable[[], bool]], None] | None = None,
-                 peer_fetch: PeerFetch | None = None, ranges: RangeReader | None = None) -> None:
+                 peer_fetch: PeerFetch | None = None, ranges: RangeReader | None = None,
+                 due: Callable[[int], bool] | None = None) -> None:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
         self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
         self._gate = gate             # gate(batch, stopped): waits while other ranks of the node are behind
         self._peer_fetch = peer_fetch  # the cluster cache: samples another node's tier serves
         self._ranges = ranges          # the source's ranges, where the plan reads some whole
+        self._due = due or (lambda batch: True)   # due(batch): its readers are about to need it
         self._reading: dict[int, threading.Event] = {}   # range -> set once its whole read is done
         self._queue: queue.SimpleQueue = queue.SimpleQueue()     # staging, in need order
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()    # after-use work and evictions
@@ -196,9 +201,7 @@ class Stager:
                 self._gate(batch_id, lambda: self._stop)
             t0, asked = time.perf_counter(), [0.0]
             try:
-                placed = self._whole(idx) if whole else None
-                outcome: Placement | BaseException = (placed if placed is not None
-                                                       else self._stage(idx, hit, keep) if peer < 0
+                outcome: Placement | BaseException = (self._stage(idx, hit, keep, batch_id) if peer < 0
                                                        else self._from_peer(idx, peer, asked))
             except ClairvoyantError as e:  # delivered to the consumer, which raises it in the loop
                 outcome = e
@@ -209,35 +212,45 @@ class Stager:
                 outcome.__cause__ = e
             if not self._stop:
                 self._on_done(batch_id, j, outcome, time.perf_counter() - t0, asked[0])
+            if whole:   # the sample went on its own, not to wait for its range: now the rest of the range
+                self._whole(idx, ok=isinstance(outcome, Placement))
             if self._retire():   # the tuner asked for fewer threads: this one goes, its item done
                 return
 
-    def _whole(self, idx: int) -> Placement | None:
-        """Read ``idx``'s range whole and place its absent samples in the local tier; where idx's
-        entry is now, or None if it was not placed (no room, no range reader): staged on its own."""
+    def _whole(self, idx: int, ok: bool = True) -> None:
+        """Read ``idx``'s range whole and place its absent samples in the local tier (after idx itself
+        was staged on its own, so that its batch never waits for the whole range; ``ok`` False: it
+        failed, and the range is not read either). An error is logged: each sample of the range
+        not placed is read on its own when its turn comes, and names itself if it fails then."""
         ranges = self._ranges
-        if ranges is None:
-            return None
-        r = int(ranges.of[idx])
-        members = ranges.members(r)
-        keys = [self._manifest.keys[i] for i in members]
-        sizes = [int(self._manifest.sizes[i]) for i in members]
+        r = int(ranges.of[idx]) if ranges is not None else -1
         try:
-            out = self._tiers.stage_range(keys, sizes, lambda pos: ranges.read(r, [members[k] for k in pos]))
+            if ranges is None or not ok or self._stop:
+                return
+            members = ranges.members(r)
+            keys = [self._manifest.keys[i] for i in members]
+            sizes = [int(self._manifest.sizes[i]) for i in members]
+            self._tiers.stage_range(keys, sizes, lambda pos: ranges.read(r, [members[k] for k in pos]))
+        except Exception as e:
+            log.warning("clairvoyant: reading range %d (sample %r's) whole failed (%s: %s); its samples are read "
+                        "one by one", r, self._manifest.keys[idx], type(e).__name__, e)
         finally:
             done = self._reading.pop(r, None)
             if done is not None:
                 done.set()
-        loc = None if out is None else out[members.index(idx)]
-        return None if loc is None else Placement(LOCAL, loc, True)   # (None: present, or no room)
 
-    def _stage(self, idx: int, hit: bool, keep: bool) -> Placement:
+    def _stage(self, idx: int, hit: bool, keep: bool, batch: int = -1) -> Placement:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
         tiers = self._tiers
         if hit:
             reading = self._reading.get(int(self._ranges.of[idx])) if self._reading else None
-            if reading is not None:   # placed by its range's read, under way in another thread
-                reading.wait(60.0)
+            if reading is not None and not reading.is_set():
+                # its range's whole read is still under way (or not begun): waited for, unless the
+                # readers are about to need the sample; then it is staged on its own, and the
+                # range's read leaves it as it finds it
+                if self._due(batch) or not reading.wait(RANGE_WAIT):
+                    tiers.counters.add("range_early")
+                    return self._stage(idx, False, keep)
             path = tiers.find_local(key, size, self._peer_wait)
             if path is None and self._native is not None:   # the native threads may be staging it now
                 self._native.wait(idx)
