@@ -80,3 +80,12 @@ def test_a_changed_file_gives_the_typed_error_naming_it(dataset, tmp_path):
     # control: the untouched copy serves all 96
     with Loader(dataset, batch_size=8, local_dir=str(tmp_path / "l3"), num_workers=1, decode=digest) as L:
         assert sum(len(xb) for xb, _ in L) == 96
+
+
+def test_the_environment_can_keep_staging_on_the_python_threads(dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")
+    got, sent, stats, _ = _run(dataset, tmp_path / "p", monkeypatch, True, epochs=1)
+    assert sent == 0 and stats["staged_local"] == 96 and len(set(got[0])) == 96
+    # control: without it, the same run goes native
+    _, sent_native, _, _ = _run(dataset, tmp_path / "n", monkeypatch, True, epochs=1)
+    assert sent_native == 96

@@ -17,6 +17,7 @@ to keep go straight to the local tier, and no node-wide deadline gate orders the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
@@ -32,9 +33,11 @@ Item = tuple   # the Python stager's item: (batch, position, sample, hit, keep, 
 
 
 def applies(source, tiers: Tiers, gated: bool) -> bool:
-    """Whether the Loader's kept misses from ``source`` go to the native engine (module docstring)."""
-    return (native_stage.available() and source.native_reads and tiers.direct
-            and not gated)
+    """Whether the Loader's kept misses from ``source`` go to the native engine (module docstring);
+    ``CLAIRVOYANT_NATIVE_STAGE=0`` keeps them on the Python threads (for a comparison, or a fault
+    of the native engine)."""
+    return (native_stage.available() and os.environ.get("CLAIRVOYANT_NATIVE_STAGE", "1") != "0"
+            and source.native_reads and tiers.direct and not gated)
 
 
 class NativeRoute:
