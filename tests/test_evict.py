@@ -200,3 +200,10 @@ def test_staged_ahead_counts_a_read_only_where_the_readers_can_be_and_keeps_what
     k = StagedAhead(seq, 4, [], keep=keep)
     assert k.keep_read(3, 0) == 3 and k.keep_read(2, 0) is None and k.keep_read(0, 0) is None
     assert StagedAhead(seq, 4, []).keep_read(2, 0) is None   # without a plan: no later use, not kept
+    # a read heard of after the readers moved past its use: the use it served is found behind them
+    assert k.use_read(3, 2) == 2 and k.use_read(0, 2) == 2   # a use at or after 2: looked for from there
+    assert k.use_read(1, 5) == 4 and k.use_read(3, 5) == 3   # none: the last one before
+    once = np.array([3, 1, 2, 0])
+    all_kept = StagedAhead(once, 4, [], keep=np.ones(4, bool))
+    assert all_kept.keep_read(3, all_kept.use_read(3, 2)) == NEVER   # kept: the plan keeps its use at 0
+    assert all_kept.keep_read(3, 2) is None   # control: looking from where the readers are finds none

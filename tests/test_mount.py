@@ -449,6 +449,47 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
         assert m.stats().opens_local == 2 * N - 0 and m.stats().opens_source == 0
 
 
+@pytest.mark.parametrize("control", [False, True], ids=["fixed", "before"])
+def test_files_read_before_their_copy_are_kept_though_the_readers_are_past_them(tmp_path, monkeypatch, control):
+    """The defect: files the readers opened before the mount had copied them (a DataLoader's first
+    batches) were read from the store, and when the mount heard of those reads after the readers
+    had moved on, it looked for their use from where the readers were, found none, and kept none
+    of them: the next epoch read them from the store again (30-40 of 3,200 files at 2 workers in
+    benchmarks/mount.py). Control: looking from where the readers are, as before, reads again."""
+    from clairvoyant.plan.ahead import StagedAhead
+    from clairvoyant.torch import DistributedSampler
+
+    if control:
+        monkeypatch.setattr(StagedAhead, "use_read", lambda self, sample, since: since)
+    n = 160   # more than the lag after which a hand-out counts as past (2 progress reports)
+    with store_mount(tmp_path, open_latency=0.01, stage_threads=1, n=n) as (raw, store, m):
+        ds = MountedFolder(m)
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=1, mount=m.path)
+        it = iter(sampler)
+        ahead = [next(it) for _ in range(100)]   # handed out well before they are read (lag: 64)
+        for i in ahead:   # read from the store: a position handed out is not staged
+            with open(ds.samples[i][0], "rb") as f:
+                f.read()
+        read_through = m.stats().opens_source
+        for i in it:   # handed out one by one: staged ahead, read from the tier
+            with open(ds.samples[i][0], "rb") as f:
+                f.read()
+        assert read_through >= 2, read_through   # the case under test happened
+        settled = lambda: m.staging().get("kept_reads", 0) + m.staging().get("not_staged", 0) >= read_through  # noqa
+        assert wait_until(settled, 20), (read_through, str(m.staging()))
+        store.reset()
+        forget_pages(m.path, keys_of(m))
+        sampler.set_epoch(1)
+        for i in sampler:
+            with open(ds.samples[i][0], "rb") as f:
+                f.read()
+        again = store.counters().opens
+        if control:
+            assert again > 0 and m.staging()["not_staged"] > 0, (again, m.staging())
+        else:
+            assert again == 0 and m.staging()["not_staged"] == 0, (again, m.staging())
+
+
 def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
     with small_mount(tmp_path) as (src, m):
         keys = keys_of(m)[::-1]   # an order no read-ahead guesses: each file comes from the source

@@ -574,7 +574,7 @@ class Controller:
         held.consumed(since)
 
     def _keep_read(self, held: StagedAhead, f: int, since: int, capacity: int) -> None:
-        nxt = held.keep_read(f, since)
+        nxt = held.keep_read(f, held.use_read(f, since))
         need = entry_size(int(self.sizes[f]))
         room = capacity - self._used()
         while nxt is not None and room < need:

@@ -104,6 +104,22 @@ class StagedAhead:
         k = int(np.searchsorted(mine, at_or_after))
         return int(mine[k]) if k < len(mine) else None
 
+    def use_read(self, sample: int, since: int) -> int:
+        """Where to look for the use a read of ``sample`` from the source served (``keep_read``'s
+        ``at_or_after``): ``since`` (how far the readers are surely past) if the sample has a use
+        of this sequence there or later; else its last use before ``since``: a read the mount
+        heard of only after the readers had moved past its use (the readers' first batches, opened
+        before any copy was made) still served that use, and the plan's word on it holds."""
+        p = self.position_of(sample, since)
+        if p is not None and p < self.span:
+            return since
+        s = int(sample)
+        if not 0 <= s < len(self._starts) - 1:
+            return since
+        mine = self._by_sample[self._starts[s]:self._starts[s + 1]]
+        k = int(np.searchsorted(mine, since)) - 1
+        return int(mine[k]) if k >= 0 else since
+
     def keep_read(self, sample: int, at_or_after: int) -> int | None:
         """A file not resident was read from the source for its use at the first position at or
         after ``at_or_after``: the position of its next use (NEVER past the sequence) if it is
