@@ -378,10 +378,13 @@ class Tiers:
                 self.ram.ledger.give_back(freed)
         return freed
 
-    def drop(self, key: str) -> None:
-        """Evict a resident the plan will not use before it would have to go."""
-        if self.local.delete(key):
+    def drop(self, key: str) -> int:
+        """Evict a resident the plan will not use before it would have to go (the Loader's plan at an
+        epoch's start, the mount's while it stages ahead): the bytes freed, 0 if it was not there."""
+        freed = self.local.delete(key)
+        if freed:
             self.counters.add("dropped")
+        return freed
 
     def usage(self) -> dict:
         lu, lp = self.local.ledger.read()

@@ -30,15 +30,14 @@ import select
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..cache import native_stage
 from ..cache.entry import entry_size
 from ..cache.node import residents
-from ..cache.tiers import LOCAL
+from ..cache.native_stage import Done
+from ..cache.thread_stage import file_stager
 from ..plan.ahead import StagedAhead, to_stage
 from ..plan.readahead import Readahead
 from ..plan.sequence import interleave
@@ -77,13 +76,11 @@ class Controller:
         self._index: dict[str, int] | None = None
         self._stop = threading.Event()
         self._poll = poll
-        # native threads copy the files where they are built (cache/native_stage.py); else Python's
+        # native threads copy the files where they are built, else Python's: one interface, chosen in
+        # one place (cache/thread_stage.py)
         self._slots_back = 0   # slots of copies told done in the collector's current batch
-        self._native = native_stage.NativeStager(
-            self.tiers.local, self.tiers.local_capacity, mount.source.root, self._handoff_dir(), threads,
-            self._native_done, self._native_batch_done) if native_stage.available() else None
-        self._pool = None if self._native else ThreadPoolExecutor(max(1, int(threads)),
-                                                                  thread_name_prefix="clairvoyant-mount-stage")
+        self._files = file_stager(self.tiers.local, self.tiers.local_capacity, mount.source.root,
+                                  self._handoff_dir(), threads, self._copied, self._copies_told)
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._lock = threading.Lock()
         self.stats = {"plans": 0, "epoch": -1, "ranks": 0, "sequence": 0, "following": 0, "frontier": 0,
@@ -103,8 +100,6 @@ class Controller:
         self._dir_seen, self._dir_looked = None, 0.0
         # order file -> ((inode, mtime, size), its parsed order, its files as numbers (_numbered))
         self._parsed: dict[str, tuple] = {}
-        self._pending = 0          # bytes submitted for staging and not yet placed
-        self._flying: set[int] = set()   # files whose copy is under way (the Python stager's)
         # with a sampler: the daemon's first reads (file, from the source?) for the plan's thread,
         # the files staged ahead and not read yet, and how far the readers trail the handed-out position
         self._reads: deque[tuple[int, bool]] = deque()
@@ -131,63 +126,10 @@ class Controller:
             self._index = {self.manifest.keys[i]: i for i in range(len(self.manifest))}
         return self._index
 
-    def _stage(self, i: int) -> None:
-        """Read sample ``i`` from the source into the local tier if it is not there and fits."""
-        try:
-            key, size = self.manifest.keys[i], int(self.sizes[i])
-            # present and current (a stale entry of an earlier session is removed here), or claimed
-            if self.tiers.find_local(key, size) is not None or self.tiers.claim(key, size):
-                self._add("present")
-                return
-            try:
-                placed = self.tiers.stage(key, size, True, lambda: self._fetch(i, key, size))
-            finally:
-                self.tiers.release(key)
-            if placed.tier == LOCAL:
-                self._add("staged")
-                self._add("staged_bytes", size)
-            else:
-                self._add("not_staged")
-        except Exception as e:   # a file that cannot be read: its reader gets the error from the source
-            self._add("failed")
-            log.warning("clairvoyant mount: staging %s failed: %s", self.manifest.keys[i], e)
-        finally:
-            self._discard(i)   # handed over but not taken (present, or no room): never left behind
-            with self._lock:
-                self._pending -= entry_size(int(self.sizes[i]))
-                self._flying.discard(i)
-            self._inflight.release()
-
-    def _fetch(self, i: int, key: str, size: int) -> tuple[bytes, int]:
-        """Sample ``i``'s bytes and its source mtime: from the daemon's handoff if a program read it
-        from the source already (never a second read of the shared store), else from the source."""
-        data = self._handed_over(i, size)
-        if data is not None:
-            return data
-        return self.source.read_versioned(key)
-
     def _handoff_dir(self) -> str | None:
         """Where the daemon hands over what it read from the source (None: staging takes nothing
         from there, as the tests' control does)."""
         return self.m.handoff
-
-    def _handed_over(self, i: int, size: int) -> tuple[bytes, int] | None:
-        handoff = self._handoff_dir()
-        if handoff is None:
-            return None
-        path = os.path.join(handoff, str(i))
-        try:
-            with open(path, "rb") as f:
-                blob = f.read()
-        except FileNotFoundError:
-            return None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        if len(blob) != size + 8:
-            return None   # not what the listing says: read the source
-        self._add("handed_over")
-        return blob[:size], int.from_bytes(blob[size:], "little")
 
     def _discard(self, i: int) -> None:
         """A handed-over file this process did not cache (present already, or no room): let it go."""
@@ -208,28 +150,12 @@ class Controller:
         ``slot``: the caller took one already."""
         if not (slot or self._take_slot(wait)):
             return False
-        if self._native is not None:
-            self._submit_native([i])
-            return True
-        with self._lock:
-            self._pending += entry_size(int(self.sizes[i]))
-            self._flying.add(i)
-        try:
-            self._pool.submit(self._stage, i)
-        except BaseException:   # (the pool shut down): as if never asked
-            with self._lock:
-                self._pending -= entry_size(int(self.sizes[i]))
-                self._flying.discard(i)
-            self._inflight.release()
-            raise
+        self._submit_files([i])
         return True
 
     def _in_flight(self, i: int | None = None) -> bool:
         """Whether a copy of file ``i`` (None: of any file) by this process is under way."""
-        if self._native is not None:
-            return self._native.in_flight(i)
-        with self._lock:
-            return bool(self._flying) if i is None else i in self._flying
+        return self._files.in_flight(i)
 
     def _settle(self, late: list[int], held: StagedAhead, gathered: set[int] = frozenset()) -> list[int]:
         """Evict what was chosen for eviction while its copy was on the way, now that it is there;
@@ -245,8 +171,8 @@ class Controller:
                 keep.append(v)
         return keep
 
-    def _submit_native(self, files: list[int]) -> None:
-        """Stage ``files``, a slot taken for each, with one call into the native stager; a file
+    def _submit_files(self, files: list[int]) -> None:
+        """Stage ``files``, a slot taken for each, with one call into the stager; a file
         already in the tier, or with no room for it, gives its slot back at once."""
         items = []
         for i in files:
@@ -263,7 +189,7 @@ class Controller:
         if not items:
             return
         try:
-            got = self._native.submit_many(items)
+            got = self._files.submit_many(items)
         except Exception as e:
             for i, key, _ in items:
                 self._failed(key, e)
@@ -273,7 +199,7 @@ class Controller:
         back = 0
         for (i, key, _), g in zip(items, got):
             if g is True:
-                continue   # _native_done hears of it
+                continue   # _copied hears of it
             back += 1
             if isinstance(g, Exception):
                 self._failed(key, g)
@@ -289,7 +215,7 @@ class Controller:
         self._add("failed")
         log.warning("clairvoyant mount: staging %s failed: %s", key, e)
 
-    def _native_done(self, d: native_stage.Done) -> None:
+    def _copied(self, d: Done) -> None:
         try:
             if d.loc is not None:
                 with self._lock:
@@ -306,16 +232,14 @@ class Controller:
                 self._discard(d.token)
             self._slots_back += 1   # given back with the batch's others: one wake of the plan's thread
 
-    def _native_batch_done(self) -> None:
+    def _copies_told(self) -> None:
         n, self._slots_back = self._slots_back, 0
         if n:
             self._inflight.release(n)
 
     def _used(self) -> int:
-        """Bytes in the local tier, counting those on their way there."""
-        with self._lock:
-            pending = self._pending
-        return self.tiers.local.ledger.read()[0] + pending
+        """Bytes in the local tier, counting those on their way there (reserved when submitted)."""
+        return self.tiers.local.ledger.read()[0]
 
     def _maybe_publish_stats(self) -> None:
         now = time.monotonic()
@@ -653,16 +577,7 @@ class Controller:
     def _submit_chunk(self, chunk: list[tuple[int, int]], held: StagedAhead, frontier: bool = True) -> None:
         """Stage the chunk's files (a slot taken for each), then count them staged in the plan
         (``frontier``: they are the plan's walk, not files kept after a read)."""
-        if self._native is not None:
-            self._submit_native([i for _, i in chunk])
-        else:
-            for k, (_, i) in enumerate(chunk):
-                try:
-                    self._submit(i, slot=True)
-                except BaseException:   # (its own slot is given back): those after it too
-                    if k + 1 < len(chunk):
-                        self._inflight.release(len(chunk) - k - 1)
-                    raise
+        self._submit_files([i for _, i in chunk])
         for pos, i in chunk:
             held.staged(i, pos)
         if not frontier:
@@ -674,7 +589,7 @@ class Controller:
     def _evict(self, i: int) -> int:
         """Delete the entry of file ``i`` if it is there: the bytes freed (0: not there, e.g. its copy
         is on the way)."""
-        freed = self.tiers.local.delete(self.manifest.keys[i])
+        freed = self.tiers.drop(self.manifest.keys[i])   # (counted by the tier too)
         if freed:
             self._add("evicted")
             if i in self._unread:   # staged ahead and given way before anyone read it: wasted
@@ -712,7 +627,4 @@ class Controller:
         self._stop.set()
         for t in self._threads:
             t.join(5)
-        if self._native is not None:
-            self._native.close()
-        else:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._files.close()

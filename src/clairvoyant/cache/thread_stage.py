@@ -1,0 +1,159 @@
+"""MECHANISM: the native file stager's twin on Python threads, and the one place that picks one.
+
+``ThreadStager`` stages files of a directory into the local tier with the contract of
+``native_stage.NativeStager`` (``submit``, ``submit_many``, ``in_flight``, ``close``; each job told
+once, as a ``Done``, after its entry is published or given up; ``on_batch`` after each): its
+bytes reserved in the ledger at submission, the key's node-wide lock held while the file is read
+(from the daemon's handoff if a reader's open handed it over, else from the source) and its entry
+written, then published. It is what runs where the C extension is not built, so that the mount
+has one staging interface and no branch on which engine is there. ``file_stager`` chooses.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from .entry import entry_size
+from .local import LocalStore
+from .native_stage import Done, NativeStager, _why, available
+
+
+def file_stager(store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
+                on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None):
+    """The native stager where it is built, else the Python threads' (same interface)."""
+    cls = NativeStager if available() else ThreadStager
+    return cls(store, capacity, src_root, handoff, threads, on_done, on_batch)
+
+
+class ThreadStager:
+    """``NativeStager``'s contract on Python threads (module docstring)."""
+
+    def __init__(self, store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
+                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
+        self.store, self.capacity = store, int(capacity)
+        self._root, self._handoff = src_root, handoff
+        self._on_done, self._on_batch = on_done, on_batch
+        self._lock = threading.Lock()
+        self._jobs: set[int] = set()
+        self._closing = False
+        self._pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="clairvoyant-file-stage")
+
+    def submit(self, token: int, key: str, size: int) -> bool | None:
+        """As ``NativeStager.submit``: True under way, False no room (nothing reserved), None under
+        way already."""
+        n = entry_size(size)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the stager is closed")
+            if token in self._jobs:
+                return None
+            if not self.store.ledger.reserve(n, self.capacity):
+                return False
+            self._jobs.add(token)
+        try:
+            self._pool.submit(self._run, token, key, size)
+        except BaseException:
+            with self._lock:
+                self._jobs.discard(token)
+            self.store.ledger.give_back(n)
+            raise
+        return True
+
+    def submit_many(self, items: list[tuple[int, str, int]]) -> list[bool | None | Exception]:
+        out: list[bool | None | Exception] = []
+        for token, key, size in items:
+            try:
+                out.append(self.submit(token, key, size))
+            except Exception as e:
+                out.append(e)
+        return out
+
+    def in_flight(self, token: int | None = None) -> bool:
+        with self._lock:
+            return bool(self._jobs) if token is None else token in self._jobs
+
+    def _run(self, token: int, key: str, size: int) -> None:
+        store, n = self.store, entry_size(size)
+        loc, why, handed, present, reserved = None, None, False, False, True
+        try:
+            if self._closing:
+                why = "not started: the stager closed"
+                return
+            if store.claim(key, size):   # another process of the node staged it meanwhile
+                present, why = True, "staged meanwhile by another process of the node"
+                return
+            try:
+                got = self._handed_over(token, size)
+                handed = got is not None
+                data, mtime_ns = got if handed else self._read(key, size)
+                reserved = False   # put_reserved owns the reservation from here (gives it back on failure)
+                loc = store.put_reserved(key, data, mtime_ns)
+            finally:
+                store.release(key)
+        except OSError as e:
+            why = _why(e.errno) if e.errno else str(e)
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+        finally:
+            if reserved:
+                store.ledger.give_back(n)
+            if not handed and self._handoff is not None:   # a handoff never taken goes too
+                try:
+                    os.unlink(os.path.join(self._handoff, str(token)))
+                except FileNotFoundError:
+                    pass
+            with self._lock:
+                self._jobs.discard(token)
+            try:
+                self._on_done(Done(token, key, loc, why, handed, present))
+            finally:
+                if self._on_batch is not None:
+                    self._on_batch()
+
+    def _handed_over(self, token: int, size: int) -> tuple[bytes, int] | None:
+        """The bytes a reader's open read from the source and handed over (the bytes, then the
+        mtime in ns), once; None if there are none, or not of the listed size."""
+        if self._handoff is None:
+            return None
+        path = os.path.join(self._handoff, str(token))
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return None
+        finally:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if len(blob) != size + 8:
+            return None
+        return blob[:size], int.from_bytes(blob[size:], "little")
+
+    def _read(self, key: str, size: int) -> tuple[bytes, int]:
+        fd = os.open(os.path.join(self._root, key), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size:   # changed since it was listed (the native stager's ESTALE)
+                raise OSError(errno.ESTALE, _why(errno.ESTALE))
+            chunks, got = [], 0
+            while got < size:
+                b = os.read(fd, size - got)
+                if not b:
+                    raise OSError(errno.EIO, "the file ended before its listed size")
+                chunks.append(b)
+                got += len(b)
+            return b"".join(chunks), st.st_mtime_ns
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Stop: files not started are not staged (told as such, their reservations given back);
+        the threads are joined. Idempotent."""
+        with self._lock:
+            self._closing = True
+        self._pool.shutdown(wait=True, cancel_futures=False)   # each queued job sees _closing and gives up
