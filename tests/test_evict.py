@@ -207,3 +207,22 @@ def test_staged_ahead_counts_a_read_only_where_the_readers_can_be_and_keeps_what
     all_kept = StagedAhead(once, 4, [], keep=np.ones(4, bool))
     assert all_kept.keep_read(3, all_kept.use_read(3, 2)) == NEVER   # kept: the plan keeps its use at 0
     assert all_kept.keep_read(3, 2) is None   # control: looking from where the readers are finds none
+
+
+def test_the_mounts_step_decision_is_the_plans():
+    """plan/ahead.py decides each position of the mount's walk (the controller carries it out):
+    skip, stage, evict the resident needed farthest after it, or wait for the readers."""
+    from clairvoyant.plan.ahead import EVICT, SKIP, STAGE, WAIT, StagedAhead, next_step
+
+    seq = np.array([0, 1, 2, 3, 4, 0, 1])
+    h = StagedAhead(seq, 5, [0, 1])        # 0 and 1 resident, next used at 0 and 1 (then 5 and 6)
+    assert next_step(h, 2, 2, False, 0, 10, 100).kind == SKIP     # the plan does not keep this miss
+    assert next_step(h, 2, 2, True, 3, 10, 100).kind == SKIP      # handed out already
+    assert next_step(h, 0, 0, True, 0, 10, 100).kind == SKIP      # resident
+    assert next_step(h, 2, 2, True, 0, 10, 100, {2}).kind == SKIP  # gathered for a copy
+    assert next_step(h, 2, 2, True, 0, 10, 100) == (STAGE, -1)    # room for it
+    assert next_step(h, 2, 2, True, 0, 10, 5) == (WAIT, -1)       # both residents are needed before 2
+    h.consumed(2)   # the readers passed 0 and 1: the residents' next uses are 5 and 6
+    step = next_step(h, 2, 2, True, 2, 10, 5)
+    assert step == (EVICT, 1) and 1 not in h and 0 in h            # 1 (next used at 6) gives way, not 0
+    assert next_step(h, 5, 0, True, 2, 10, 5).kind == SKIP         # control: a resident is never staged

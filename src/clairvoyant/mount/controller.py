@@ -38,7 +38,7 @@ from ..cache.entry import entry_size
 from ..cache.node import residents
 from ..cache.native_stage import Done
 from ..cache.thread_stage import file_stager
-from ..plan.ahead import StagedAhead, to_stage
+from ..plan.ahead import EVICT, SKIP, WAIT, StagedAhead, next_step, to_stage, wanted
 from ..plan.readahead import Readahead
 from ..plan.sequence import interleave
 from .listing import publish_bytes
@@ -532,33 +532,32 @@ class Controller:
                 late = self._settle(late, held, gathered)
             if pos % PROGRESS_EVERY == 0:
                 handed = follow()
-            if not stage[pos] or pos < handed or i in held or i in gathered:
+            if not wanted(held, pos, i, bool(stage[pos]), handed, gathered):
                 continue
             need = entry_size(int(self.sizes[i]))
             self._maybe_publish_stats()
-            if need > room:
+            if need > room:   # what is gathered goes first; then the room and the readers are read
                 flush()
                 room = capacity - self._used()
-            while need > room:
+                handed = follow()
+            step = next_step(held, pos, i, True, handed, need, room, gathered)
+            while step.kind in (EVICT, WAIT):   # carried out here; the decisions are plan/ahead.py's
+                if step.kind == EVICT:
+                    if not self._evict(step.victim):   # its copy is still on the way: it goes once there
+                        late.append(step.victim)
+                else:
+                    late = self._settle(late, held)
+                    if self._plan_key != key or self._stop.wait(self._poll):
+                        return
+                    self._plan_key = key if self._current_key() == key else None
+                    if self._plan_key is None:
+                        return
                 if self._stop.is_set():
                     return
                 handed = follow()
-                if pos < handed:
-                    break   # the readers got there first
-                victim = held.evict_for(pos)
-                if victim is not None:   # farthest next use, after the file to stage: evict it
-                    if not self._evict(victim):   # its copy is still on the way: it goes once there
-                        late.append(victim)
-                    room = capacity - self._used()
-                    continue
-                late = self._settle(late, held)
-                if self._plan_key != key or self._stop.wait(self._poll):
-                    return
-                self._plan_key = key if self._current_key() == key else None
-                if self._plan_key is None:
-                    return
                 room = capacity - self._used()
-            if pos < handed:
+                step = next_step(held, pos, i, True, handed, need, room, gathered)
+            if step.kind == SKIP:   # (also: the readers got there while it waited)
                 continue
             if not self._take_slot(wait=False):   # the slots are taken: what is gathered goes first
                 flush()

@@ -25,7 +25,7 @@ the source (not staged in time) is kept if the plan keeps that access (``keep_re
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -40,6 +40,40 @@ def to_stage(sequence: np.ndarray, following: np.ndarray, entry_sizes: np.ndarra
     plan = simulate_epoch(np.asarray(sequence, np.int64), np.asarray(following, np.int64), entry_sizes, capacity,
                           residents)
     return ~plan.hit & plan.keep
+
+
+SKIP, STAGE, EVICT, WAIT = "skip", "stage", "evict", "wait"
+
+
+class Step(NamedTuple):
+    """What to do about one position of the sequence now: ``SKIP`` it (not a miss the plan keeps,
+    handed out already, resident, or gathered for a copy), ``STAGE`` it (room is there), ``EVICT``
+    ``victim`` to make room for it, or ``WAIT`` for the readers to move on (every resident is
+    needed before it)."""
+
+    kind: str
+    victim: int = -1
+
+
+def wanted(held: "StagedAhead", position: int, sample: int, stage: bool, handed: int,
+           gathered: set[int] | frozenset[int] = frozenset()) -> bool:
+    """Whether ``position`` is still one to stage: a miss the plan keeps, not yet handed out to the
+    readers (a reader takes such a file from wherever it is), not resident, not gathered for a copy."""
+    return stage and position >= handed and sample not in held and sample not in gathered
+
+
+def next_step(held: "StagedAhead", position: int, sample: int, stage: bool, handed: int, need: int, room: int,
+              gathered: set[int] | frozenset[int] = frozenset()) -> Step:
+    """The mount's decision at ``position`` of the sequence (``sample`` there; ``stage``: the plan
+    keeps this miss), the readers handed out up to ``handed``, ``need`` bytes for its entry and
+    ``room`` bytes free in the tier: the rule of this module's docstring. An ``EVICT`` takes its
+    victim out of ``held`` (the caller deletes its entry, then asks again)."""
+    if not wanted(held, position, sample, stage, handed, gathered):
+        return Step(SKIP)
+    if need <= room:
+        return Step(STAGE)
+    victim = held.evict_for(position)
+    return Step(WAIT) if victim is None else Step(EVICT, victim)
 
 
 class StagedAhead:
