@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from clairvoyant.cache.progress import NodeProgress
+from clairvoyant.stage.gate import NodeProgress
 
 
 def test_a_rank_may_run_only_slack_batches_beyond_the_slowest(tmp_path):

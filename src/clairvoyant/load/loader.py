@@ -20,7 +20,7 @@ from .. import manifest as manifest_mod
 from ..cache.entry import entry_size, unseal
 from ..cache.extents import read_entry
 from ..cache.node import open_tiers, residents
-from ..cache.progress import NodeProgress
+from ..stage.gate import NodeProgress
 from ..cache.tiers import Tiers
 from ..dist import cluster as cluster_mod
 from ..dist.cluster import Cluster

@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Callable, NamedTuple
 
 
-from ..cache.progress import NodeProgress
+from ..stage.gate import NodeProgress
 from ..cache.tiers import LOCAL, SOURCE, Placement, Tiers
 from ..errors import DecodeError, WorkerDied, WorkerError
 from ..manifest import Manifest
