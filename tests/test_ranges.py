@@ -21,6 +21,7 @@ from clairvoyant.plan.residency import simulate_epoch
 from clairvoyant.plan.residents import Residents
 from clairvoyant.source import TarShardSource
 from clairvoyant.source import shards as shards_mod
+from conftest import wait_until
 
 
 def _plan(seq, sizes, capacity, residents, ranges, **kw):
@@ -104,16 +105,16 @@ def test_the_source_cuts_shards_into_ranges_that_read_back_each_sample(packed):
     assert r.count == len(src.paths)   # small shards: one range each
     order, cuts = r.members()
     for k in range(r.count):
-        members = order[cuts[k]:cuts[k + 1]].tolist()
-        got, mtime = src.read_range(k, members)
-        assert got == [src.read(keys[i]) for i in members]
-        assert mtime == src.index.shards[int(src.index.shard[members[0]])][2]
+        members = [keys[i] for i in order[cuts[k]:cuts[k + 1]].tolist()]
+        got, mtime = src.read_range(members[::-1])   # any order, any subset of the range
+        assert got == [src.read(key) for key in members[::-1]]
+        assert mtime == src.index.shards[int(src.index.shard[src.index.find(members[0])])][2]
     # pieces of at most about `span` bytes: more ranges, still every sample in one
     small = Ranges(*src.sample_ranges(keys, span=4096))
     assert small.count > r.count and len(small.of) == len(keys)
-    # negative control: a sample asked of a range that does not hold it
-    with pytest.raises(ValueError, match="not in range"):
-        src.read_range(0, [int(order[cuts[1]])])
+    # negative control: samples of two shards are not one range
+    with pytest.raises(ValueError, match="more than one shard"):
+        src.read_range([keys[int(order[cuts[0]])], keys[int(order[cuts[1]])]])
 
 
 def _epochs(packed, local, count, epochs=2, **kw):
@@ -171,11 +172,11 @@ def test_a_failed_range_read_is_logged_and_its_samples_are_read_on_their_own(pac
     orig = TarShardSource.read_range
     failed = []
 
-    def flaky(self, r, wanted):
+    def flaky(self, keys):
         if not failed:
-            failed.append(r)
+            failed.append(keys[0])
             raise OSError(5, "Input/output error")
-        return orig(self, r, wanted)
+        return orig(self, keys)
 
     TarShardSource.read_range = flaky
     try:
@@ -235,3 +236,46 @@ def test_the_ranks_of_a_node_read_each_range_once_between_them(packed, tmp_path,
     assert t["range_placed"] + t["staged_local"] == 96   # every sample placed once on the node
     assert reads0 == t["range_reads"] + t["staged_local"] < 96 / 2, (reads0, t)
     assert sum(o["epochs"][1]["reads"] for o in outs) == 0
+
+
+def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(dataset, tmp_path, monkeypatch):
+    """Found by review: a resident sample of a range whose whole read comes in a later batch waited
+    for that read (up to RANGE_WAIT, with one thread: for ever behind itself) although it was in
+    the tier all along. Control: an absent sample of the same range, after the read in need order,
+    is placed by the read, not read on its own."""
+    import time as _time
+
+    from clairvoyant import manifest as manifest_mod
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.cache.node import open_tiers
+    from clairvoyant.stage import engine
+    from clairvoyant.stage.engine import RangeReader, Stager
+
+    monkeypatch.setattr(engine, "RANGE_WAIT", 20.0)
+    dst = pack(dataset, tmp_path / "one", shard_size="1MiB").dst   # one shard: one range
+    src = TarShardSource(dst)
+    man, _ = manifest_mod.obtain(src)
+    node = open_tiers(src, np.asarray(man.sizes) + entry_size(0), local_dir=str(tmp_path / "local"),
+                      local_capacity=None, ram=False)
+    tiers = node.tiers
+    try:
+        rr = RangeReader(Ranges(*src.sample_ranges(man.keys)), src.read_range)
+        assert rr.ranges.count == 1
+        k0 = man.keys[0]
+        assert tiers.local.put(k0, src.read(k0), 0, tiers.local_capacity) is not None   # resident already
+        done: dict = {}
+        st = Stager(src, tiers, man, threads=1, on_done=lambda b, j, out, *_: done.setdefault((b, j), (
+            _time.monotonic(), out)), ranges=rr, due=lambda k: False)
+        st.start()
+        t0 = _time.monotonic()
+        st.submit(0, [0], [True], [True], None, [False])   # a resident hit
+        st.submit(1, [1], [False], [True], None, [True])   # the range's first miss: read whole after it
+        st.submit(2, [2], [True], [True], None, [False])   # an absent sample of the range: a planned hit
+        assert wait_until(lambda: len(done) == 3, 15), done
+        st.close()
+        assert done[(0, 0)][0] - t0 < 5 and done[(0, 0)][1].tier == "local"   # at once, from the tier
+        assert done[(2, 0)][1].tier == "local" and not done[(2, 0)][1].fetched   # placed by the range's read
+        c = tiers.counters.snapshot()
+        assert c["range_early"] == 0 and c["range_reads"] == 1 and c["missed_hits"] == 0, c
+    finally:
+        node.tiers.close()

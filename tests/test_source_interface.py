@@ -88,7 +88,7 @@ def test_every_optional_capability_has_its_default():
     assert s.use_manifest(object()) is None
     assert s.native_reads is False and s.sample_ranges(["k3"]) is None
     with pytest.raises(NotImplementedError):
-        s.read_range(0, [0])
+        s.read_range(["k3"])
 
 
 def test_overriding_version_declares_it_and_head_follows():

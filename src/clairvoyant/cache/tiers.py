@@ -116,6 +116,12 @@ class Tiers:
         self._owed_bytes = 0
         self._owed_lock = threading.Lock()
 
+    @property
+    def owed_bytes(self) -> int:
+        """Bytes of kept samples waiting in the RAM window for room in the local tier (they go
+        down first: staging reserves the local tier around them)."""
+        return self._owed_bytes
+
     def close(self) -> None:
         self.settle(final=True)
         self._ram_session.leave(_last_ram)

@@ -230,10 +230,12 @@ class Controller:
         finally:
             if d.loc is None:   # the C thread removes a handoff it read; one it never got to goes here
                 self._discard(d.token)
-            self._slots_back += 1   # given back with the batch's others: one wake of the plan's thread
+            with self._lock:   # (the Python engine tells from several threads)
+                self._slots_back += 1   # given back with the batch's others: one wake of the plan's thread
 
     def _copies_told(self) -> None:
-        n, self._slots_back = self._slots_back, 0
+        with self._lock:
+            n, self._slots_back = self._slots_back, 0
         if n:
             self._inflight.release(n)
 

@@ -83,9 +83,9 @@ class Source(abc.ABC):
         default): every sample is read on its own."""
         return None
 
-    def read_range(self, r: int, wanted: Sequence[int]) -> tuple[list[bytes], int]:
-        """Range ``r`` of ``sample_ranges`` read with one request: the bytes of the samples
-        ``wanted`` (manifest indices in it), in that order, and the source's version of them."""
+    def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
+        """The bytes of ``keys``, samples of one range of ``sample_ranges``, in that order, read
+        with one request, and the source's version of them."""
         raise NotImplementedError(f"{type(self).__name__} has no ranges (sample_ranges gives None)")
 
     def use_manifest(self, manifest: Any) -> None:

@@ -79,7 +79,6 @@ class TarShardSource(Source):
         self._fds = FdCache(max_open, opener=_opener)
         self._index: ShardIndex | None = None
         self._index_file: str | None = None   # where the index was loaded from or saved to
-        self._ranges: tuple[np.ndarray, ...] | None = None   # see sample_ranges (this process's only)
         self._load_index()
 
     def __repr__(self) -> str:
@@ -89,7 +88,6 @@ class TarShardSource(Source):
         d = self.__dict__.copy()
         d["_fds"] = None
         d["_index"] = None
-        d["_ranges"] = None
         d["_stamp"] = self._index.stamp if self._index is not None else None
         return d
 
@@ -280,27 +278,27 @@ class TarShardSource(Source):
         stop = np.zeros(n, np.int64)
         np.minimum.at(start, of, offset)
         np.maximum.at(stop, of, end)
-        self._ranges = (uniq[:, 0].copy(), start, stop, rows, of)
         return of, stop - start
 
-    def read_range(self, r: int, wanted: Sequence[int]) -> tuple[list[bytes], int]:
-        """Range ``r`` of the last ``sample_ranges`` read with one request: the bytes of the samples
-        ``wanted`` (manifest indices in it), in that order, and the shard's modification time (ns)
-        when its headers were read."""
-        if self._ranges is None:
-            raise RuntimeError("read_range before sample_ranges")
-        shard, start, stop, rows, of = self._ranges
-        sid, first = int(shard[r]), int(start[r])
+    def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
+        """The bytes of ``keys`` (samples of one shard: one range of ``sample_ranges``), in that
+        order, read with one request over the span they lie in, and the shard's modification time
+        (ns) when its headers were read."""
         ix = self.index
-        what = f"range {first}..{int(stop[r])} of shard {ix.shards[sid][0]}"
-        buf = memoryview(self._read_range(sid, first, int(stop[r]) - first, what))
+        rows = [self._row(k) for k in keys]
+        if not rows:
+            return [], 0
+        sid = int(ix.shard[rows[0]])
+        if any(int(ix.shard[r]) != sid for r in rows):
+            raise ValueError(f"read_range: {len(keys)} samples from more than one shard ({keys[0]!r}...)")
+        first = min(int(ix.offset[r]) for r in rows)
+        stop = max(int(ix.offset[r]) + int(ix.length[r]) for r in rows)
+        what = f"{len(rows)} samples from {keys[0]!r} (bytes {first}..{stop} of {ix.shards[sid][0]})"
+        buf = memoryview(self._read_range(sid, first, stop - first, what))
         out = []
-        for i in wanted:
-            if int(of[i]) != r:
-                raise ValueError(f"sample {i} is not in range {r}")
-            row = int(rows[i])
-            at = int(ix.offset[row]) - first
-            out.append(bytes(buf[at:at + int(ix.length[row])]))
+        for r in rows:
+            at = int(ix.offset[r]) - first
+            out.append(bytes(buf[at:at + int(ix.length[r])]))
         return out, ix.shards[sid][2]
 
     def _rows_of(self, keys: Sequence[str]) -> np.ndarray:

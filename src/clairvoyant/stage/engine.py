@@ -46,10 +46,10 @@ class RangeReader:
     ``read(range, manifest indices)`` giving their bytes from one request and the source's
     modification time."""
 
-    def __init__(self, ranges: Ranges, read: Callable[[int, list[int]], tuple[list[bytes], int]]) -> None:
+    def __init__(self, ranges: Ranges, read: Callable[[list[str]], tuple[list[bytes], int]]) -> None:
         self.ranges, self.of = ranges, ranges.of
         self._order, self._cuts = ranges.members()
-        self.read = read
+        self.read = read   # read(keys of samples of one range): their bytes, one request
 
     def members(self, r: int) -> list[int]:
         return self._order[self._cuts[r]:self._cuts[r + 1]].tolist()
@@ -84,7 +84,8 @@ class Stager:
                          for i in range(threads)]
         self._size_lock = threading.Lock()
         # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
-        self._native = (NativeRoute(tiers, manifest, source.root, threads, self._deliver, self._queue.put)
+        self._native = (NativeRoute(tiers, manifest, source.root, threads, self._deliver, self._queue.put,
+                                    self._failed)
                         if native.applies(source, tiers, gate is not None) else None)
         self._target = threads    # threads wanted (the tuner moves it)
         self._excess = 0          # threads to retire, each after the item in hand
@@ -134,6 +135,12 @@ class Stager:
     def _deliver(self, batch_id: int, j: int, placed: Placement, seconds: float) -> None:
         if not self._stop:
             self._on_done(batch_id, j, placed, seconds, 0.0)
+
+    def _failed(self, e: BaseException) -> None:
+        """An error that stopped the delivery of a native job's outcome: as a staging thread's own
+        (the consumer raises it rather than wait for ever)."""
+        if self.fatal is None:
+            self.fatal = e
 
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
@@ -230,7 +237,7 @@ class Stager:
             members = ranges.members(r)
             keys = [self._manifest.keys[i] for i in members]
             sizes = [int(self._manifest.sizes[i]) for i in members]
-            self._tiers.stage_range(keys, sizes, lambda pos: ranges.read(r, [members[k] for k in pos]))
+            self._tiers.stage_range(keys, sizes, lambda pos: ranges.read([keys[k] for k in pos]))
         except Exception as e:
             log.warning("clairvoyant: reading range %d (sample %r's) whole failed (%s: %s); its samples are read "
                         "one by one", r, self._manifest.keys[idx], type(e).__name__, e)
@@ -244,13 +251,15 @@ class Stager:
         tiers = self._tiers
         if hit:
             reading = self._reading.get(int(self._ranges.of[idx])) if self._reading else None
-            if reading is not None and not reading.is_set():
+            if reading is not None and not reading.is_set() and tiers.find_local(key, size) is None:
                 # its range's whole read is still under way (or not begun): waited for, unless the
-                # readers are about to need the sample; then it is staged on its own, and the
+                # readers need the sample before it is done; then it is staged on its own, and the
                 # range's read leaves it as it finds it
-                if self._due(batch) or not reading.wait(RANGE_WAIT):
-                    tiers.counters.add("range_early")
-                    return self._stage(idx, False, keep)
+                deadline = time.monotonic() + RANGE_WAIT
+                while not reading.wait(0.02):
+                    if self._due(batch) or self._stop or time.monotonic() > deadline:
+                        tiers.counters.add("range_early")
+                        return self._stage(idx, False, keep)
             path = tiers.find_local(key, size, self._peer_wait)
             if path is None and self._native is not None:   # the native threads may be staging it now
                 self._native.wait(idx)

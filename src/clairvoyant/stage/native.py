@@ -44,9 +44,9 @@ class NativeRoute:
     """Kept misses of a local POSIX source, staged by native threads into ``tiers.local``."""
 
     def __init__(self, tiers: Tiers, manifest: Manifest, root: str, threads: int, deliver: Deliver,
-                 fallback: Callable[[Item], None]) -> None:
+                 fallback: Callable[[Item], None], fatal: Callable[[BaseException], None]) -> None:
         self._tiers, self._manifest = tiers, manifest
-        self._deliver, self._fallback = deliver, fallback
+        self._deliver, self._fallback, self._fatal = deliver, fallback, fatal
         self._lock = threading.Lock()
         self._jobs: dict[int, tuple[Item, float]] = {}   # token -> (item, when submitted)
         self._by_sample: dict[int, list] = {}  # sample -> [jobs under way, Event set when none is]
@@ -59,6 +59,8 @@ class NativeRoute:
         Python threads place them, in the RAM window if need be)."""
         if not items:
             return []
+        if self._tiers.owed_bytes:   # kept samples wait in the RAM window for room: they go first,
+            return items             # and the Python threads reserve around them (Tiers.stage)
         keys, sizes = self._manifest.keys, self._manifest.sizes
         with self._lock:
             first = self._token
@@ -91,13 +93,16 @@ class NativeRoute:
                 e[1].set()
             return got
 
-    def wait(self, sample: int, timeout: float = 30.0) -> None:
+    def wait(self, sample: int) -> None:
         """Wait until no native job of ``sample`` is under way (a planned hit of a sample the engine
-        is staging right now: its entry is about to be there)."""
+        is staging right now: its entry is about to be there). Every job is told, done or given up
+        at the close, so this ends; it must, before the caller takes the key's lock: the C threads'
+        lock is the process's, and would not keep this process's Python threads out."""
         with self._lock:
             e = self._by_sample.get(sample)
         if e is not None:
-            e[1].wait(timeout)
+            while not e[1].wait(0.5) and not self._closed:
+                pass
 
     def _done(self, d: Done) -> None:
         got = self._forget(d.token)
@@ -106,11 +111,15 @@ class NativeRoute:
         item, t0 = got
         if self._closed:
             return
-        if d.loc is not None:
-            self._tiers.counters.add("staged_local")
-            self._deliver(item[0], item[1], Placement(LOCAL, d.loc, True), time.perf_counter() - t0)
-        else:   # staged meanwhile by another process (the Python way finds it), or failed
-            self._fallback(item)
+        try:
+            if d.loc is not None:
+                self._tiers.counters.add("staged_local")
+                self._deliver(item[0], item[1], Placement(LOCAL, d.loc, True), time.perf_counter() - t0)
+            else:   # staged meanwhile by another process (the Python way finds it), or failed
+                self._fallback(item)
+        except BaseException as e:   # never lost in the collector's log: the batch would wait for ever
+            self._fatal(e)
+            raise
 
     def close(self) -> None:
         """Stop: jobs not started are given up (their places given back); idempotent."""
