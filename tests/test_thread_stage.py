@@ -5,7 +5,6 @@ C extension. Each check runs on both engines (the native one where it is built).
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
@@ -14,44 +13,13 @@ from clairvoyant.cache.entry import entry_size, unseal
 from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore
 from conftest import wait_until
+from test_native_stage import Run, tree  # noqa: F401  (the same files and recorder, both engines)
 
 ENGINES = [thread_stage.ThreadStager] + ([native_stage.NativeStager] if native_stage.available() else [])
 
 
-@pytest.fixture
-def tree(tmp_path):
-    src = tmp_path / "src"
-    (src / "d").mkdir(parents=True)
-    files = {f"d/f{i}.bin": os.urandom(1000 + 37 * i) for i in range(12)}
-    for k, v in files.items():
-        (src / k).write_bytes(v)
-    return str(src), files, str(tmp_path / "local")
-
-
-class Run:
-    def __init__(self, engine, src: str, local: str, capacity: int = 1 << 30, handoff: str | None = None) -> None:
-        self.store = LocalStore(local, "file://" + src, expected=64)
-        self.done: dict[int, native_stage.Done] = {}
-        self.batches = 0
-        self.cv = threading.Condition()
-        self.stager = engine(self.store, capacity, src, handoff, 4, self._on_done, self._on_batch)
-
-    def _on_done(self, d) -> None:
-        with self.cv:
-            assert d.token not in self.done, "a job reported twice"
-            self.done[d.token] = d
-            self.cv.notify_all()
-
-    def _on_batch(self) -> None:
-        self.batches += 1
-
-    def wait(self, n: int, timeout: float = 20) -> None:
-        with self.cv:
-            assert self.cv.wait_for(lambda: len(self.done) >= n, timeout), self.done
-
-    def close(self) -> None:
-        self.stager.close()
-        self.store.close()
+def make(engine, src: str, local: str, **kw) -> Run:
+    return Run(src, local, engine=engine, **kw)
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.__name__)
@@ -61,7 +29,7 @@ def test_entries_are_published_from_the_source_or_the_handoff(engine, tree, tmp_
     handoff.mkdir()
     keys = sorted(files)
     (handoff / "3").write_bytes(files[keys[3]] + (123).to_bytes(8, "little"))   # a reader's open handed it over
-    run = Run(engine, src, local, handoff=str(handoff))
+    run = make(engine, src, local, handoff=str(handoff))
     try:
         got = run.stager.submit_many([(t, k, len(files[k])) for t, k in enumerate(keys)])
         assert got == [True] * len(keys)
@@ -84,7 +52,7 @@ def test_entries_are_published_from_the_source_or_the_handoff(engine, tree, tmp_
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.__name__)
 def test_errors_come_back_worded_alike_with_nothing_reserved(engine, tree):
     src, files, local = tree
-    run = Run(engine, src, local)
+    run = make(engine, src, local)
     try:
         k = sorted(files)[0]
         assert run.stager.submit(0, "d/missing.bin", 10) is True
@@ -103,7 +71,7 @@ def test_errors_come_back_worded_alike_with_nothing_reserved(engine, tree):
 def test_close_with_work_queued_leaves_the_ledger_right_and_no_thread(engine, tree):
     src, files, local = tree
     threads_before = len(os.listdir("/proc/self/task"))
-    run = Run(engine, src, local)
+    run = make(engine, src, local)
     keys = sorted(files)
     for t in range(200):
         k = keys[t % len(keys)]
