@@ -279,3 +279,20 @@ def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(datas
         assert c["range_early"] == 0 and c["range_reads"] == 1 and c["missed_hits"] == 0, c
     finally:
         node.tiers.close()
+
+
+def test_the_tuner_starts_lower_where_the_plan_reads_ranges_whole(packed, dataset, tmp_path, monkeypatch):
+    from clairvoyant.load import loader as loader_mod
+
+    started: list[int] = []
+    real = loader_mod.EpochRun
+
+    def recording(*a, **kw):
+        started.append(kw["options"].stage_threads)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loader_mod, "EpochRun", recording)
+    for src, local in ((packed, "s"), (dataset, "t")):
+        with Loader(src, batch_size=8, local_dir=str(tmp_path / local), num_workers=1) as L:
+            next(iter(L))
+    assert started == [loader_mod.RANGE_START_THREADS, loader_mod.AUTO_START_THREADS]   # control: the tree

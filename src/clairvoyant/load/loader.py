@@ -49,6 +49,7 @@ STATE_FORMAT = "clairvoyant-loader-state"
 log = logging.getLogger("clairvoyant")
 PEER_WAIT = 2.0   # seconds
 AUTO_START_THREADS = 48
+RANGE_START_THREADS = 8   # where the plan reads ranges whole (measured: docs/benchmarks.md, issue 22)
 
 
 def _default_workers() -> int:
@@ -435,6 +436,10 @@ class Loader:
         self._start, self._span, self._done = start, len(plan), 0
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers
+        if plan.whole is not None and self._tuner is not None and self._tuner.threads > RANGE_START_THREADS:
+            # whole ranges: few requests, each long, and each idle thread costs CPU (docs/benchmarks.md):
+            # the tuner starts lower and moves on from there
+            self._tuner.threads = RANGE_START_THREADS
         run = EpochRun(plan=plan, source=self.source, manifest=self.manifest, tiers=self.tiers,
                        reader=self._reader_spec(start), options=self._run_options(), output=self._output,
                        stats=self._stats, progress=self._progress, tuner=self._tuner,
