@@ -3,18 +3,30 @@
 Workers are forked before any staging thread starts. Each has ``slots`` shared
 buffers; a batch occupies one until the training process has copied it out.
 A worker that dies is noticed through its process sentinel at once.
+
+A process forked while other threads of the training process run (a framework's:
+``torch.distributed``'s, Lightning's) can be stuck for good before its first line
+of Python, by a lock one of them held at the fork. So each reader's first message
+says it came through; one that does not within ``READY_WAIT`` seconds is killed and
+forked again (twice at most), with a warning, instead of leaving the epoch
+waiting for it for ever.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import signal
 from multiprocessing.connection import Connection, wait
 from dataclasses import replace
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerError
 from .transport import Slot
-from .worker import ReaderSpec, worker_main
+from .worker import READY, ReaderSpec, worker_main
+
+log = logging.getLogger("clairvoyant")
+READY_WAIT = 20.0   # seconds a forked reader has to say it came through the fork
+FORK_TRIES = 3
 
 
 class Worker:
@@ -42,18 +54,52 @@ class WorkerPool:
                 "use the default 'fork' (Linux)")
         ctx = mp.get_context(mp_context)
         self.workers: list[Worker] = []
+        spec = replace(spec, num_workers=num_workers)
         try:
             for wid in range(num_workers):
-                slots = [Slot() for _ in range(slots_per_worker)]
-                parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=worker_main, args=(wid, child, slots, replace(spec, num_workers=num_workers)),
-                                   name=f"clairvoyant-reader-{wid}", daemon=True)
-                proc.start()
-                child.close()
-                self.workers.append(Worker(wid, proc, parent, slots))
+                self.workers.append(self._fork(ctx, wid, slots_per_worker, spec))
+            for wid in range(num_workers):
+                for attempt in range(FORK_TRIES):
+                    if self._ready(self.workers[wid]):
+                        break
+                    w = self.workers[wid]
+                    if attempt + 1 == FORK_TRIES:
+                        raise WorkerError(f"reader {wid} did not start {FORK_TRIES} times in a row ({READY_WAIT:g} s each): "
+                                          f"it {w.describe_exit()}; see the log for its output")
+                    log.warning("clairvoyant: reader %d did not start within %g s after its fork (it %s); forking "
+                                "it again", wid, READY_WAIT, w.describe_exit())
+                    w.process.kill()
+                    w.process.join(5)
+                    w.conn.close()
+                    self.workers[wid] = self._fork(ctx, wid, slots_per_worker, spec)
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _fork(ctx, wid: int, slots_per_worker: int, spec: ReaderSpec) -> Worker:
+        slots = [Slot() for _ in range(slots_per_worker)]
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=worker_main, args=(wid, child, slots, spec), name=f"clairvoyant-reader-{wid}",
+                           daemon=True)
+        proc.start()
+        child.close()
+        return Worker(wid, proc, parent, slots)
+
+    @staticmethod
+    def _ready(w: Worker) -> bool:
+        """Whether reader ``w`` sent its first message (READY) within READY_WAIT seconds; a reader
+        that died first is ready in this sense (its death is told where it is noticed)."""
+        if not wait([w.conn, w.process.sentinel], READY_WAIT):
+            return False
+        if w.conn.poll():
+            try:
+                msg = w.conn.recv()
+            except (EOFError, OSError):
+                return True
+            if msg != READY:
+                raise WorkerError(f"reader {w.wid} sent {type(msg).__name__} before it was ready")
+        return True
 
     def wait(self, timeout: float) -> list:
         """Connections with a message and sentinels of workers that exited."""

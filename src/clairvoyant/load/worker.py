@@ -128,9 +128,13 @@ def keep_heap(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -
         return False
 
 
+READY = "ready"   # a reader's first message: it came through the fork (load/pool.py waits for it)
+
+
 def worker_main(wid: int, conn, slots: list[Slot], spec: ReaderSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the training process
     _die_with_parent()
+    conn.send(READY)
     keep_heap()
     torch = sys.modules.get("torch")
     if torch is not None:
