@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import re
 import shutil
 import subprocess
@@ -51,12 +52,21 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def run(cmd: list[str], cwd: Path, timeout: int = 240) -> None:
+def run(cmd: list[str], cwd: Path, timeout: int = 100) -> None:
+    """Run a training script; one that runs past ``timeout`` (under the test's own limit) is killed
+    with every process it started (its ranks, their readers), so that a hang leaves nothing behind."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"{cmd} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-6000:]}"
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"{cmd} ran past {timeout} s (killed with its processes):\n{out[-4000:]}\n{err[-6000:]}")
+    assert p.returncode == 0, f"{cmd} failed ({p.returncode}):\n{out[-4000:]}\n{err[-6000:]}"
 
 
 def ledger(folder: Path, ranks: int = 2) -> list[dict[int, list[int]]]:
