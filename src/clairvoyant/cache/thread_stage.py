@@ -17,6 +17,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from ..fileio import read_with_mtime
 from .entry import entry_size
 from .local import LocalStore
 from .native_stage import Done, NativeStager, _why, available
@@ -135,21 +136,10 @@ class ThreadStager:
         return blob[:size], int.from_bytes(blob[size:], "little")
 
     def _read(self, key: str, size: int) -> tuple[bytes, int]:
-        fd = os.open(os.path.join(self._root, key), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if st.st_size != size:   # changed since it was listed (the native stager's ESTALE)
-                raise OSError(errno.ESTALE, _why(errno.ESTALE))
-            chunks, got = [], 0
-            while got < size:
-                b = os.read(fd, size - got)
-                if not b:
-                    raise OSError(errno.EIO, "the file ended before its listed size")
-                chunks.append(b)
-                got += len(b)
-            return b"".join(chunks), st.st_mtime_ns
-        finally:
-            os.close(fd)
+        data, mtime_ns = read_with_mtime(os.path.join(self._root, key))
+        if len(data) != size:   # changed since it was listed (the native stager's ESTALE)
+            raise OSError(errno.ESTALE, _why(errno.ESTALE))
+        return data, mtime_ns
 
     def close(self) -> None:
         """Stop: files not started are not staged (told as such, their reservations given back);

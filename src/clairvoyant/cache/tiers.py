@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from ..errors import CacheError, SourceChanged
+from ..errors import CacheError
 from .entry import entry_size, read_trailer
 from .extents import Loc
 from .local import LocalStore, remove_tree
@@ -194,7 +194,8 @@ class Tiers:
                     read: Callable[[list[int]], tuple[list[bytes], int]]) -> list[Loc | None] | None:
         """Place the samples of one range of the source (plan/ranges.py), read with one request,
         each as its own entry of the local tier: ``read(positions)`` gives the bytes of those of
-        ``keys`` and the source's modification time. The bytes of the samples absent from the
+        ``keys`` (each of its listed size, or an error) and the source's modification time. The
+        bytes of the samples absent from the
         tier are reserved before the read; each is then published under its node-wide lock unless
         another thread or process placed it meanwhile (its reservation given back). Returns where
         each key's entry was placed (None: not placed now), or None where the tier has no room for
@@ -210,13 +211,7 @@ class Tiers:
             return None
         try:
             t0 = time.perf_counter()
-            datas, mtime_ns = read(absent)
-            for k, data in zip(absent, datas):
-                if len(data) != sizes[k]:
-                    raise SourceChanged(
-                        f"sample {keys[k]!r} is {len(data)} bytes on the source but {sizes[k]} in the manifest: "
-                        "the source changed since it was indexed; run `clairvoyant index --force` on it, "
-                        "or pass reindex=True")
+            datas, mtime_ns = read(absent)   # (the caller's read checks each sample's size)
             self.counters.add_fetch(time.perf_counter() - t0)
             self.counters.add("range_reads")
             # each absent key's lock, in lock order (two range writers never wait on each other; a

@@ -108,10 +108,9 @@ def plan_rank_epoch(entry_sizes: np.ndarray, config: PlanConfig, layout: NodeLay
     reads = None if ranges is None else whole_reads(seq.samples, res.hit, entry_sizes, capacity,
                                                     Residents.of(residents), res.residents_after, ranges,
                                                     request_bytes=request_bytes)
-    if reads is None:
-        return _for_rank(c, t, epoch, position, seq, res.hit, res.keep, res.drop_at_start, res.residents_after)
-    return _for_rank(c, t, epoch, position, seq, reads.hit, res.keep, res.drop_at_start, reads.residents_after,
-                     whole_at=reads.whole)
+    hit, after, whole = (res.hit, res.residents_after, None) if reads is None else \
+        (reads.hit, reads.residents_after, reads.whole)
+    return _for_rank(c, t, epoch, position, seq, hit, res.keep, res.drop_at_start, after, whole_at=whole)
 
 
 def _for_rank(c: PlanConfig, t: NodeLayout, epoch: int, position: int, seq: Interleaved, hit: np.ndarray,

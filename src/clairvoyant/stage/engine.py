@@ -126,9 +126,9 @@ class Stager:
             if it[6] and self._ranges is not None:   # its range's samples wait for this read, not their own
                 self._reading.setdefault(int(self._ranges.of[it[2]]), threading.Event())
         if self._native is not None:   # kept misses from a local POSIX source: to the native threads
-            mine = [it for it in items if it[4] and not (it[3] or it[6]) and it[5] < 0]
-            back = set(id(it) for it in self._native.submit(mine))
-            items = [it for it in items if not (it[4] and not (it[3] or it[6]) and it[5] < 0) or id(it) in back]
+            native = [it[4] and not (it[3] or it[6]) and it[5] < 0 for it in items]
+            back = {id(it) for it in self._native.submit([it for it, n in zip(items, native) if n])}   # not taken
+            items = [it for it, n in zip(items, native) if not n or id(it) in back]
         for it in items:
             self._queue.put(it)
 
@@ -237,7 +237,12 @@ class Stager:
             members = ranges.members(r)
             keys = [self._manifest.keys[i] for i in members]
             sizes = [int(self._manifest.sizes[i]) for i in members]
-            self._tiers.stage_range(keys, sizes, lambda pos: ranges.read([keys[k] for k in pos]))
+            def read(pos: list[int]) -> tuple[list[bytes], int]:
+                datas, mtime_ns = ranges.read([keys[k] for k in pos])
+                for k, data in zip(pos, datas):
+                    _check_size(keys[k], len(data), sizes[k])
+                return datas, mtime_ns
+            self._tiers.stage_range(keys, sizes, read)
         except Exception as e:
             log.warning("clairvoyant: reading range %d (sample %r's) whole failed (%s: %s); its samples are read "
                         "one by one", r, self._manifest.keys[idx], type(e).__name__, e)
