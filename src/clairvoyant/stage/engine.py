@@ -56,6 +56,10 @@ class RangeReader:
 _AFTER, _DROP = "after", "drop"
 log = logging.getLogger("clairvoyant")
 RANGE_WAIT = 30.0   # seconds a sample not yet due waits for its range's whole read
+# threads that read ranges whole, apart from the staging threads: a whole read (a shard's
+# megabytes) in a staging thread held up the samples queued behind it, and the first batch of a
+# cold epoch on shards waited 0.33 s for 4 rounds of them (docs/benchmarks.md, issue 22)
+RANGE_THREADS = 4
 _WAKE = ("wake",)
 
 
@@ -87,13 +91,17 @@ class Stager:
         self._native = (NativeRoute(tiers, manifest, source.root, threads, self._deliver, self._queue.put,
                                     self._failed)
                         if native.applies(source, tiers, gate is not None) else None)
+        self._wholes: queue.SimpleQueue = queue.SimpleQueue()   # (sample, its own staging went well)
+        self._range_threads = ([threading.Thread(target=self._run_wholes, name=f"clairvoyant-range-{i}",
+                                                 daemon=True) for i in range(RANGE_THREADS)]
+                               if ranges is not None else [])
         self._target = threads    # threads wanted (the tuner moves it)
         self._excess = 0          # threads to retire, each after the item in hand
         self._started = False
 
     def start(self) -> None:
         self._started = True
-        for t in self._threads:
+        for t in self._threads + self._range_threads:
             t.start()
 
     def resize(self, n: int) -> None:
@@ -162,7 +170,9 @@ class Stager:
             ev.set()
         for _ in self._threads:
             self._queue.put(None)
-        for t in self._threads:
+        for _ in self._range_threads:
+            self._wholes.put(None)
+        for t in self._threads + self._range_threads:
             if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout)
 
@@ -220,9 +230,20 @@ class Stager:
             if not self._stop:
                 self._on_done(batch_id, j, outcome, time.perf_counter() - t0, asked[0])
             if whole:   # the sample went on its own, not to wait for its range: now the rest of the range
-                self._whole(idx, ok=isinstance(outcome, Placement))
+                self._wholes.put((idx, isinstance(outcome, Placement)))
             if self._retire():   # the tuner asked for fewer threads: this one goes, its item done
                 return
+
+    def _run_wholes(self) -> None:
+        """A range thread: whole reads, in the order their first samples were staged."""
+        try:
+            while True:
+                got = self._wholes.get()
+                if got is None:
+                    return
+                self._whole(*got)
+        except BaseException as e:  # never die silently: samples would wait on their range
+            self.fatal = e
 
     def _whole(self, idx: int, ok: bool = True) -> None:
         """Read ``idx``'s range whole and place its absent samples in the local tier (after idx itself
