@@ -240,8 +240,7 @@ def test_the_ranks_of_a_node_read_each_range_once_between_them(packed, tmp_path,
 
 def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(dataset, tmp_path, monkeypatch):
     """Found by review: a resident sample of a range whose whole read comes in a later batch waited
-    for that read (up to RANGE_WAIT, with one thread: for ever behind itself) although it was in
-    the tier all along. Control: an absent sample of the same range, after the read in need order,
+    for that read (with one thread: for ever behind itself) although it was in the tier all along. Control: an absent sample of the same range, after the read in need order,
     is placed by the read, not read on its own."""
     import time as _time
 
@@ -251,7 +250,6 @@ def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(datas
     from clairvoyant.stage import engine
     from clairvoyant.stage.engine import RangeReader, Stager
 
-    monkeypatch.setattr(engine, "RANGE_WAIT", 20.0)
     dst = pack(dataset, tmp_path / "one", shard_size="1MiB").dst   # one shard: one range
     src = TarShardSource(dst)
     man, _ = manifest_mod.obtain(src)
@@ -278,6 +276,107 @@ def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(datas
         c = tiers.counters.snapshot()
         assert c["range_early"] == 0 and c["range_reads"] == 1 and c["missed_hits"] == 0, c
     finally:
+        node.tiers.close()
+
+
+def test_a_sample_waiting_for_its_ranges_read_holds_no_staging_thread(dataset, tmp_path):
+    """With one staging thread, a planned hit whose range is still being read (and not due) is set
+    aside: a miss queued behind it is staged meanwhile, and the hit is placed by the range's read
+    once it ends. Control: once its batch falls due (``advance``), the same kind of hit is read on
+    its own before the range's read ends (``range_early``). Before, the thread waited on the
+    range's read and the miss behind it waited too (its batch stalled for the whole read)."""
+    import time as _time
+
+    from clairvoyant import manifest as manifest_mod
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.cache.node import open_tiers
+    from clairvoyant.stage.engine import RangeReader, Stager
+
+    dst = pack(dataset, tmp_path / "two", shard_size="200KiB").dst
+    src = TarShardSource(dst)
+    man, _ = manifest_mod.obtain(src)
+    rr = RangeReader(Ranges(*src.sample_ranges(man.keys)), None)
+    assert rr.ranges.count >= 2
+    of = rr.of
+    r0 = [i for i in range(len(man.keys)) if of[i] == of[0]]
+    other = next(i for i in range(len(man.keys)) if of[i] != of[0])
+    assert len(r0) >= 3
+    gate, started = threading.Event(), threading.Event()
+
+    def slow_read(keys):   # the range's whole read, held until the test lets it go
+        started.set()
+        assert gate.wait(20)
+        return src.read_range(keys)
+
+    rr.read = slow_read
+    node = open_tiers(src, np.asarray(man.sizes) + entry_size(0), local_dir=str(tmp_path / "local"),
+                      local_capacity=None, ram=False)
+    tiers = node.tiers
+    due_upto = [-1]
+    done: dict = {}
+    st = Stager(src, tiers, man, threads=1, on_done=lambda b, j, out, *_: done.setdefault((b, j), (
+        _time.monotonic(), out)), ranges=rr, due=lambda k: k <= due_upto[0])
+    try:
+        st.start()
+        st.submit(1, [r0[0]], [False], [True], None, [True])   # the range's first miss: read whole after it
+        assert started.wait(10)                                 # ... and that read is under way
+        st.submit(2, [r0[1]], [True], [True], None, [False])    # a planned hit of the range, not due
+        st.submit(3, [other], [False], [True], None, [False])   # a miss of another range, behind it
+        assert wait_until(lambda: (3, 0) in done, 10), done     # staged although the range is not read
+        assert (2, 0) not in done
+        st.submit(4, [r0[2]], [True], [True], None, [False])    # control: a hit that falls due
+        _time.sleep(0.2)
+        assert (4, 0) not in done
+        due_upto[0] = 4
+        st.advance()
+        assert wait_until(lambda: (4, 0) in done, 10), done     # read on its own, the range still held
+        assert done[(4, 0)][1].fetched and (2, 0) in done and done[(2, 0)][1].fetched
+        gate.set()
+        assert wait_until(lambda: tiers.counters.snapshot()["range_reads"] == 1, 10)
+        c = tiers.counters.snapshot()
+        assert c["range_early"] == 2, c   # both due by then: each read on its own
+    finally:
+        gate.set()
+        st.close()
+        node.tiers.close()
+
+
+def test_a_parked_sample_is_placed_by_its_ranges_read(dataset, tmp_path):
+    """The other way out: a parked hit that never falls due is delivered from the tier once its
+    range's read ends, not read on its own. Control: nothing is delivered while the read is held."""
+    import time as _time
+
+    from clairvoyant import manifest as manifest_mod
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.cache.node import open_tiers
+    from clairvoyant.stage.engine import RangeReader, Stager
+
+    dst = pack(dataset, tmp_path / "one", shard_size="1MiB").dst
+    src = TarShardSource(dst)
+    man, _ = manifest_mod.obtain(src)
+    gate = threading.Event()
+    rr = RangeReader(Ranges(*src.sample_ranges(man.keys)), lambda keys: (gate.wait(20), src.read_range(keys))[1])
+    node = open_tiers(src, np.asarray(man.sizes) + entry_size(0), local_dir=str(tmp_path / "local"),
+                      local_capacity=None, ram=False)
+    tiers = node.tiers
+    done: dict = {}
+    st = Stager(src, tiers, man, threads=1, on_done=lambda b, j, out, *_: done.setdefault((b, j), out),
+                ranges=rr, due=lambda k: k == 0)
+    try:
+        st.start()
+        st.submit(0, [0], [False], [True], None, [True])
+        assert wait_until(lambda: (0, 0) in done, 10)
+        st.submit(1, [1, 2], [True, True], [True, True], None, [False, False])
+        _time.sleep(0.3)
+        assert (1, 0) not in done and (1, 1) not in done   # control: parked while the read is held
+        gate.set()
+        assert wait_until(lambda: (1, 0) in done and (1, 1) in done, 10), done
+        assert all(done[(1, j)].tier == "local" and not done[(1, j)].fetched for j in (0, 1))
+        c = tiers.counters.snapshot()
+        assert c["range_early"] == 0 and c["range_reads"] == 1, c
+    finally:
+        gate.set()
+        st.close()
         node.tiers.close()
 
 

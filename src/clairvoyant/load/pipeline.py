@@ -297,6 +297,7 @@ class EpochRun:
             self._tune(now)
         self._last_return = now
         self._next = k + 1
+        self._stager.advance()   # samples parked for their range's read that are due now
         if self._late:
             self._drop_late(k - LATE_LAG)
         self._fill_window()

@@ -20,6 +20,7 @@ Reads from the source release the GIL, so threads, not processes, do this.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
 import threading
@@ -32,7 +33,7 @@ from ..manifest import Manifest
 from ..plan.ranges import Ranges
 from ..source import Source
 from . import native
-from .native import NativeRoute
+from .native import Item, NativeRoute
 
 # on_done(batch, position in batch, Placement or the exception that stopped the staging, seconds
 # the staging took, of which seconds spent asking a peer node)
@@ -55,7 +56,6 @@ class RangeReader:
         return self._order[self._cuts[r]:self._cuts[r + 1]].tolist()
 _AFTER, _DROP = "after", "drop"
 log = logging.getLogger("clairvoyant")
-RANGE_WAIT = 30.0   # seconds a sample not yet due waits for its range's whole read
 # threads that read ranges whole, apart from the staging threads: a whole read (a shard's
 # megabytes) in a staging thread held up the samples queued behind it, and the first batch of a
 # cold epoch on shards waited 0.33 s for 4 rounds of them (docs/benchmarks.md, issue 22)
@@ -92,6 +92,13 @@ class Stager:
                                     self._failed)
                         if native.applies(source, tiers, gate is not None) else None)
         self._wholes: queue.SimpleQueue = queue.SimpleQueue()   # (sample, its own staging went well)
+        # planned hits parked while their range is read whole, until it is or they are due (_park):
+        # a heap of (batch, n, entry) and each range's entries; an entry is [item, taken]
+        self._park_lock = threading.Lock()
+        self._parked: list = []
+        self._parked_of: dict[int, list[list]] = {}
+        self._park_n = 0
+        self._resumed: queue.SimpleQueue = queue.SimpleQueue()   # parked items to stage now, first
         self._range_threads = ([threading.Thread(target=self._run_wholes, name=f"clairvoyant-range-{i}",
                                                  daemon=True) for i in range(RANGE_THREADS)]
                                if ranges is not None else [])
@@ -205,8 +212,16 @@ class Stager:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            self._urgent_work()
+            try:
+                item = self._resumed.get_nowait()   # before what is queued: they are needed sooner
+            except queue.Empty:
+                item = self._queue.get()
+                self._urgent_work()
+                if item is _WAKE:
+                    try:
+                        item = self._resumed.get_nowait()
+                    except queue.Empty:
+                        pass
             if item is None:
                 return
             if item is _WAKE or self._stop:
@@ -214,6 +229,8 @@ class Stager:
                     return
                 continue   # staging work is dropped on close; after-use work above is finished
             batch_id, j, idx, hit, keep, peer, whole = item
+            if hit and peer < 0 and self._park(item):
+                continue
             if self._gate is not None:
                 self._gate(batch_id, lambda: self._stop)
             t0, asked = time.perf_counter(), [0.0]
@@ -233,6 +250,45 @@ class Stager:
                 self._wholes.put((idx, isinstance(outcome, Placement)))
             if self._retire():   # the tuner asked for fewer threads: this one goes, its item done
                 return
+
+    def _park(self, item: Item) -> bool:
+        """Set aside a planned hit whose range is being read whole and whose readers do not need it
+        yet: no staging thread waits for it. It comes back (to ``_resumed``) when its range's read
+        is done (it is then found in the tier) or when it falls due (``advance``: it is then read
+        on its own), whichever is first. False: not parked, stage it now."""
+        batch, idx = item[0], item[2]
+        if not self._reading or self._due(batch):
+            return False
+        r = int(self._ranges.of[idx])
+        reading = self._reading.get(r)
+        if reading is None or reading.is_set():
+            return False
+        with self._park_lock:
+            if reading.is_set():   # (set before its entries are taken, under this lock)
+                return False
+            entry = [item, False]
+            self._parked_of.setdefault(r, []).append(entry)
+            self._park_n += 1
+            heapq.heappush(self._parked, (batch, self._park_n, entry))
+        return True
+
+    def _unpark(self, entries: list[list]) -> None:
+        """Stage parked entries now (under ``_park_lock``; each is taken once)."""
+        for entry in entries:
+            if not entry[1]:
+                entry[1] = True
+                self._resumed.put(entry[0])
+                self._queue.put(_WAKE)   # a thread idle on the staging queue takes it
+
+    def advance(self) -> None:
+        """The readers have moved on: parked samples that are due now are staged on their own."""
+        if not self._parked:
+            return
+        with self._park_lock:
+            due = []
+            while self._parked and self._due(self._parked[0][0]):
+                due.append(heapq.heappop(self._parked)[2])
+            self._unpark(due)
 
     def _run_wholes(self) -> None:
         """A range thread: whole reads, in the order their first samples were staged."""
@@ -271,6 +327,8 @@ class Stager:
             done = self._reading.pop(r, None)
             if done is not None:
                 done.set()
+            with self._park_lock:   # its parked samples are in the tier now (or read on their own)
+                self._unpark(self._parked_of.pop(r, []))
 
     def _stage(self, idx: int, hit: bool, keep: bool, batch: int = -1) -> Placement:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
@@ -278,14 +336,11 @@ class Stager:
         if hit:
             reading = self._reading.get(int(self._ranges.of[idx])) if self._reading else None
             if reading is not None and not reading.is_set() and tiers.find_local(key, size) is None:
-                # its range's whole read is still under way (or not begun): waited for, unless the
-                # readers need the sample before it is done; then it is staged on its own, and the
+                # its range's whole read is still under way (or not begun) and its readers need it
+                # now (a sample not yet due was parked instead: _park): staged on its own, and the
                 # range's read leaves it as it finds it
-                deadline = time.monotonic() + RANGE_WAIT
-                while not reading.wait(0.02):
-                    if self._due(batch) or self._stop or time.monotonic() > deadline:
-                        tiers.counters.add("range_early")
-                        return self._stage(idx, False, keep)
+                tiers.counters.add("range_early")
+                return self._stage(idx, False, keep)
             path = tiers.find_local(key, size, self._peer_wait)
             if path is None and self._native is not None:   # the native threads may be staging it now
                 self._native.wait(idx)
