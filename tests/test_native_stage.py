@@ -321,3 +321,52 @@ def test_submit_many_hands_back_every_place_when_the_engine_refuses(tree, monkey
         assert all(run.done[t].loc is not None for t in range(3))
     finally:
         run.close()
+
+
+def _packed(tmp_path, files: dict) -> tuple[str, dict]:
+    """The files' bytes one after the other in one file (a shard): each key's offset."""
+    path, at, where = str(tmp_path / "shard.bin"), 100, {}
+    with open(path, "wb") as f:
+        f.write(os.urandom(at))
+        for k, v in files.items():
+            where[k] = at
+            f.write(v)
+            at += len(v)
+        f.write(os.urandom(50))
+    return path, where
+
+
+def test_a_group_reads_its_range_once_and_writes_each_sample_as_its_entry(tree, tmp_path):
+    """Samples packed in one file, submitted as a group: each entry holds its own bytes. Controls:
+    a member whose bytes run past the group's range is refused on its own (the other members are
+    written), and a file whose size is no longer the indexed one fails every member (nothing
+    kept)."""
+    src, files, local = tree
+    path, where = _packed(tmp_path, files)
+    keys = sorted(files, key=where.get)
+    run = Run(src, local)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        span = lambda k: native_stage.Span(fd, where[k], size)   # noqa: E731
+        start, end = where[keys[0]], where[keys[-2]] + len(files[keys[-2]])   # all but the last key
+        items = [(t, k, len(files[k]), span(k)) for t, k in enumerate(keys)]
+        assert run.stager.submit_many(items, (fd, start, end - start, size)) == [True] * len(keys)
+        run.wait(len(keys))
+        for t, k in enumerate(keys[:-1]):
+            d = run.done[t]
+            assert d.error is None and unseal(read_entry(d.loc), len(files[k]), k) == files[k]
+            assert run.store.find(k) == d.loc
+        last = run.done[len(keys) - 1]   # control: its bytes lie past the range read
+        assert last.loc is None and last.error and run.store.find(keys[-1]) is None
+        # control: the file grew since it was indexed: every member of a group fails
+        with open(path, "ab") as f:
+            f.write(b"more")
+        again = [(100, keys[-1], len(files[keys[-1]]), span(keys[-1]))]
+        assert run.stager.submit_many(again, (fd, start, size - start - 50, size)) == [True]
+        run.wait(len(keys) + 1)
+        assert run.done[100].loc is None and "no longer the listed one" in run.done[100].error
+        assert run.store.find(keys[-1]) is None
+    finally:
+        os.close(fd)
+        run.close()
