@@ -44,7 +44,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from mpi_epochs import timed_epochs
 
     from clairvoyant import Loader
-    from clairvoyant.dist.peers import emulated_link
+    from clairvoyant.dist.wire import emulated_link
     from clairvoyant.testing import EmulatedStore
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -64,7 +64,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run(data: str, capacity: str, store: str, cluster: str, epochs: int, link: tuple[float, float]) -> list[dict]:
-    from clairvoyant.dist.peers import BANDWIDTH_VAR, LATENCY_VAR
+    from clairvoyant.dist.wire import BANDWIDTH_VAR, LATENCY_VAR
     mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
     with tempfile.TemporaryDirectory(prefix="cv-cluster-") as work:
         cmd = [mpirun, "-n", "4", "--oversubscribe", "--bind-to", "none", "-x", LATENCY_VAR, "-x", BANDWIDTH_VAR,

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from clairvoyant import Loader
-from clairvoyant.load.pipeline import EpochWindow
+from clairvoyant.load.records import EpochWindow
 from clairvoyant.paths import cache_home
 from clairvoyant.testing import make_dataset
 from clairvoyant.tune.stats import Stats

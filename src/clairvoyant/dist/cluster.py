@@ -26,7 +26,9 @@ import numpy as np
 
 from ..errors import ConfigError, PeerLost
 from ..plan.layout import NodeLayout
-from . import peers
+from .mpi import agree, available, node_groups
+from .peers import PeerService
+from .topology import node_name
 
 log = logging.getLogger("clairvoyant")
 PEER_TIMEOUT = 2.0   # seconds a staging thread waits for a peer before it reads the shared store
@@ -57,7 +59,7 @@ def wanted(cluster: bool | str) -> bool:
         raise ConfigError(f"cluster={cluster!r}: choose True, False or 'auto'")
     if cluster is False:
         return False
-    why = peers.available()
+    why = available()
     if cluster is True:
         if why is not None:
             raise ConfigError(f"cluster=True needs MPI: {why}; `pip install clairvoyant[mpi]`, or pass cluster=False")
@@ -88,8 +90,8 @@ class Cluster:
         from mpi4py import MPI   # imported here: clairvoyant runs without it
         self.comm = MPI.COMM_WORLD
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
-        peers.agree(self.comm, plan_fingerprint, "the data, seed, batch size, shuffle or drop_last")
-        groups = peers.node_groups(self.comm, peers.node_name())
+        agree(self.comm, plan_fingerprint, "the data, seed, batch size, shuffle or drop_last")
+        groups = node_groups(self.comm, node_name())
         for g in groups:
             if list(g) != list(range(g[0], g[0] + len(g))):
                 raise ConfigError(
@@ -100,13 +102,13 @@ class Cluster:
         self._coll = self.comm.Dup()   # the epochs' exchanges: revocable without touching the caller's
         self.timeout = timeout
         self.capacities: tuple[int, ...] = ()
-        self._service: peers.PeerService | None = None
+        self._service: PeerService | None = None
 
     def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
         caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
         self.capacities = tuple(int(caps[g[0]]) for g in self.layout.nodes)
-        self._service = peers.PeerService(self.comm, serve)
+        self._service = PeerService(self.comm, serve)
         self._service.start()
 
     def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:

@@ -51,138 +51,49 @@ that is planning's. What it does decide:
   freed only when nothing is outstanding and no peer has failed, since
   MPI_Comm_free is collective in the standard's terms. No collective is called.
 
-Also here, for the loader's start-up: :func:`available`, :func:`node_name`,
-:func:`node_groups` and :func:`agree`. mpi4py is imported only inside the
+This module holds the service's API and what its messages mean (a fetch asked,
+a request answered, a reply taken); the wire's formats and the emulated link
+are dist/wire.py's, the thread that moves the messages dist/peer_thread.py's.
+For the loader's start-up, :func:`available`, :func:`node_groups` and
+:func:`agree` are dist/mpi.py's (importable from here too, as are
+:func:`node_name` and the wire's names). mpi4py is imported only inside the
 functions that need it, so clairvoyant imports without it.
 """
 
 from __future__ import annotations
 
 import atexit
-import heapq
 import itertools
 import logging
-import math
-import os
-import struct
-import sys
 import threading
 import time
 import weakref
 from collections import Counter, OrderedDict, deque
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-import numpy as np
 import xxhash
 
 from ..errors import ConfigError
+from .mpi import agree, available, node_groups
+from .peer_thread import LINGER, ServiceThread
 from .topology import node_name
+from .wire import (BANDWIDTH_VAR, HIT, LATENCY_VAR, MISS, REPLY, REPLY_MAGIC, REQUEST, REQUEST_MAGIC,
+                   emulated_link)
+
+__all__ = ["PeerService", "available", "emulated_link", "node_groups", "agree", "node_name", "REQUEST",
+           "REPLY", "REQUEST_MAGIC", "REPLY_MAGIC", "HIT", "MISS", "LINGER", "CLOSE_WAIT", "PASS_OVER",
+           "CORRUPT_ON_SEND", "DELAY_REPLIES", "LATENCY_VAR", "BANDWIDTH_VAR"]
 
 log = logging.getLogger("clairvoyant")
 
-REQUEST = struct.Struct("<8sQqQ")   # magic, request id, sample index, size in bytes
-REPLY = struct.Struct("<8sQqQQ")    # magic, request id, status, payload length, xxh3-64 of the payload
-REQUEST_MAGIC, REPLY_MAGIC = b"CVPEERQ1", b"CVPEERR1"
-HIT, MISS = 0, 1
-LINGER = 0.5        # seconds close() lets replies in flight leave
 CLOSE_WAIT = 5.0    # seconds close() waits for the thread (it may be inside ``serve``)
 PASS_OVER = 5.0     # a peer that let a fetch time out is not asked for this many times that time-out
 CORRUPT_ON_SEND: set[int] = set()   # test hook: these indices' payloads get a bit flipped after the checksum
 DELAY_REPLIES = 0.0   # test hook: seconds this rank's replies are held back (a slow peer; the thread goes on)
-LATENCY_VAR, BANDWIDTH_VAR = "CLAIRVOYANT_PEER_LATENCY", "CLAIRVOYANT_PEER_BANDWIDTH"   # the emulated link
 
-_DRAIN = 64           # bytes a refused message is received into; the rest is truncated away unread
 _LATE_KEPT = 4096     # ids of requests whose callers gave up, so a late reply is told from garbage
-_ABANDONED: list[Any] = []   # (request, buffer, ...) still active when a service closed: kept alive
-_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 _OUTCOMES = ("hits", "misses", "timeouts", "bad_checksum", "failed", "passed_over")
 _LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
-
-
-def available() -> str | None:
-    """None if the peer service can run here, else one line saying why not (for the loader's log).
-
-    Initialises MPI (with MPI_THREAD_MULTIPLE) only when the process was started
-    by an MPI launcher or MPI is already up; a process started otherwise would
-    be a world of one, with no peers.
-    """
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py is not installed (pip install 'clairvoyant[mpi]')"
-    if "mpi4py.MPI" not in sys.modules and not any(v in os.environ for v in _LAUNCHER_VARS):
-        return "the process was not started by an MPI launcher (mpirun, mpiexec, srun --mpi=pmix)"
-    try:
-        from mpi4py import MPI
-    except Exception as e:  # mpi4py raises RuntimeError when it finds no MPI library
-        return f"mpi4py cannot load an MPI library: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-    try:
-        if MPI.Is_finalized():
-            return "MPI is already finalized"
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        level = MPI.Query_thread()
-    except MPI.Exception as e:
-        return f"MPI cannot be initialised: {e}"
-    if level < MPI.THREAD_MULTIPLE:
-        return (f"MPI runs at thread level {level} (< MPI_THREAD_MULTIPLE): the peer service's thread "
-                "calls MPI beside the training loop")
-    return None
-
-
-def emulated_link(env: Mapping[str, str] | None = None) -> tuple[float, float]:
-    """The emulated interconnect: (latency in seconds, bandwidth in bytes/s, 0 for unlimited), from
-    ``CLAIRVOYANT_PEER_LATENCY`` and ``CLAIRVOYANT_PEER_BANDWIDTH``; (0, 0) when they are unset."""
-    env = os.environ if env is None else env
-    out = []
-    for var, unit in ((LATENCY_VAR, "seconds, e.g. 20e-6"), (BANDWIDTH_VAR, "bytes per second, e.g. 10e9")):
-        raw = env.get(var, "").strip()
-        try:
-            value = float(raw) if raw else 0.0
-        except ValueError:
-            value = -1.0
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{var}={raw!r}: give a non-negative number ({unit}), or unset it")
-        out.append(value)
-    return out[0], out[1]
-
-
-def node_groups(comm: Any, name: str) -> list[list[int]]:
-    """The ranks of each node (collective: every rank passes its node's name), nodes in the order
-    of their lowest rank. Names travel as fixed-width UTF-8 bytes."""
-    size = comm.Get_size()
-    raw = name.encode()
-    lengths = np.zeros(size, np.int64)
-    comm.Allgather(np.array([len(raw)], np.int64), lengths)
-    width = max(int(lengths.max()), 1)
-    mine = np.zeros(width, np.uint8)
-    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
-    names = np.zeros((size, width), np.uint8)
-    comm.Allgather(mine, names)
-    groups: dict[bytes, list[int]] = {}
-    for r in range(size):
-        groups.setdefault(names[r, :lengths[r]].tobytes(), []).append(r)
-    return list(groups.values())
-
-
-def agree(comm: Any, fingerprint: bytes, what: str) -> None:
-    """Collective: ConfigError on every rank, naming the ranks that differ from the majority
-    (a tie goes to the lowest rank's side), if the ranks' 32-byte fingerprints of ``what`` differ."""
-    if len(fingerprint) != 32:
-        raise ConfigError(f"a fingerprint is 32 bytes, got {len(fingerprint)}")
-    size = comm.Get_size()
-    everyone = np.zeros((size, 32), np.uint8)
-    comm.Allgather(np.frombuffer(bytes(fingerprint), np.uint8), everyone)
-    prints = [everyone[r].tobytes() for r in range(size)]
-    counts = Counter(prints)
-    if len(counts) == 1:
-        return
-    common = max(counts, key=counts.__getitem__)   # the first of the most frequent: the same on every rank
-    odd = [r for r, p in enumerate(prints) if p != common]
-    ranks = ", ".join(map(str, odd))
-    raise ConfigError(f"{what} differs across ranks: rank{'s' if len(odd) > 1 else ''} {ranks} "
-                      f"disagree{'' if len(odd) > 1 else 's'} with the other {size - len(odd)}; "
-                      "start every rank with the same settings and data")
 
 
 class _Fetch:
@@ -197,7 +108,7 @@ class _Fetch:
         self.done = threading.Event()
 
 
-class PeerService:
+class PeerService(ServiceThread):
     """This rank's end of the data plane: serves ``serve(index)`` to the other ranks and fetches from them.
 
     Constructing it is collective over ``comm`` (it duplicates the communicator);
@@ -393,137 +304,7 @@ class PeerService:
         for f in [f for f in self._waiting.values() if which(f)]:
             self._finish(f, None, "failed")
 
-    # --- the service thread ----------------------------------------------------------------------
-
-    def _run(self) -> None:
-        idle = 0
-        try:
-            while not self._stopping:
-                busy = self._send_held()
-                busy = self._send_requests() or busy
-                busy = self._probe() or busy
-                busy = self._progress() or busy
-                busy = self._answer_queued() or busy
-                if busy:
-                    idle = 0
-                    continue
-                idle = min(idle + 1, 6)
-                pause = 25e-6 * 2 ** idle   # 50 us .. 1.6 ms between polls when idle
-                if self._held:   # not past the next held message's due time
-                    pause = min(pause, max(0.0, self._held[0][0] - time.monotonic()))
-                self._wake.wait(pause)
-                self._wake.clear()
-        except Exception:
-            log.exception("clairvoyant: the peer service stopped; fetches return None from now on")
-        finally:
-            self._shut_down()
-
-    def _send_requests(self) -> bool:
-        with self._lock:
-            batch = [f for f in self._outbox if f.id in self._waiting]
-            self._outbox.clear()
-            for f in batch:
-                f.sent = True
-        for f in batch:
-            buf = bytearray(REQUEST.pack(REQUEST_MAGIC, f.id, f.index, f.size))
-            if self._isend(buf, f.peer, self._req_tag, f.id):
-                with self._lock:
-                    self._c["sent"] += 1
-        return bool(batch)
-
-    def _isend(self, buf: bytearray, dest: int, tag: int, fetch_id: int, hold: float = 0.0) -> bool:
-        """Send ``buf`` now, or hold it back ``hold`` seconds plus what the emulated link takes."""
-        if self.latency or self.bandwidth or hold > 0:
-            due = time.monotonic()
-            if self.bandwidth:   # one message's bytes after another's on this rank's link
-                due = self._link_free = max(due, self._link_free) + len(buf) / self.bandwidth
-            heapq.heappush(self._held, (due + self.latency + hold, next(self._held_seq), buf, dest, tag, fetch_id))
-            self._backlog[dest] += len(buf)
-            return True
-        if not self._post(buf, dest, tag, fetch_id):
-            return False
-        self._backlog[dest] += len(buf)
-        return True
-
-    def _post(self, buf: bytearray, dest: int, tag: int, fetch_id: int) -> bool:
-        try:
-            self._sends.append((self.comm.Isend(buf, dest, tag), buf, dest, fetch_id))
-        except self._MPI.Exception as e:
-            self._mpi_error(e, dest, fetch_id)
-            return False
-        return True
-
-    def _send_held(self) -> bool:
-        """Send the held-back messages that are due (a request only if its caller still waits)."""
-        if not self._held or self._held[0][0] > time.monotonic():
-            return False
-        now = time.monotonic()
-        while self._held and self._held[0][0] <= now:
-            _, _, buf, dest, tag, fetch_id = heapq.heappop(self._held)
-            with self._lock:
-                gone = dest in self._dead or (fetch_id and fetch_id not in self._waiting)
-            if gone or not self._post(buf, dest, tag, fetch_id):
-                self._backlog[dest] -= len(buf)
-        return True
-
-    def _probe(self) -> bool:
-        """Post a receive for each message waiting (up to 64 a round); False if there was none."""
-        MPI, status = self._MPI, self._MPI.Status()
-        for n_seen in range(64):
-            try:
-                msg = self.comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-            except MPI.Exception as e:
-                self._mpi_error(e, None, 0)
-                return True
-            if msg is None:
-                return n_seen > 0
-            src, tag, n = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
-            if tag == self._req_tag and n == REQUEST.size:
-                kind = "request"
-            elif tag == self._rep_tag and REPLY.size <= n <= REPLY.size + self._largest:
-                kind = "reply"
-            else:
-                kind, n = "refused", min(max(n, 0), _DRAIN)   # a count past 2**31 may read as negative
-            buf = bytearray(n)
-            self._recvs.append((msg.Irecv(buf), buf, src, kind))
-        return True
-
-    def _progress(self) -> bool:
-        """Test every receive and send in flight; act on those that completed."""
-        MPI, done_any = self._MPI, False
-        recvs, self._recvs = self._recvs, []
-        for item in recvs:
-            req, buf, src, kind = item
-            try:
-                if not req.Test():
-                    self._recvs.append(item)
-                    continue
-            except MPI.Exception as e:
-                if e.Get_error_class() == MPI.ERR_TRUNCATE and kind == "refused":
-                    self._count("refused")
-                else:
-                    self._mpi_error(e, src, 0)
-                done_any = True
-                continue
-            done_any = True
-            if kind == "request":
-                self._queue_request(buf, src)
-            elif kind == "reply":
-                self._take_reply(buf, src)
-            else:
-                self._count("refused")
-        sends, self._sends = self._sends, []
-        for item in sends:
-            req, buf, dest, fetch_id = item
-            try:
-                if not req.Test():
-                    self._sends.append(item)
-                    continue
-            except MPI.Exception as e:
-                self._mpi_error(e, dest, fetch_id)
-            self._backlog[dest] -= len(buf)
-            done_any = True
-        return done_any
+    # --- what a message means, and what a request is answered (in the service thread) -----------
 
     def _queue_request(self, buf: bytearray, src: int) -> None:
         magic, rid, index, size = REQUEST.unpack(buf)
@@ -593,68 +374,6 @@ class PeerService:
         with self._lock:
             if not self._finish(f, result, outcome):
                 self._c["late"] += 1   # its caller gave up while the reply was being checked
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self._c[key] += 1
-
-    def _mpi_error(self, e: Exception, peer: int | None, fetch_id: int) -> None:
-        """A failed peer (ULFM): acknowledge, and fail its fetches from now on. Anything else fails
-        the one fetch involved; an error with no peer to blame stops the service."""
-        MPI = self._MPI
-        failure = e.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)
-        dead = self._acknowledge_failures() if failure else set()
-        with self._lock:
-            self._c["errors"] += 1
-            if fetch_id and fetch_id in self._waiting:
-                self._finish(self._waiting[fetch_id], None, "failed")
-            new = dead - self._dead
-            self._dead |= new
-            self._fail_waiting(lambda f: f.peer in new)
-        if new:
-            log.warning("clairvoyant: rank(s) %s failed; this rank no longer asks them for samples", sorted(new))
-        elif peer is None and not failure:
-            raise e   # stops the service: no way to tell which peer is at fault
-
-    def _acknowledge_failures(self) -> set[int]:
-        MPI = self._MPI
-        try:
-            self.comm.Ack_failed()
-            failed, mine = self.comm.Get_failed(), self.comm.Get_group()
-            ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
-            failed.Free()
-            mine.Free()
-            return {r for r in ranks if r != MPI.UNDEFINED}
-        except (MPI.Exception, NotImplementedError, AttributeError):
-            return set()
-
-    def _shut_down(self) -> None:
-        with self._lock:
-            self._stopping = self._closed = True
-            self._fail_waiting(lambda f: True)
-        self._held.clear()   # held back, so never handed to MPI: nothing to wait for
-        if self._MPI.Is_finalized():
-            return
-        deadline = time.monotonic() + LINGER
-        while (self._sends or self._recvs) and time.monotonic() < deadline:
-            if not self._progress():
-                time.sleep(0.001)
-        for req, *_ in self._recvs:
-            try:
-                req.Cancel()   # works for a receive not yet matched; a matched one completes or stays
-            except self._MPI.Exception:
-                pass
-        if self._sends or self._recvs:
-            _ABANDONED.extend(self._sends + self._recvs)   # MPI may still touch their buffers
-        else:
-            self._free_comm()
-
-    def _free_comm(self) -> None:
-        if not self._dead and self.comm != self._MPI.COMM_NULL and not self._MPI.Is_finalized():
-            try:
-                self.comm.Free()
-            except self._MPI.Exception:
-                pass
 
 
 @atexit.register

@@ -4,7 +4,9 @@ It lists the source once (persisted manifest), plans each epoch's order as a
 pure function of (seed, epoch, rank), stages upcoming samples to node-local
 storage while reader processes decode the already-staged ones, and yields
 batches in plan order. PyTorch conventions: ``len``, ``set_epoch``,
-``state_dict`` / ``load_state_dict``, ``shuffle``, ``drop_last``.
+``state_dict`` / ``load_state_dict``, ``shuffle``, ``drop_last``. Its parts: the passes over
+epochs and the iterator (load/passes.py), its footing on the node and in the job (load/node_setup.py),
+the saved state (load/state.py); each epoch runs in load/pipeline.py.
 """
 
 from __future__ import annotations
@@ -12,27 +14,21 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from .. import manifest as manifest_mod
-from ..cache.entry import entry_size, unseal
-from ..cache.extents import read_entry
-from ..cache.node import open_tiers, residents
-from ..stage.gate import NodeProgress
-from ..cache.tiers import Tiers
+from ..cache.entry import entry_size
 from ..dist import cluster as cluster_mod
 from ..dist.cluster import Cluster
-from ..dist.topology import (digest63, gather_over_group, local_from_env, node_name, nodes_of, process_group,
-                             resolve, validate)
-from ..errors import ConfigError, CorruptEntry, EmptySourceError
-from ..plan import num_batches, position_after
-from ..plan.layout import NodeLayout
-from ..plan.ranges import Ranges
-from ..plan.rank_plan import ClusterTiers, PlanConfig, RankEpochPlan, plan_rank_epoch
+from ..dist.topology import validate
+from ..errors import ConfigError, EmptySourceError
+from ..plan import num_batches
+from ..plan.rank_plan import PlanConfig, RankEpochPlan
 from ..source import DatasetPort, as_source, is_dataset
 from ..stage.engine import RangeReader
+from ..stage.gate import NodeProgress
 from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.spike import SpikeRule
@@ -40,12 +36,16 @@ from ..tune.stats import Stats
 from ..tune.verdict import judge
 from .decode import resolve as resolve_decode
 from .guard import Guard
+from .node_setup import NodeSetup, _close_tiers
 from .options import RunOptions
+from .passes import EpochPasses, EpochSetter, _EpochIterator
 from .pipeline import EpochRun
+from .state import STATE_FORMAT, check_format, resume_point
 from .transport import Output
 from .worker import ReaderSpec
 
-STATE_FORMAT = "clairvoyant-loader-state"
+__all__ = ["Loader", "EpochSetter", "STATE_FORMAT", "PEER_WAIT", "AUTO_START_THREADS", "RANGE_START_THREADS"]
+
 log = logging.getLogger("clairvoyant")
 PEER_WAIT = 2.0   # seconds
 AUTO_START_THREADS = 48
@@ -59,7 +59,7 @@ def _default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class Loader:
+class Loader(NodeSetup, EpochPasses):
     """Iterate over batches of a source, staging upcoming samples to node-local storage.
 
     Args:
@@ -231,132 +231,7 @@ class Loader:
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
         self._ranges: RangeReader | bool | None = None   # see _range_reader (False: none)
 
-    def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
-        node = open_tiers(self.source, self._entry_sizes, local_dir=local_dir, local_capacity=local_capacity,
-                          ram_dir=ram_dir, ram_capacity=ram_capacity, direct=self._direct)
-        self.capacities = {"local": node.local, "ram": node.ram}
-        log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", node.tiers.local.root,
-                 node.local, node.tiers.ram.root, node.ram)
-        return node.tiers
-
-    def _direct(self, local_capacity: int) -> bool:
-        """A miss to keep goes straight to the local tier when everything fits, or when this process
-        is the node's only rank (no other rank's keeps to make room for)."""
-        return local_capacity >= int(self._entry_sizes.sum()) or self.topology.local_world_size == 1
-
-    def _open_progress(self) -> None:
-        """The node-wide deadline gate of ``balance=True``, for the current topology."""
-        if self._progress is not None:
-            self._progress.close()
-            self._progress = None
-        t = self.topology
-        if self._balance and t.local_world_size > 1:
-            self._progress = NodeProgress(self.tiers.local.root, t.local_rank, t.local_world_size)
-
-    # -- where this process sits ------------------------------------------------------------------
-
-    def _place(self) -> NodeLayout:
-        """Rank, world size and node layout when none were given (dist/topology.py); a
-        ``local_world_size=`` argument overrides the node layout."""
-        lws = self._local_world_size
-        t = resolve()
-        return t if lws is None else validate(t.rank, t.world_size, local_world_size=lws, origin=t.origin)
-
-    def _follows_group(self) -> bool:
-        """A process group is there and its ranks have not compared notes yet (also one started
-        after this Loader was made: Lightning's DDP starts it in ``Trainer.fit``)."""
-        return not self._topology_given and self._cluster is None and not self._agreed and process_group() is not None
-
-    def _where(self) -> NodeLayout:
-        """The topology, as the process group says now (no collective call)."""
-        return self._place() if self._follows_group() else self.topology
-
-    def _bind(self) -> None:
-        """Before the first pass under a process group (every rank iterates: a collective call is
-        safe here, never in the constructor): take the group's rank and world size, and exchange
-        once, over the group, each rank's node name and manifest. Ranks whose manifests differ
-        (the source changed while they started, each checking it on its own) stop with an error
-        instead of drawing samples twice or never; the node layout comes from the names where no
-        variable gives it."""
-        if not self._follows_group():
-            return
-        old, t = self.topology, self._place()
-        rows = gather_over_group([digest63(node_name().encode()), len(self.manifest),
-                                  digest63(self.manifest.fingerprint.encode())])
-        mine = rows[t.rank][1:]
-        differ = [r for r, row in enumerate(rows) if row[1:] != mine]
-        if differ:
-            raise ConfigError(
-                f"the ranks do not agree on the data set {self.source.uri}: rank {t.rank} lists {mine[0]} samples, "
-                f"ranks {differ} list {sorted({rows[r][1] for r in differ})} (or other files): the source changed "
-                "while the job started. Run `clairvoyant index SRC` once before the job, then start it again")
-        if self._local_world_size is None and local_from_env(os.environ, t.rank, t.world_size) is None:
-            t = NodeLayout(nodes_of([row[0] for row in rows]), t.rank, t.origin)
-        self._agreed, self.topology = True, t
-        if t == old:
-            return
-        log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed (it had rank %d of %d, "
-                 "node of %d, from %s)", t.rank, t.world_size, t.local_world_size, old.rank, old.world_size,
-                 old.local_world_size, old.origin)
-        if self._carry is not None:   # an epoch planned for the old layout: nothing of it carries over
-            self._carry[1].close()
-            self._carry = None
-        self.tiers.direct = self._direct(self.tiers.local_capacity)
-        self._open_progress()
-
-    def _residents(self) -> dict[int, int]:
-        """Samples in the local tier now (the session's inventory the first time, so that all ranks of
-        the node start from the same picture), as manifest index -> entry bytes."""
-        entries = self.tiers.inventory if not self._inventory_used else self.tiers.local.entries()
-        self._inventory_used = True
-        return residents(self.manifest, entries, self._entry_sizes)
-
-    def _plan(self, position: int) -> RankEpochPlan:
-        """This rank's plan of the current epoch from global ``position`` on (plan/rank_plan.py),
-        starting from what the last epoch's plan left in the local tier if that epoch ran to its
-        end, else from what the tier holds now."""
-        c = self._cluster
-        last = self._carry
-        carried = last is not None and last[0].epoch == self._epoch - 1 and position == 0 and last[1].completed
-        spec = None
-        if c is not None:   # every node's residents: carried over where every rank can, else exchanged
-            carried = c.all_true(carried)   # (collective calls, taken alike by every rank)
-            held = last[0].cluster_residents if carried else c.residents(self._residents())
-            spec = ClusterTiers(c.layout, c.capacities, tuple(held))
-        residents = last[0].residents_after if carried else ({} if c is not None else self._residents())
-        reader = self._range_reader() if spec is None else None
-        return plan_rank_epoch(self._entry_sizes, self._config, self.topology, epoch=self._epoch,
-                               capacity=self.tiers.local_capacity, residents=residents, position=position,
-                               cluster=spec, ranges=None if reader is None else reader.ranges)
-
-    def _range_reader(self) -> RangeReader | None:
-        """A source that packs samples together, read a range at a time where the plan says it pays
-        (plan/ranges.py): only where the local tier holds the data set (the plan checks) and no
-        cluster cache serves samples from peers. Worked out once."""
-        if self._ranges is None:
-            self._ranges = False
-            if self._cluster is None and self.tiers.local_capacity >= int(self._entry_sizes.sum()):
-                found = self.source.sample_ranges(self.manifest.keys)
-                if found is not None:
-                    self._ranges = RangeReader(Ranges(of=found[0], nbytes=found[1]), self.source.read_range)
-        return self._ranges or None
-
-    def _serve(self, index: int) -> bytes | None:
-        """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry."""
-        key, size = self.manifest.keys[index], int(self.manifest.sizes[index])
-        loc = self.tiers.find_local(key, size)
-        if loc is None:
-            return None
-        try:
-            data = unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
-        except (FileNotFoundError, CorruptEntry):
-            return None
-        carry = self._carry
-        if carry is not None:
-            carry[1].peer_served(index)
-        return data
-
-    # -- PyTorch conventions --------------------------------------------------------------------
+    # -- PyTorch conventions (set_epoch, iter() and position: load/passes.py) -------------------
 
     @property
     def rank(self) -> int:
@@ -377,48 +252,6 @@ class Loader:
     def __len__(self) -> int:
         per_rank = -(-len(self.manifest) // self.world_size)
         return num_batches(per_rank, self.batch_size, self.drop_last)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iteration follows. Optional: without it, each
-        iteration after a complete pass moves to the next epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
-        if self._in_pass():   # as a sampler's: the pass under way keeps its order
-            self._deferred = int(epoch)
-            return
-        self._deferred = None
-        self._select(int(epoch))
-
-    def _select(self, epoch: int) -> None:
-        self._passed, self._broken = False, None
-        if epoch != self._loaded_epoch:  # keep a resume position loaded for this very epoch
-            self._resume = 0
-            self._loaded_epoch = None
-        if epoch != self._epoch:
-            self._done = self._start = self._span = 0
-        self._epoch = int(epoch)
-
-    def __iter__(self) -> Iterator[Any]:
-        """One pass over the rest of the current epoch. After a pass that reached the epoch's end,
-        the next iteration is the next epoch's (as a re-shuffling DataLoader draws a new order each
-        pass) unless ``set_epoch`` was called in between. The pass is planned at its first batch,
-        so a ``set_epoch`` between ``iter()`` and the first ``next()`` still counts (Lightning
-        calls them in that order)."""
-        self._close_active()
-        it = _EpochIterator(self)
-        self._active = weakref.ref(it)
-        return it
-
-    def _in_pass(self) -> bool:
-        """A pass has yielded batches and not reached its end: ``set_epoch`` waits for the next one."""
-        it = self._active() if self._active is not None else None
-        return it is not None and it.started and not it.finished and self._done > 0 and not self._passed
-
-    def _settle_epoch(self) -> None:
-        """Apply a ``set_epoch`` that came while a pass was under way, once it is not."""
-        if self._deferred is not None and not self._in_pass():
-            epoch, self._deferred = self._deferred, None
-            self._select(epoch)
 
     def _begin(self) -> EpochRun:
         """Plan the pass and start its run: at the first ``next()`` of an iterator."""
@@ -451,18 +284,6 @@ class Loader:
         if self._metrics is not None:
             run.on_batch = self._metrics.write
         return run
-
-    @property
-    def position(self) -> int:
-        """Samples of the current epoch's order consumed by all ranks together (a prefix of the
-        order, plan/partition.py): where a resume, at any world size, continues."""
-        self._settle_epoch()
-        if self._loaded_epoch is not None:
-            return self._resume
-        if self._span == 0:   # nothing iterated yet at this position
-            return self._start
-        return position_after(len(self.manifest), self._start, self._done, self.batch_size, self.world_size,
-                              self._span)
 
     def guard(self, *, window: int = 50, threshold: float = 6.0, warmup: int = 20, rel_floor: float = 0.02,
               keep: int = 1) -> Guard:
@@ -508,31 +329,9 @@ class Loader:
         """Continue from a saved position. The state may come from any rank of a job of any world size
         and batch size: the rest of that epoch is split over this job's ranks (plan/partition.py); the
         data, seed and shuffle must be the same."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ConfigError("not a clairvoyant loader state: pass what Loader.state_dict() returned")
-        if state.get("version") not in (1, 2):
-            raise ConfigError(f"loader state version {state.get('version')!r} is unknown to this clairvoyant "
-                              "(it reads 1 and 2): pass what Loader.state_dict() returned, or upgrade clairvoyant")
-        mine = self.state_dict()
-        for key in ("seed", "shuffle", "num_samples", "manifest"):
-            if state.get(key) != mine[key]:
-                raise ConfigError(
-                    f"the saved state has {key}={state.get(key)!r} but this loader has {mine[key]!r}: "
-                    "resume with the same data, seed and shuffle (world size and batch size may change)")
+        check_format(state)
         n = len(self.manifest)
-        try:
-            if state["version"] == 1:   # batches done by every rank of the saving job
-                w, b = int(state["world_size"]), int(state["batch_size"])
-                position = position_after(n, 0, int(state["batches_done"]), b, w,
-                                          num_batches(-(-n // w), b, bool(state["drop_last"])))
-            else:
-                position = int(state["position"])
-            epoch = int(state["epoch"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"the saved loader state is incomplete ({e!r}): pass what Loader.state_dict() "
-                              "returned") from e
-        if not 0 <= position <= n or epoch < 0:
-            raise ConfigError(f"the saved position {position} of epoch {epoch} is outside [0, {n}]")
+        epoch, position = resume_point(state, self.state_dict(), n)
         self._close_active()
         self._epoch, self._resume, self._done, self._start, self._span = epoch, position, 0, position, 0
         self._loaded_epoch, self._deferred, self._broken = self._epoch, None, None
@@ -577,13 +376,6 @@ class Loader:
                                  "reads": s["epochs"].get(run.epoch, {}), "stages": s["stages"]})
             self._metrics.flush()
 
-    def _close_active(self) -> None:
-        it = self._active() if self._active is not None else None
-        if it is not None:
-            it.close()
-        self._active = None
-        self._settle_epoch()
-
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
         self._close_active()
@@ -605,83 +397,3 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _close_tiers(tiers: Tiers) -> None:
-    tiers.close()
-    tiers.local.close()
-    tiers.ram.close()
-
-
-class EpochSetter:
-    """``loader.sampler``: what frameworks that set a DataLoader's epoch through its sampler call."""
-
-    def __init__(self, loader: Loader) -> None:
-        self._loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
-
-
-class _EpochIterator:
-    """What ``iter(loader)`` returns; the pass is planned at its first ``next()``. Dropping it
-    (early break, exception, GC) releases everything."""
-
-    def __init__(self, loader: Loader) -> None:
-        self._loader = loader
-        self._run: EpochRun | None = None
-        self._reported = False
-        self.finished = False   # reached the epoch's end, or closed
-
-    @property
-    def started(self) -> bool:
-        return self._run is not None
-
-    def _mine(self) -> bool:
-        ld = self._loader
-        return ld._active is not None and ld._active() is self
-
-    def __iter__(self) -> "_EpochIterator":
-        return self
-
-    def _started_run(self) -> EpochRun | None:
-        """The pass's run, planned now if this is its first use; None once closed unstarted."""
-        if self._run is None and not self.finished:
-            self._run = self._loader._begin()
-        return self._run
-
-    def __len__(self) -> int:
-        run = self._started_run()
-        return 0 if run is None else len(run) - run.position
-
-    def __next__(self) -> Any:
-        loader = self._loader
-        if self._started_run() is None:
-            raise StopIteration
-        try:
-            out = self._run.next()
-        except StopIteration:
-            if self._run.completed and not self._reported:
-                self._reported = True
-                if self._mine():
-                    loader._passed = True
-                loader._epoch_done(self._run)
-            self.finished = True
-            raise
-        loader._done += 1
-        if loader._done >= loader._span and self._mine():   # the last batch (a framework may not ask past it)
-            loader._passed = True
-        return out
-
-    def close(self) -> None:
-        if self._run is not None and not self.finished and self._mine() and not self._loader._passed:
-            self._loader._broken = self._loader._epoch   # stopped before the epoch's end
-        self.finished = True
-        if self._run is not None:
-            self._run.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass

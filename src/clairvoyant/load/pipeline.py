@@ -24,8 +24,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, NamedTuple
-
+from typing import Any, Callable
 
 from ..stage.gate import NodeProgress
 from ..cache.tiers import LOCAL, SOURCE, Placement, Tiers
@@ -37,7 +36,9 @@ from ..stage.engine import PeerFetch, RangeReader, Stager
 from ..tune.stats import Stats
 from ..tune.autotune import Tuner
 from .options import RunOptions
+from .late_drops import LATE_LAG, LateDrops
 from .pool import WorkerPool
+from .records import EpochWindow, ServedBatch, ServedSample
 from .timeline import BatchTimeline
 from .transport import Output, unpack_copy, unpack_shared
 from .worker import Failed, Item, Job, Loaded, ReaderSpec
@@ -46,50 +47,12 @@ _LIVE: "weakref.WeakSet[EpochRun]" = weakref.WeakSet()
 # Batches a worker's slots may hold while the training loop still uses them (lent without a copy);
 # past this many per worker, batches are copied out so a loop that keeps batches cannot starve readers.
 LEND = 2
-# A home sample that a peer reads at batch k is deleted once this rank is past batch k + LATE_LAG
-# (ranks run in step; the peer fetched it well before, as its staging runs ahead).
-LATE_LAG = 4
 
 
 @atexit.register
 def _close_all() -> None:
     for run in list(_LIVE):
         run.close()
-
-
-class EpochWindow:
-    """One epoch's per-batch waits and loop steps, samples, and waiting by cause."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-        self.steps: list[float] = []
-        self.samples = 0
-        self.causes: dict[str, float] = {}
-
-    def add(self, wait: float, step: float | None, n: int, causes: dict[str, float] | None) -> None:
-        self.waits.append(wait)
-        if step is not None:
-            self.steps.append(step)
-        self.samples += n
-        for c, v in (causes or {}).items():
-            self.causes[c] = self.causes.get(c, 0.0) + v
-
-
-class ServedSample(NamedTuple):
-    key: str
-    where: str       # local, ram or source: where the reader got the bytes it decoded
-    digest: int      # xxh3-64 of those bytes
-    mtime_ns: int    # the source file's modification time when it was fetched (RAM window)
-
-
-class ServedBatch(NamedTuple):
-    """The batch the loop got last, as the guard checks it (load/guard.py)."""
-    epoch: int
-    batch: int
-    samples: list[ServedSample]
-    spec: Any
-    leaves: list[int]
-    output: Any
 
 
 def _reader_error(msg: Failed, k: int) -> Exception:
@@ -119,9 +82,7 @@ class EpochRun:
         self._actions = list(zip(plan.hit, plan.keep))   # per batch: (hit, keep) per sample
         self._peer = plan.peer                           # per batch: the node serving each sample (cluster)
         self._whole = plan.whole                         # per batch: read the sample's range whole (ranges)
-        self._late = collections.deque(plan.late_drops)  # (batch, sample): home samples a peer has read
-        self._late_on_serve = set(plan.late_on_serve)    # of those, to delete as soon as they are served
-        self._late_gone: set[int] = set()                # deleted on serve: skipped when their batch comes
+        self._late = LateDrops(plan.late_drops, plan.late_on_serve)   # home samples a peer has read
         self._placed: dict[int, dict[int, Placement]] = {}   # batch -> position -> where it was staged
         self._positions: dict[int, list[int]] = {}           # batch -> positions handed to the worker
         self._served: dict[int, list[ServedSample]] = {}     # batch -> what the guard checks, until taken
@@ -310,24 +271,16 @@ class EpochRun:
         that the epoch reads only there goes now, not after the step lag, so that the tier has the
         room the plan counted on."""
         with self._lock:
-            if self._closed or index not in self._late_on_serve:
+            if self._closed or not self._late.served(index):
                 return
-            self._late_on_serve.discard(index)
-            self._late_gone.add(index)
             self._stager.drop([self._manifest.keys[index]])   # queued before close() can stop it
         self._tiers.counters.add("late_drops")
 
     def _drop_late(self, upto: int) -> None:
         """Delete home samples whose last reader this epoch was a peer, at batch ``upto`` or before."""
-        keys, late = self._manifest.keys, self._late
-        gone = []
+        keys = self._manifest.keys
         with self._lock:
-            while late and late[0][0] <= upto:
-                s = late.popleft()[1]
-                if s in self._late_gone:
-                    continue
-                self._late_on_serve.discard(s)
-                gone.append(keys[s])
+            gone = [keys[s] for s in self._late.due(upto)]
         if gone:
             self._tiers.counters.add("late_drops", len(gone))
             self._stager.drop(gone)
