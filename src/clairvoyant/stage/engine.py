@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Callable
 
-from ..cache.tiers import LOCAL, SOURCE, Placement, Tiers
+from ..cache.tiers import LOCAL, Placement, Tiers
 from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..plan.ranges import Ranges
@@ -351,11 +351,8 @@ class Stager:
             if reading is not None and not reading.is_set() and tiers.find_local(key, size) is None:
                 # its range's whole read is still under way (or not begun) and its readers need it
                 # now (a sample not yet due was parked instead: _park): staged on its own, and the
-                # range's read leaves it as it finds it; where native threads are placing it, its
-                # reader reads it from the source now rather than wait for the range
+                # range's read leaves it as it finds it
                 tiers.counters.add("range_early")
-                if self._native is not None and self._native.busy(idx):
-                    return Placement(SOURCE, None, False)
                 return self._stage(idx, False, keep)
             path = tiers.find_local(key, size, self._peer_wait)
             if path is None and self._native is not None:   # the native threads may be staging it now

@@ -166,11 +166,6 @@ class NativeRoute:
                 e[1].set()
             return got
 
-    def busy(self, sample: int) -> bool:
-        """Whether a native job of ``sample`` is under way."""
-        with self._lock:
-            return sample in self._by_sample
-
     def wait(self, sample: int) -> None:
         """Wait until no native job of ``sample`` is under way (a planned hit of a sample the engine
         is staging right now: its entry is about to be there). Every job is told, done or given up
