@@ -21,9 +21,6 @@
  *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
  *   .submit(token, path, size, out_fd, offset, lock_offset, src_fd, src_offset, src_size)
  *   .submit_many([(token, path, size, out_fd, offset, lock_offset, src_fd, src_offset, src_size), ...])
- *   .submit_group(src_fd, start, length, src_size, [job, ...]): jobs of samples that lie in
- *      [start, start + length) of the open file src_fd, read with one pread by the thread that
- *      takes the group, each then written as its own entry (a range of a shard read whole)
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
@@ -52,10 +49,6 @@ struct job {
     int out_fd, src_fd;
     int64_t offset, lock_offset, src_offset;
     uint64_t src_size;
-    struct job *group;        /* a group's next member: its samples come from one read of a range */
-    int64_t range_start;      /* the group's head: the range read whole for its members */
-    uint64_t range_len;
-    const char *range;        /* while a member runs: its bytes, in the range read */
     int err, handed, locked;
     int64_t mtime;
 };
@@ -157,9 +150,8 @@ static void run(Stager *s, struct job *j) {
     uint64_t n = j->size + TRAILER;
     char *buf = malloc(n ? n : 1);
     if (!buf) { j->err = ENOMEM; return; }
-    j->handed = j->range ? 0 : from_handoff(s, j, buf);
-    if (j->range) memcpy(buf, j->range, j->size);   /* j->mtime: the group's */
-    else if (!j->handed) err = from_source(s, j, buf);
+    j->handed = from_handoff(s, j, buf);
+    if (!j->handed) err = from_source(s, j, buf);
     if (!err) {
         seal_trailer(buf + j->size, buf, j->size, j->mtime);
         uint64_t put = 0;
@@ -174,52 +166,6 @@ static void run(Stager *s, struct job *j) {
     j->err = err;
 }
 
-/* A group: its range read once, then each member written as its own entry (an error of the
- * read is every member's). */
-static void run_group(Stager *s, struct job *head) {
-    uint64_t len = head->range_len;
-    char *rb = malloc(len ? len : 1);
-    int err = rb ? 0 : ENOMEM;
-    int64_t mtime = 0;
-    if (!err) {
-        struct stat st;
-        if (fstat(head->src_fd, &st) < 0) err = errno;
-        else if ((uint64_t)st.st_size != head->src_size) err = ESTALE;
-        else mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-        uint64_t got = 0;
-        while (!err && got < len) {
-            ssize_t r = pread(head->src_fd, rb + got, len - got, (off_t)(head->range_start + (int64_t)got));
-            if (r < 0) { if (errno != EINTR) err = errno; continue; }
-            if (r == 0) err = ESTALE;
-            got += (uint64_t)r;
-        }
-    }
-    for (struct job *m = head; m; m = m->group) {
-        if (!err && (m->src_offset < head->range_start ||
-                     (uint64_t)(m->src_offset - head->range_start) + m->size > len)) {
-            m->err = EINVAL;   /* not in the range: refused, the others go on */
-            continue;
-        }
-        if (err) { m->err = err; continue; }
-        m->range = rb + (m->src_offset - head->range_start);
-        m->mtime = mtime;
-        run(s, m);
-        m->range = NULL;
-    }
-    free(rb);
-}
-
-/* Put ``j`` and the rest of its group on the finished list (the caller holds the mutex). */
-static void finish_group(Stager *s, struct job *j, int err) {
-    while (j) {
-        struct job *next = j->group;
-        j->group = NULL;
-        if (err) j->err = err;
-        push(&s->finished, &s->finished_tail, j);
-        j = next;
-    }
-}
-
 static void *worker(void *arg) {
     Stager *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -230,9 +176,9 @@ static void *worker(void *arg) {
         s->queue = j->next;
         if (!s->queue) s->queue_tail = NULL;
         pthread_mutex_unlock(&s->mu);
-        if (j->range_len) run_group(s, j); else run(s, j);
+        run(s, j);
         pthread_mutex_lock(&s->mu);
-        finish_group(s, j, 0);
+        push(&s->finished, &s->finished_tail, j);
         pthread_cond_signal(&s->done);
     }
     pthread_mutex_unlock(&s->mu);
@@ -240,13 +186,7 @@ static void *worker(void *arg) {
 }
 
 static void free_list(struct job *j) {
-    while (j) {
-        struct job *n = j->next;
-        for (struct job *m = j->group; m;) { struct job *g = m->group; free(m->path); free(m); m = g; }
-        free(j->path);
-        free(j);
-        j = n;
-    }
+    while (j) { struct job *n = j->next; free(j->path); free(j); j = n; }
 }
 
 /* Stop the threads; jobs not started move to the finished list as ECANCELED. */
@@ -261,7 +201,8 @@ static void stop(Stager *s) {
     while (s->queue) {
         struct job *j = s->queue;
         s->queue = j->next;
-        finish_group(s, j, ECANCELED);
+        j->err = ECANCELED;
+        push(&s->finished, &s->finished_tail, j);
     }
     s->queue_tail = NULL;
     s->drained = 1;
@@ -385,43 +326,6 @@ static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     return enqueue(s, head, tail, n);
 }
 
-/* submit_group(src_fd, start, length, src_size, [job tuple, ...]): one job of the queue, taken
- * by one thread, that reads the range once and writes each member. All or none. */
-static PyObject *Stager_submit_group(Stager *s, PyObject *args) {
-    int src_fd;
-    long long start;
-    unsigned long long length, src_size;
-    PyObject *jobs;
-    if (!PyArg_ParseTuple(args, "iLKKO", &src_fd, &start, &length, &src_size, &jobs)) return NULL;
-    if (src_fd < 0 || start < 0 || length == 0) {
-        PyErr_SetString(PyExc_ValueError, "submit_group: a group reads length > 0 bytes of an open file");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(jobs, "submit_group takes a sequence of job tuples");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    struct job *head = NULL, *last = NULL;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        struct job *j = parse_job(PySequence_Fast_GET_ITEM(seq, k),
-                                  "LO&KiLLiLK;a job is (token, path, size, out_fd, offset, lock_offset, src_fd, "
-                                  "src_offset, src_size)");
-        if (!j) {
-            Py_DECREF(seq);
-            free_list(head);
-            return NULL;
-        }
-        j->src_fd = src_fd;
-        if (last) last->group = j; else head = j;
-        last = j;
-    }
-    Py_DECREF(seq);
-    if (!head) Py_RETURN_NONE;
-    head->range_start = start;
-    head->range_len = length;
-    head->src_size = src_size;
-    return enqueue(s, head, head, 1);
-}
-
 static PyObject *Stager_collect(Stager *s, PyObject *args) {
     double timeout;
     if (!PyArg_ParseTuple(args, "d", &timeout)) return NULL;
@@ -479,9 +383,6 @@ static PyMethodDef Stager_methods[] = {
      "(path relative to src_dir; or, src_fd >= 0, size bytes at src_offset of that open file of src_size bytes)"},
     {"submit_many", (PyCFunction)Stager_submit_many, METH_O,
      "submit_many(jobs): submit's jobs, each its nine fields, queued at once"},
-    {"submit_group", (PyCFunction)Stager_submit_group, METH_VARARGS,
-     "submit_group(src_fd, start, length, src_size, jobs): jobs of samples of [start, start + length) of "
-     "src_fd, read with one pread, each written as its own entry"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
      "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
     {"close", (PyCFunction)Stager_close, METH_NOARGS, "stop and join the threads; queued jobs end ECANCELED"},

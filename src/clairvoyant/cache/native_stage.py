@@ -147,18 +147,13 @@ class NativeStager:
                 if mine and job is not None:
                     store.abandon(job[1], job[2], job[3])
 
-    def submit_many(self, items: list[tuple], group: tuple[int, int, int, int] | None = None
-                    ) -> list[bool | None | Exception]:
+    def submit_many(self, items: list[tuple]) -> list[bool | None | Exception]:
         """``submit`` for several files, ``(token, key, size)`` or ``(token, key, size, span)`` each: one reservation in the ledger
         for all and one call into the engine (the plan's files go a slot-full at a time, not one GIL
         hand-off each). Each item's outcome is submit's; where the tier has no room for them all,
         each is submitted on its own (those that fit go), and an item whose own submit raised has
         its exception as its outcome (the others went on). An exception raised by this call itself
-        means none of them was submitted.
-
-        ``group`` ``(fd, start, length, file size)``: the items are samples of that range of an open
-        file (their spans lie in it), read with one pread by the thread that takes them; all go or
-        none does (no room for them all: each outcome False)."""
+        means none of them was submitted."""
         out: list[bool | None | Exception] = [None] * len(items)
         with self._lock:
             if self._closing:
@@ -171,12 +166,7 @@ class NativeStager:
         if not mine:
             return out
         store, sizes = self.store, [entry_size(items[k][2]) for k in mine]
-        if group is not None and not store.ledger.reserve(sum(sizes), self.capacity):
-            self._unclaim([items[k][0] for k in mine], [None] * len(mine))
-            for k in mine:
-                out[k] = False
-            return out
-        if group is None and (len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity)):
+        if len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity):
             self._unclaim([items[k][0] for k in mine], [None] * len(mine))
             for k in mine:
                 try:
@@ -206,13 +196,9 @@ class NativeStager:
                 store.abandon(job[1], job[2], job[3])
             raise RuntimeError("the stager is closed")
         try:
-            batch = [_job(t, key, items[k][2], ext.fd, offset, store.lock_offset(key),
-                          items[k][3] if len(items[k]) > 3 else None)
-                     for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)]
-            if group is None:
-                self._engine.submit_many(batch)
-            else:
-                self._engine.submit_group(*group, batch)
+            self._engine.submit_many([_job(t, key, items[k][2], ext.fd, offset, store.lock_offset(key),
+                                           items[k][3] if len(items[k]) > 3 else None)
+                                      for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
         except BaseException:
             self._unclaim(tokens, jobs, give_back=True)
             raise

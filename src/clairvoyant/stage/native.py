@@ -84,7 +84,7 @@ class NativeRoute:
         if not samples or not self.spans or self._tiers.owed_bytes:
             return False
         waiting = [len(samples), done]
-        outcomes = self._submit(samples, [waiting] * len(samples), group=True)
+        outcomes = self._submit(samples, [waiting] * len(samples))
         left = sum(out is not True for out in outcomes)
         if left == len(samples):
             return False
@@ -100,19 +100,11 @@ class NativeRoute:
         if last:
             waiting[1]()
 
-    def _submit(self, samples: list[int], owners: list, group: bool = False) -> list:
+    def _submit(self, samples: list[int], owners: list) -> list:
         """Jobs for ``samples``, each told to its owner (an item, or a range's waiting list); the
-        engine's outcome of each (True: under way). ``group``: the samples lie in one range of one
-        file, read once for all of them (all go, or none)."""
+        engine's outcome of each (True: under way)."""
         keys, sizes = self._manifest.keys, self._manifest.sizes
         spans = self._spans_of([keys[i] for i in samples]) if self.spans else None
-        where = None
-        if group:
-            if spans is None or any(sp is None or sp.fd != spans[0].fd for sp in spans):
-                return [False] * len(samples)
-            start = min(sp.offset for sp in spans)
-            stop = max(sp.offset + int(sizes[i]) for sp, i in zip(spans, samples))
-            where = (spans[0].fd, start, stop - start, spans[0].file_size)
         with self._lock:
             first = self._token
             self._token += len(samples)
@@ -125,7 +117,7 @@ class NativeRoute:
         go = [k for k, j in enumerate(jobs) if spans is None or spans[k] is not None]
         outcomes: list = [False] * len(jobs)
         try:
-            for k, out in zip(go, self._engine.submit_many([jobs[k] for k in go], where)):
+            for k, out in zip(go, self._engine.submit_many([jobs[k] for k in go])):
                 outcomes[k] = out
         except Exception:   # none of them went
             pass
