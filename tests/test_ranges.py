@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from clairvoyant import Loader
-from clairvoyant.cache import native_stage
 from clairvoyant.pack import pack
 from clairvoyant.plan.ranges import Ranges, whole_reads
 from clairvoyant.plan.residency import simulate_epoch
@@ -144,11 +143,7 @@ def _epochs(packed, local, count, epochs=2, **kw):
     return out
 
 
-def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set(packed, dataset, tmp_path,
-                                                                                  monkeypatch):
-    """On the Python staging threads, whose reads of the source are counted here (the native
-    engine's are counted by the next test's way)."""
-    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")
+def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set(packed, dataset, tmp_path):
     shards = len(TarShardSource(packed).paths)
     stats: dict = {}
     (e0, reads0), (e1, reads1) = _epochs(packed, tmp_path / "local", stats)
@@ -173,47 +168,7 @@ def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set
     assert h0 == e0 and hreads0 == 96 and half["range_reads"] == 0
 
 
-@pytest.mark.skipif(not native_stage.available(), reason="the native stager is not built here")
-def test_the_native_threads_place_a_ranges_samples_from_the_shard(packed, dataset, tmp_path, monkeypatch):
-    """Where the native engine applies, a range's absent samples are placed by C threads, a pread
-    each at its offset of the open shard: each range once, every sample placed once, the same
-    bytes in the same order as the tree gives, nothing read in the second epoch. Control: the
-    Python threads (``CLAIRVOYANT_NATIVE_STAGE=0``) place none of them natively."""
-    from clairvoyant.cache import native_stage as ns
-
-    submitted: list[int] = []
-    real = ns.NativeStager.submit_many
-
-    def counting(self, items):
-        submitted.extend(len(it) > 3 and it[3] is not None for it in items)
-        return real(self, items)
-
-    monkeypatch.setattr(ns.NativeStager, "submit_many", counting)
-    shards = len(TarShardSource(packed).paths)
-    stats: dict = {}
-    (e0, _), (e1, reads1) = _epochs(packed, tmp_path / "local", stats)
-    assert stats["range_reads"] == shards and stats["missed_hits"] == 0
-    assert stats["range_placed"] + stats["staged_local"] == 96
-    assert stats["range_placed"] > 96 / 2 and reads1 == 0
-    assert sum(submitted) >= stats["range_placed"] and all(submitted)   # every job a span of a shard
-    digest = lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()   # noqa: E731
-    with Loader(dataset, batch_size=8, local_dir=str(tmp_path / "tree"), seed=3, decode=digest,
-                num_workers=1) as tree:
-        want = []
-        for e in range(2):
-            tree.set_epoch(e)
-            want.append([bytes(x) for xb, _ in tree for x in xb])
-    assert [e0, e1] == want
-    submitted.clear()
-    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")
-    py: dict = {}
-    (p0, _), _ = _epochs(packed, tmp_path / "py", py)
-    assert p0 == e0 and not submitted and py["range_reads"] == shards
-
-
-def test_a_failed_range_read_is_logged_and_its_samples_are_read_on_their_own(packed, tmp_path, caplog,
-                                                                              monkeypatch):
-    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # the Python threads' read_range fails here
+def test_a_failed_range_read_is_logged_and_its_samples_are_read_on_their_own(packed, tmp_path, caplog):
     orig = TarShardSource.read_range
     failed = []
 
@@ -287,7 +242,6 @@ def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(datas
     """Found by review: a resident sample of a range whose whole read comes in a later batch waited
     for that read (with one thread: for ever behind itself) although it was in the tier all along. Control: an absent sample of the same range, after the read in need order,
     is placed by the read, not read on its own."""
-    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # a range read held in Python
     import time as _time
 
     from clairvoyant import manifest as manifest_mod
@@ -325,13 +279,12 @@ def test_a_planned_hit_already_in_the_tier_never_waits_for_its_ranges_read(datas
         node.tiers.close()
 
 
-def test_a_sample_waiting_for_its_ranges_read_holds_no_staging_thread(dataset, tmp_path, monkeypatch):
+def test_a_sample_waiting_for_its_ranges_read_holds_no_staging_thread(dataset, tmp_path):
     """With one staging thread, a planned hit whose range is still being read (and not due) is set
     aside: a miss queued behind it is staged meanwhile, and the hit is placed by the range's read
     once it ends. Control: once its batch falls due (``advance``), the same kind of hit is read on
     its own before the range's read ends (``range_early``). Before, the thread waited on the
     range's read and the miss behind it waited too (its batch stalled for the whole read)."""
-    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # a range read held in Python
     import time as _time
 
     from clairvoyant import manifest as manifest_mod
@@ -388,10 +341,9 @@ def test_a_sample_waiting_for_its_ranges_read_holds_no_staging_thread(dataset, t
         node.tiers.close()
 
 
-def test_a_parked_sample_is_placed_by_its_ranges_read(dataset, tmp_path, monkeypatch):
+def test_a_parked_sample_is_placed_by_its_ranges_read(dataset, tmp_path):
     """The other way out: a parked hit that never falls due is delivered from the tier once its
     range's read ends, not read on its own. Control: nothing is delivered while the read is held."""
-    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # a range read held in Python
     import time as _time
 
     from clairvoyant import manifest as manifest_mod

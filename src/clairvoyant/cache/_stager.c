@@ -7,9 +7,7 @@
  *      mount daemon waits on it instead of reading the source a second time);
  *   2. take the bytes from the handoff directory if a reader's open already read them from the
  *      source (``<token>``: the bytes, then the source's mtime in ns), else read the source file
- *      (openat, fstat, read, close) and check its size is the listed one; a job given an open
- *      file (``src_fd`` >= 0: a sample packed in a shard) reads ``size`` bytes at ``src_offset``
- *      of it with pread, and checks the file's size is ``src_size``;
+ *      (openat, fstat, read, close) and check its size is the listed one;
  *   3. write the entry (the bytes, then the 32-byte trailer of tier_format.h, the format
  *      cache/entry.py reads) at its place with one pwrite.
  * The lock stays held: Python lets go once the entry is published (or given up).
@@ -19,8 +17,8 @@
  * share of one collect.
  *
  *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
- *   .submit(token, path, size, out_fd, offset, lock_offset, src_fd, src_offset, src_size)
- *   .submit_many([(token, path, size, out_fd, offset, lock_offset, src_fd, src_offset, src_size), ...])
+ *   .submit(token, path, size, out_fd, offset, lock_offset)
+ *   .submit_many([(token, path, size, out_fd, offset, lock_offset), ...])
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
@@ -46,9 +44,8 @@ struct job {
     long long token;
     char *path;
     uint64_t size;
-    int out_fd, src_fd;
-    int64_t offset, lock_offset, src_offset;
-    uint64_t src_size;
+    int out_fd;
+    int64_t offset, lock_offset;
     int err, handed, locked;
     int64_t mtime;
 };
@@ -113,25 +110,7 @@ static int from_handoff(Stager *s, struct job *j, char *buf) {
     return ok;
 }
 
-/* ``size`` bytes at ``src_offset`` of the open file ``src_fd`` (a sample of a shard), whose size
- * must still be ``src_size``. */
-static int from_open_file(struct job *j, char *buf) {
-    struct stat st;
-    if (fstat(j->src_fd, &st) < 0) return errno;
-    if ((uint64_t)st.st_size != j->src_size) return ESTALE;   /* changed since it was indexed */
-    uint64_t got = 0;
-    while (got < j->size) {
-        ssize_t r = pread(j->src_fd, buf + got, j->size - got, (off_t)(j->src_offset + (int64_t)got));
-        if (r < 0) { if (errno == EINTR) continue; return errno; }
-        if (r == 0) return ESTALE;
-        got += (uint64_t)r;
-    }
-    j->mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-    return 0;
-}
-
 static int from_source(Stager *s, struct job *j, char *buf) {
-    if (j->src_fd >= 0) return from_open_file(j, buf);
     int fd = openat(s->src_fd, j->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errno;
     struct stat st;
@@ -253,15 +232,14 @@ static PyObject *Stager_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)s;
 }
 
-/* A job from its tuple (token, path, size, out_fd, offset, lock_offset, src_fd, src_offset,
- * src_size), parsed with ``fmt``; NULL with the Python error set. */
+/* A job from its tuple (token, path, size, out_fd, offset, lock_offset), parsed with ``fmt``;
+ * NULL with the Python error set. */
 static struct job *parse_job(PyObject *t, const char *fmt) {
-    long long token, offset, lock_offset, src_offset;
+    long long token, offset, lock_offset;
     PyObject *path;
-    unsigned long long size, src_size;
-    int out_fd, src_fd;
-    if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset,
-                          &src_fd, &src_offset, &src_size))
+    unsigned long long size;
+    int out_fd;
+    if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset))
         return NULL;
     struct job *j = calloc(1, sizeof *j);
     char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
@@ -273,9 +251,6 @@ static struct job *parse_job(PyObject *t, const char *fmt) {
     j->out_fd = out_fd;
     j->offset = offset;
     j->lock_offset = lock_offset;
-    j->src_fd = src_fd;
-    j->src_offset = src_offset;
-    j->src_size = src_size;
     return j;
 }
 
@@ -299,11 +274,12 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
 }
 
 static PyObject *Stager_submit(Stager *s, PyObject *args) {
-    struct job *j = parse_job(args, "LO&KiLLiLK");
+    struct job *j = parse_job(args, "LO&KiLL");
     return j ? enqueue(s, j, j, 1) : NULL;
 }
 
-/* submit_many([job tuple, ...]): the jobs queued under one lock and the threads woken once (one call, not one GIL hand-off per file). All or none: on a
+/* submit_many([(token, path, size, out_fd, offset, lock_offset), ...]): the jobs queued under one
+ * lock and the threads woken once (one call, not one GIL hand-off per file). All or none: on a
  * bad item or a closed stager nothing is queued. */
 static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     PyObject *seq = PySequence_Fast(arg, "submit_many takes a sequence of job tuples");
@@ -312,8 +288,7 @@ static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     struct job *head = NULL, *tail = NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
         struct job *j = parse_job(PySequence_Fast_GET_ITEM(seq, k),
-                                  "LO&KiLLiLK;a job is (token, path, size, out_fd, offset, lock_offset, src_fd, "
-                                  "src_offset, src_size)");
+                                  "LO&KiLL;a job is (token, path, size, out_fd, offset, lock_offset)");
         if (!j) {
             Py_DECREF(seq);
             free_list(head);
@@ -379,10 +354,9 @@ static void Stager_dealloc(Stager *s) {
 
 static PyMethodDef Stager_methods[] = {
     {"submit", (PyCFunction)Stager_submit, METH_VARARGS,
-     "submit(token, path, size, out_fd, offset, lock_offset, src_fd, src_offset, src_size): stage one file "
-     "(path relative to src_dir; or, src_fd >= 0, size bytes at src_offset of that open file of src_size bytes)"},
+     "submit(token, path, size, out_fd, offset, lock_offset): stage one file (path relative to src_dir)"},
     {"submit_many", (PyCFunction)Stager_submit_many, METH_O,
-     "submit_many(jobs): submit's jobs, each its nine fields, queued at once"},
+     "submit_many(jobs): submit's jobs, (token, path, size, out_fd, offset, lock_offset) each, queued at once"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
      "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
     {"close", (PyCFunction)Stager_close, METH_NOARGS, "stop and join the threads; queued jobs end ECANCELED"},

@@ -57,18 +57,6 @@ class Job(NamedTuple):
     out_fd: int          # the extent the entry goes into
     offset: int          # where in it
     lock_offset: int     # the key's node-wide lock byte (cache/tier_format.h)
-    src_fd: int = -1     # >= 0: the bytes are ``size`` at ``src_offset`` of this open file (a shard)
-    src_offset: int = 0
-    src_size: int = 0    # that file's size, as indexed (another size: it changed)
-
-
-class Span(NamedTuple):
-    """Where a packed sample's bytes lie: an open file (kept open by the caller until its jobs are
-    told), the offset in it, and the file's size when it was indexed."""
-
-    fd: int
-    offset: int
-    file_size: int
 
 
 class Done(NamedTuple):
@@ -78,12 +66,6 @@ class Done(NamedTuple):
     error: str | None        # why not (the source's errno text, a full index), or None
     handed_over: bool        # the bytes came from a reader's handoff, not from the source
     present: bool = False    # not staged because another process of the node had staged it meanwhile
-
-
-def _job(token: int, key: str, size: int, out_fd: int, offset: int, lock_offset: int, span: Span | None) -> Job:
-    if span is None:
-        return Job(token, key, size, out_fd, offset, lock_offset)
-    return Job(token, key, size, out_fd, offset, lock_offset, span.fd, span.offset, span.file_size)
 
 
 class NativeStager:
@@ -103,11 +85,10 @@ class NativeStager:
         self._thread = threading.Thread(target=self._collect, name="clairvoyant-native-stage", daemon=True)
         self._thread.start()
 
-    def submit(self, token: int, key: str, size: int, span: Span | None = None) -> bool | None:
-        """Stage ``key`` (``size`` bytes as listed; read from ``span`` if given, else the file
-        ``key`` of the source root): True when under way; False, with nothing reserved, if the tier
-        has no room for it; None if ``token`` is under way already (its job will tell, once, after
-        its entry is published)."""
+    def submit(self, token: int, key: str, size: int) -> bool | None:
+        """Stage ``key`` (``size`` bytes as listed): True when under way; False, with nothing
+        reserved, if the tier has no room for it; None if ``token`` is under way already (its job
+        will tell, once, after its entry is published)."""
         n = entry_size(size)
         store = self.store
         with self._lock:   # claim the token first: two callers never both submit it
@@ -134,7 +115,7 @@ class NativeStager:
                 job = None
                 store.abandon(ext, offset, n)
                 raise RuntimeError("the stager is closed")
-            self._engine.submit(*_job(token, key, size, ext.fd, offset, store.lock_offset(key), span))
+            self._engine.submit(*Job(token, key, size, ext.fd, offset, store.lock_offset(key)))
             ok = True   # the engine's now: it comes back from collect
             return True
         finally:
@@ -147,8 +128,8 @@ class NativeStager:
                 if mine and job is not None:
                     store.abandon(job[1], job[2], job[3])
 
-    def submit_many(self, items: list[tuple]) -> list[bool | None | Exception]:
-        """``submit`` for several files, ``(token, key, size)`` or ``(token, key, size, span)`` each: one reservation in the ledger
+    def submit_many(self, items: list[tuple[int, str, int]]) -> list[bool | None | Exception]:
+        """``submit`` for several files, ``(token, key, size)`` each: one reservation in the ledger
         for all and one call into the engine (the plan's files go a slot-full at a time, not one GIL
         hand-off each). Each item's outcome is submit's; where the tier has no room for them all,
         each is submitted on its own (those that fit go), and an item whose own submit raised has
@@ -196,8 +177,7 @@ class NativeStager:
                 store.abandon(job[1], job[2], job[3])
             raise RuntimeError("the stager is closed")
         try:
-            self._engine.submit_many([_job(t, key, items[k][2], ext.fd, offset, store.lock_offset(key),
-                                           items[k][3] if len(items[k]) > 3 else None)
+            self._engine.submit_many([Job(t, key, items[k][2], ext.fd, offset, store.lock_offset(key))
                                       for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
         except BaseException:
             self._unclaim(tokens, jobs, give_back=True)

@@ -41,10 +41,6 @@ class Source(abc.ABC):
     #: ``native_reads``: a key is the plain file ``root/key``, read with nothing charged or checked
     #: on the way, so the native staging threads may read it themselves (stage/native.py)
     native_reads: bool = False
-    #: ``native_spans``: each key's bytes lie at an offset of a local file (a tar shard), which
-    #: ``spans`` names, read with nothing charged or checked on the way, so the native staging
-    #: threads may pread them themselves (stage/native.py)
-    native_spans: bool = False
 
     @abc.abstractmethod
     def scan(self) -> Iterator[tuple[str, int]]:
@@ -86,11 +82,6 @@ class Source(abc.ABC):
         bytes one read of each range takes (int64 array), plan/ranges.py's ``Ranges``; None (the
         default): every sample is read on its own."""
         return None
-
-    def spans(self, keys: Sequence[str]) -> list[tuple[str, int, int]]:
-        """For a source with ``native_spans``: where each of ``keys`` lies, ``(path of its file,
-        offset in it, that file's size when it was indexed)``."""
-        raise NotImplementedError(f"{type(self).__name__} has no spans (native_spans is False)")
 
     def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
         """The bytes of ``keys``, samples of one range of ``sample_ranges``, in that order, read

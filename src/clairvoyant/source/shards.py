@@ -64,17 +64,6 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
 class TarShardSource(Source):
     """The samples of a directory of ``.tar`` shards, a list of shard paths, or a glob."""
 
-    #: a sample is a byte range of a shard file, read with nothing charged or checked on the way:
-    #: the native staging threads may pread it (stage/native.py); False for a subclass that reads
-    #: otherwise, unless it says so
-    native_spans = True
-
-    def __init_subclass__(cls, **kw) -> None:
-        super().__init_subclass__(**kw)
-        if "native_spans" not in cls.__dict__ and any(
-                m in cls.__dict__ for m in ("read", "read_versioned", "_read_range", "read_range")):
-            cls.native_spans = False
-
     def __init__(self, shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  data_key: str | None = None, fields: bool | Sequence[str] = False,
                  max_open: int = MAX_OPEN) -> None:
@@ -311,14 +300,6 @@ class TarShardSource(Source):
             at = int(ix.offset[r]) - first
             out.append(bytes(buf[at:at + int(ix.length[r])]))
         return out, ix.shards[sid][2]
-
-    def spans(self, keys: Sequence[str]) -> list[tuple[str, int, int]]:
-        """``(shard path, offset, the shard's size when indexed)`` of each of ``keys``."""
-        ix = self.index
-        rows = self._rows_of(keys)
-        shards = ix.shards
-        return [(shards[s][0], o, shards[s][1])
-                for s, o in zip(ix.shard[rows].tolist(), ix.offset[rows].tolist())]
 
     def _rows_of(self, keys: Sequence[str]) -> np.ndarray:
         """The index row of each manifest key (the identity where the manifest lists the index)."""

@@ -88,7 +88,7 @@ class Stager:
                          for i in range(threads)]
         self._size_lock = threading.Lock()
         # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
-        self._native = (NativeRoute(tiers, manifest, source, threads, self._deliver, self._queue.put,
+        self._native = (NativeRoute(tiers, manifest, source.root, threads, self._deliver, self._queue.put,
                                     self._failed)
                         if native.applies(source, tiers, gate is not None) else None)
         self._wholes: queue.SimpleQueue = queue.SimpleQueue()   # (sample, its own staging went well)
@@ -308,15 +308,6 @@ class Stager:
         not placed is read on its own when its turn comes, and names itself if it fails then."""
         ranges = self._ranges
         r = int(ranges.of[idx]) if ranges is not None else -1
-        if ranges is not None and ok and not self._stop and self._native is not None and self._native.spans:
-            # the native threads place the range's absent samples, a pread each (stage/native.py)
-            store, keys = self._tiers.local, self._manifest.keys
-            absent = [i for i in ranges.members(r) if store.find(keys[i]) is None]
-            if not absent:
-                self._range_done(r)
-                return
-            if self._native.submit_range(absent, lambda: self._range_done(r)):
-                return
         try:
             if ranges is None or not ok or self._stop:
                 return
@@ -333,15 +324,11 @@ class Stager:
             log.warning("clairvoyant: reading range %d (sample %r's) whole failed (%s: %s); its samples are read "
                         "one by one", r, self._manifest.keys[idx], type(e).__name__, e)
         finally:
-            self._range_done(r)
-
-    def _range_done(self, r: int) -> None:
-        """Range ``r``'s whole read is over: its samples wait for it no longer."""
-        done = self._reading.pop(r, None)
-        if done is not None:
-            done.set()
-        with self._park_lock:   # its parked samples are in the tier now (or read on their own)
-            self._unpark(self._parked_of.pop(r, []))
+            done = self._reading.pop(r, None)
+            if done is not None:
+                done.set()
+            with self._park_lock:   # its parked samples are in the tier now (or read on their own)
+                self._unpark(self._parked_of.pop(r, []))
 
     def _stage(self, idx: int, hit: bool, keep: bool, batch: int = -1) -> Placement:
         key, size = self._manifest.keys[idx], int(self._manifest.sizes[idx])
@@ -366,10 +353,7 @@ class Stager:
             return tiers.stage(key, size, False, fetch)
         # the local tier is involved: hold the node-wide lock of the sample, so that of all the
         # processes of the node one reads it from the source and the others find it (a planned hit
-        # being placed right now, by a read of its whole range, is found once its lock is free);
-        # a native job of the sample ends first: the C threads' lock is this process's own too
-        if self._native is not None:
-            self._native.wait(idx)
+        # being placed right now, by a read of its whole range, is found once its lock is free)
         locked = False
         for _ in range(2):
             locked = not tiers.claim(key, size)

@@ -11,12 +11,8 @@ changed, an unreadable file, a full device) goes back to the Python threads, whi
 raise the typed error naming the sample: errors are worded in one place.
 
 Where it applies is decided once, by ``applies``: the native engine is built, the source reads
-a key as the plain file ``root/key`` (``native_reads``: not a charged or remote store) or as a
-byte range of a local file (``native_spans``: a tar shard, kept open here while jobs read it),
-misses to keep go straight to the local tier, and no node-wide deadline gate orders the ranks'
-work. For a source of spans the route also places the absent samples of a range the plan reads
-whole (``submit_range``): a job per sample, each a pread at its offset, the range's pages read
-from the store once and the entries written and checksummed in C.
+a key as the plain file ``root/key`` (``native_reads``: not a charged or remote store), misses
+to keep go straight to the local tier, and no node-wide deadline gate orders the ranks' work.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ import time
 from typing import Callable
 
 from ..cache import native_stage
-from ..cache.native_stage import Done, NativeStager, Span
+from ..cache.native_stage import Done, NativeStager
 from ..cache.tiers import LOCAL, Placement, Tiers
 from ..manifest import Manifest
 
@@ -41,29 +37,21 @@ def applies(source, tiers: Tiers, gated: bool) -> bool:
     ``CLAIRVOYANT_NATIVE_STAGE=0`` keeps them on the Python threads (for a comparison, or a fault
     of the native engine)."""
     return (native_stage.available() and os.environ.get("CLAIRVOYANT_NATIVE_STAGE", "1") != "0"
-            and (source.native_reads or source.native_spans) and tiers.direct and not gated)
+            and source.native_reads and tiers.direct and not gated)
 
 
 class NativeRoute:
-    """Kept misses of a local POSIX source (or of a source of spans), staged by native threads
-    into ``tiers.local``; for a source of spans, also the absent samples of ranges read whole."""
+    """Kept misses of a local POSIX source, staged by native threads into ``tiers.local``."""
 
-    def __init__(self, tiers: Tiers, manifest: Manifest, source, threads: int, deliver: Deliver,
+    def __init__(self, tiers: Tiers, manifest: Manifest, root: str, threads: int, deliver: Deliver,
                  fallback: Callable[[Item], None], fatal: Callable[[BaseException], None]) -> None:
         self._tiers, self._manifest = tiers, manifest
         self._deliver, self._fallback, self._fatal = deliver, fallback, fatal
         self._lock = threading.Lock()
-        # token -> (item, or for a range's sample [its jobs under way, called once none is], when,
-        # the sample)
-        self._jobs: dict[int, tuple[Item | list, float, int]] = {}
+        self._jobs: dict[int, tuple[Item, float]] = {}   # token -> (item, when submitted)
         self._by_sample: dict[int, list] = {}  # sample -> [jobs under way, Event set when none is]
         self._token = 0
         self._closed = False
-        #: the source's samples are spans of files opened here (``_files``), not files of a root
-        self.spans = bool(source.native_spans) and not source.native_reads
-        self._source = source
-        self._files: dict[str, int] = {}   # path -> descriptor the C threads pread (spans)
-        root = "/" if self.spans else source.root
         self._engine = NativeStager(tiers.local, tiers.local_capacity, root, None, threads, self._done)
 
     def submit(self, items: list[Item]) -> list[Item]:
@@ -73,88 +61,35 @@ class NativeRoute:
             return []
         if self._tiers.owed_bytes:   # kept samples wait in the RAM window for room: they go first,
             return items             # and the Python threads reserve around them (Tiers.stage)
-        outcomes = self._submit([it[2] for it in items], items)
-        return [it for it, out in zip(items, outcomes) if out is not True]
-
-    def submit_range(self, samples: list[int], done: Callable[[], None]) -> bool:
-        """Place ``samples`` (absent samples of one range read whole) in the local tier; ``done()``
-        once every one of them is told, placed or not (a sample not placed is read on its own when
-        its turn comes). False, with nothing submitted and ``done`` never called: the Python
-        threads read the range instead."""
-        if not samples or not self.spans or self._tiers.owed_bytes:
-            return False
-        waiting = [len(samples), done]
-        outcomes = self._submit(samples, [waiting] * len(samples))
-        left = sum(out is not True for out in outcomes)
-        if left == len(samples):
-            return False
-        self._tiers.counters.add("range_reads")
-        if left:
-            self._range_told(waiting, left)
-        return True
-
-    def _range_told(self, waiting: list, n: int = 1) -> None:
-        with self._lock:
-            waiting[0] -= n
-            last = waiting[0] == 0
-        if last:
-            waiting[1]()
-
-    def _submit(self, samples: list[int], owners: list) -> list:
-        """Jobs for ``samples``, each told to its owner (an item, or a range's waiting list); the
-        engine's outcome of each (True: under way)."""
         keys, sizes = self._manifest.keys, self._manifest.sizes
-        spans = self._spans_of([keys[i] for i in samples]) if self.spans else None
         with self._lock:
             first = self._token
-            self._token += len(samples)
+            self._token += len(items)
             now = time.perf_counter()
-            for k, (i, owner) in enumerate(zip(samples, owners)):
-                self._jobs[first + k] = (owner, now, i)
-                self._by_sample.setdefault(i, [0, threading.Event()])[0] += 1
-        jobs = [(first + k, keys[i], int(sizes[i])) + ((spans[k],) if spans is not None else ())
-                for k, i in enumerate(samples)]
-        go = [k for k, j in enumerate(jobs) if spans is None or spans[k] is not None]
-        outcomes: list = [False] * len(jobs)
+            for k, it in enumerate(items):
+                self._jobs[first + k] = (it, now)
+                self._by_sample.setdefault(it[2], [0, threading.Event()])[0] += 1
+        jobs = [(first + k, keys[it[2]], int(sizes[it[2]])) for k, it in enumerate(items)]
         try:
-            for k, out in zip(go, self._engine.submit_many([jobs[k] for k in go])):
-                outcomes[k] = out
+            outcomes = self._engine.submit_many(jobs)
         except Exception:   # none of them went
-            pass
-        for k, out in enumerate(outcomes):
+            outcomes = [False] * len(items)
+        back = []
+        for (token, _, _), it, out in zip(jobs, items, outcomes):
             if out is not True:
-                self._forget(first + k)
-        return outcomes
+                self._forget(token)
+                back.append(it)
+        return back
 
-    def _spans_of(self, keys: list[str]) -> list[Span | None]:
-        """Each key's span, its file opened once for the route's life (None: it cannot be opened
-        here; the Python threads read it, and word the error)."""
-        try:
-            where = self._source.spans(keys)
-        except Exception:
-            return [None] * len(keys)
-        out: list[Span | None] = []
-        with self._lock:
-            for path, offset, file_size in where:
-                fd = self._files.get(path)
-                if fd is None and not self._closed:
-                    try:
-                        fd = self._files[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    except OSError:
-                        fd = None
-                out.append(None if fd is None else Span(fd, offset, file_size))
-        return out
-
-    def _forget(self, token: int) -> tuple | None:
+    def _forget(self, token: int) -> Item | None:
         with self._lock:
             got = self._jobs.pop(token, None)
             if got is None:
                 return None
-            sample = got[2]
-            e = self._by_sample[sample]
+            e = self._by_sample[got[0][2]]
             e[0] -= 1
             if e[0] == 0:
-                del self._by_sample[sample]
+                del self._by_sample[got[0][2]]
                 e[1].set()
             return got
 
@@ -173,17 +108,7 @@ class NativeRoute:
         got = self._forget(d.token)
         if got is None:
             return
-        owner, t0, _ = got
-        if isinstance(owner, list):   # a sample of a range read whole: placed, or read later on its own
-            if d.loc is not None:
-                self._tiers.counters.add("range_placed")
-            try:
-                self._range_told(owner)
-            except BaseException as e:
-                self._fatal(e)
-                raise
-            return
-        item = owner
+        item, t0 = got
         if self._closed:
             return
         try:
@@ -197,11 +122,6 @@ class NativeRoute:
             raise
 
     def close(self) -> None:
-        """Stop: jobs not started are given up (their places given back); the files the C threads
-        read are closed once they are done; idempotent."""
+        """Stop: jobs not started are given up (their places given back); idempotent."""
         self._closed = True
         self._engine.close()
-        with self._lock:
-            files, self._files = list(self._files.values()), {}
-        for fd in files:
-            os.close(fd)
