@@ -235,7 +235,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     h.add_argument("--loader-workers", type=int, default=4,
                    help="store readers per GPU for the store-only policy (default 4)")
     o = p.add_argument_group("what to run and print")
-    o.add_argument("--policies", default="all", help="store-only,staging,node,cluster,no-io or all (default all)")
+    o.add_argument("--policies", default="all", help="store-only,staging,node,cluster,read-through,cluster-lru,no-io or all (default all)")
     o.add_argument("--sweep", choices=("nodes", "dataset", "both", "step"), help="sweep nodes, or the data set "
                    "against a node's tier (NoPFS's regimes), or both; or the step time (planned once, timed at "
                    "each), instead of one configuration")

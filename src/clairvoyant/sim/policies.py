@@ -16,6 +16,12 @@ the simulator cannot drift from it:
   from epoch to epoch;
 - ``cluster``: the cluster cache (``plan.cluster.plan_cluster_epoch``): each
   sample's home keeps it, peers read it over the interconnect;
+- ``read-through``: ``clairvoyant mount`` without a sampler (the program shuffles on its own),
+  node by node: a file read from the store is kept while the node's tier has room
+  (``plan.unplanned.ReadThrough``); with a sampler the mount runs ``node``'s plan;
+- ``cluster-lru``: ``clairvoyant mount --cluster`` without a sampler: each file's home keeps it,
+  read from the store by the home, least recently read across the cluster evicted first
+  (``plan.unplanned.HomesLRU``); with a sampler the mount runs ``cluster``'s plan;
 - ``no-io``: nothing is read: the lower bound.
 
 Only the public signatures of ``plan/`` are used; ``node_tier_epoch`` runs
@@ -39,9 +45,10 @@ from ..plan.partition import batch_lengths, rank_rows
 from ..plan.residency import EpochResidency, simulate_epoch
 from ..plan.residents import Residents
 from ..plan.sequence import interleave, node_sequence
+from ..plan.unplanned import HomesLRU, ReadThrough, hash_homes
 from .model import Hardware, Job
 
-POLICIES = ("store-only", "staging", "node", "cluster", "no-io")
+POLICIES = ("store-only", "staging", "node", "cluster", "read-through", "cluster-lru", "no-io")
 COUNTS = ("local_n", "local_b", "peer_n", "peer_b", "sent_n", "sent_b", "store_n", "store_b")
 
 
@@ -183,6 +190,30 @@ class Policy:
     def epochs(self) -> Iterator[EpochTraffic]:
         raise NotImplementedError
 
+    def _count_arrays(self, t: EpochTraffic, samples: np.ndarray, step: np.ndarray, node: np.ndarray,
+                      served_by: np.ndarray, write: np.ndarray, add: bool = False) -> None:
+        S, N = self.steps, self.job.nodes
+        z = self.sizes[samples].astype(np.float64)
+        own = served_by == node
+        store = served_by < 0
+        peer = ~own & ~store
+        parts = {
+            "samples": _grid(step, node, S, N), "bytes": _grid(step, node, S, N, z),
+            "local_n": _grid(step[own], node[own], S, N), "local_b": _grid(step[own], node[own], S, N, z[own]),
+            "peer_n": _grid(step[peer], node[peer], S, N), "peer_b": _grid(step[peer], node[peer], S, N, z[peer]),
+            "sent_n": _grid(step[peer], served_by[peer], S, N),
+            "sent_b": _grid(step[peer], served_by[peer], S, N, z[peer]),
+            "store_n": _grid(step[store], node[store], S, N),
+            "store_b": _grid(step[store], node[store], S, N, z[store]),
+            "write_n": _grid(step[write], node[write], S, N),
+            "write_b": _grid(step[write], node[write], S, N, z[write]),
+        }
+        for k, v in parts.items():
+            if add:
+                getattr(t, k)[:] += v
+            else:
+                setattr(t, k, v)
+
 
 class StorePolicy(Policy):
     """Every access from the store: ``store-only`` (one batch ahead, the DataLoader's readers) or
@@ -323,29 +354,41 @@ class ClusterPolicy(Policy):
             self.last_plan = plan
             yield t
 
-    def _count_arrays(self, t: EpochTraffic, samples: np.ndarray, step: np.ndarray, node: np.ndarray,
-                      served_by: np.ndarray, write: np.ndarray, add: bool = False) -> None:
-        S, N = self.steps, self.job.nodes
-        z = self.sizes[samples].astype(np.float64)
-        own = served_by == node
-        store = served_by < 0
-        peer = ~own & ~store
-        parts = {
-            "samples": _grid(step, node, S, N), "bytes": _grid(step, node, S, N, z),
-            "local_n": _grid(step[own], node[own], S, N), "local_b": _grid(step[own], node[own], S, N, z[own]),
-            "peer_n": _grid(step[peer], node[peer], S, N), "peer_b": _grid(step[peer], node[peer], S, N, z[peer]),
-            "sent_n": _grid(step[peer], served_by[peer], S, N),
-            "sent_b": _grid(step[peer], served_by[peer], S, N, z[peer]),
-            "store_n": _grid(step[store], node[store], S, N),
-            "store_b": _grid(step[store], node[store], S, N, z[store]),
-            "write_n": _grid(step[write], node[write], S, N),
-            "write_b": _grid(step[write], node[write], S, N, z[write]),
-        }
-        for k, v in parts.items():
-            if add:
-                getattr(t, k)[:] += v
-            else:
-                setattr(t, k, v)
+class UnplannedPolicy(Policy):
+    """The mount's policies without a sampler (``plan/unplanned.py``), asked read by read in the
+    order the reads come: step by step, node by node within a step, each node's reads in order.
+    Nothing looks ahead; the tiers carry over from epoch to epoch."""
+
+    def __init__(self, job: Job, sizes: np.ndarray, hw: Hardware, *, cluster: bool, overhead: int = 32) -> None:
+        super().__init__(job, sizes, hw, overhead=overhead)
+        self.name = "cluster-lru" if cluster else "read-through"
+        n = job.nodes
+        if cluster:
+            self._homes = HomesLRU(hash_homes(self.num_samples, n), [hw.local_capacity] * n, self.entry_sizes)
+            self._asks = [self._homes] * n
+        else:
+            self._asks = [ReadThrough(hw.local_capacity, self.entry_sizes) for _ in range(n)]
+
+    def epochs(self) -> Iterator[EpochTraffic]:
+        j, hw = self.job, self.hw
+        look = self.staging_lookahead()
+        for e in range(j.epochs):
+            ns = node_sequences(self.num_samples, j, e)
+            nodes, per = ns.seq.shape
+            samples = ns.seq.reshape(-1)
+            node = np.repeat(np.arange(nodes, dtype=np.int64), per)
+            step = np.tile(ns.step, nodes)
+            order = np.lexsort((np.tile(np.arange(per), nodes), node, step))
+            served = np.empty(len(samples), np.int64)
+            write = np.zeros(len(samples), bool)
+            asks = self._asks
+            for k, f, n in zip(order.tolist(), samples[order].tolist(), node[order].tolist()):
+                got = asks[n].read(n, f)
+                served[k] = got.by
+                write[k] = got.kept
+            t = self._empty(e, look, hw.stage_threads)
+            self._count_arrays(t, samples, step, node, served, write)
+            yield t
 
 
 def make_policy(name: str, job: Job, sizes: np.ndarray, hw: Hardware, *, overhead: int = 32) -> Policy:
@@ -357,6 +400,8 @@ def make_policy(name: str, job: Job, sizes: np.ndarray, hw: Hardware, *, overhea
         return NodeTierPolicy(job, sizes, hw, overhead=overhead)
     if name == "cluster":
         return ClusterPolicy(job, sizes, hw, overhead=overhead)
+    if name in ("read-through", "cluster-lru"):
+        return UnplannedPolicy(job, sizes, hw, cluster=name == "cluster-lru", overhead=overhead)
     if name == "no-io":
         return NoIOPolicy(job, sizes, hw, overhead=overhead)
     raise ConfigError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
