@@ -147,6 +147,39 @@ def slow(comm) -> dict:
     return out
 
 
+def blocking(comm) -> dict:
+    """Rank 1's serve of sample 1 blocks until it has served sample 3 (a home reading the store for
+    a peer). Rank 0 asks for 1 (from a thread), then for 3. With serve threads both come back; with
+    none (the control) the service thread is stuck in serve(1): 3 times out, and so does 1."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = staged(rank, size)
+    out: dict = {}
+    for threads in (2, 0):
+        released = threading.Event()
+
+        def serve(i, released=released):
+            if i == 1:
+                released.wait(3.0)
+            elif i == 3:
+                released.set()
+            return mine.get(i)
+
+        svc = peers.PeerService(comm, serve, serve_threads=threads)
+        svc.start()
+        wait_all(comm)
+        if rank == 0:
+            first: list = []
+            t = threading.Thread(target=lambda: first.append(svc.fetch(1, 1, len(content(1)), 5.0)))
+            t.start()
+            time.sleep(0.2)   # its request is in
+            got, secs = timed_fetch(svc, 1, 3, 1.5)
+            t.join()
+            out[str(threads)] = {"three_ok": got == content(3), "one_ok": first[0] == content(1), "three_s": secs}
+        wait_all(comm)
+        finish(svc, {})
+    return out
+
+
 def dead(comm) -> dict:
     """Rank 3 SIGKILLs itself on the first request it gets, while the others' requests to it are in
     flight; they go on asking it, then close (run with --with-ft ulfm)."""
@@ -337,7 +370,7 @@ def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
     run = {"exchange": exchange, "corrupt": corrupt, "slow": slow, "dead": dead, "stuck": stuck, "agree": agreement,
-           "fork": forked, "link": link, "pickle": lambda c: pickled(c, outdir)}[scenario]
+           "fork": forked, "link": link, "blocking": blocking, "pickle": lambda c: pickled(c, outdir)}[scenario]
     try:
         result = run(comm)
     except Exception:

@@ -111,6 +111,19 @@ def test_dead_peer(tmp_path):
 
 
 @needs_mpirun
+def test_a_serve_that_blocks_holds_up_no_other_answer_with_serve_threads(tmp_path):
+    """``serve_threads``: a serve that blocks (the mount's home reading the store for a peer) runs
+    in a pool; the service answers other requests meanwhile. Control: with none, the same serve
+    holds the service thread, and the other request times out."""
+    res, rc, err = mpirun("blocking", tmp_path, n=2)
+    assert rc == 0, err
+    r = res[0]
+    assert r["2"]["three_ok"] and r["2"]["one_ok"], r
+    assert r["2"]["three_s"] < 1.5, r
+    assert not r["0"]["three_ok"], r   # control: stuck behind serve(1)
+
+
+@needs_mpirun
 def test_emulated_link(tmp_path):
     """CLAIRVOYANT_PEER_LATENCY=0.1 and CLAIRVOYANT_PEER_BANDWIDTH=1e6 (2 ranks): one fetch takes at
     least its round trip, two latencies plus the reply's bytes over the bandwidth; 8 fetches at once

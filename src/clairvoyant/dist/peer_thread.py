@@ -61,6 +61,7 @@ class ServiceThread:
     _queue_request: Callable[[bytearray, int], None]
     _take_reply: Callable[[bytearray, int], None]
     _answer_queued: Callable[[], bool]
+    _send_answers: Callable[[], bool]
     _fail_waiting: Callable[[Callable[[Any], bool]], None]
     _finish: Callable[[Any, bytes | None, str], bool]
 
@@ -73,6 +74,7 @@ class ServiceThread:
                 busy = self._probe() or busy
                 busy = self._progress() or busy
                 busy = self._answer_queued() or busy
+                busy = self._send_answers() or busy
                 if busy:
                     idle = 0
                     continue

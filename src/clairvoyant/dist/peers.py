@@ -63,6 +63,7 @@ functions that need it, so clairvoyant imports without it.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -120,10 +121,12 @@ class PeerService(ServiceThread):
 
     def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *, max_inflight: int = 32,
                  max_bytes: int = 64 << 20, tag_base: int = 7000, latency: float | None = None,
-                 bandwidth: float | None = None) -> None:
+                 bandwidth: float | None = None, serve_threads: int = 0) -> None:
         from mpi4py import MPI
         if max_inflight < 1 or max_bytes < 1:
             raise ConfigError(f"max_inflight={max_inflight} and max_bytes={max_bytes} must be >= 1")
+        if serve_threads < 0:
+            raise ConfigError(f"serve_threads={serve_threads} must be >= 0")
         env_latency, env_bandwidth = emulated_link()
         self.latency = env_latency if latency is None else float(latency)
         self.bandwidth = env_bandwidth if bandwidth is None else float(bandwidth)
@@ -137,6 +140,12 @@ class PeerService(ServiceThread):
         self.max_inflight, self.max_bytes = max_inflight, max_bytes
         self._serve = serve
         self._serve_failed = False   # a failing serve callback is logged once as a warning
+        # serve_threads > 0: ``serve`` may block (a home reading the store for a peer, the mount's
+        # cluster cache): it runs in a pool of that many threads, and the service thread sends each
+        # answer once it is ready (``_answers``), receiving and answering others meanwhile
+        self._pool = (concurrent.futures.ThreadPoolExecutor(serve_threads, thread_name_prefix="clairvoyant-serve")
+                      if serve_threads else None)
+        self._answers: deque[tuple[int, int, int, int, bytes | None]] = deque()
         self._req_tag, self._rep_tag = tag_base, tag_base + 1
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
@@ -258,6 +267,8 @@ class PeerService(ServiceThread):
             self._fail_waiting(lambda f: True)
             thread = self._thread
         self._wake.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         if thread is None:
             self._free_comm()
         elif thread is not threading.current_thread():
@@ -330,14 +341,41 @@ class PeerService(ServiceThread):
         return len(waiting) < before
 
     def _answer(self, rid: int, index: int, size: int, src: int) -> None:
+        if self._pool is not None:
+            try:
+                self._pool.submit(self._serve_apart, rid, index, size, src)
+                return
+            except RuntimeError:   # the pool is shut down: the service is closing
+                return
+        self._reply(rid, index, size, src, self._serve_one(index, src))
+
+    def _serve_one(self, index: int, src: int) -> bytes | None:
         try:
-            data = self._serve(index)
+            return self._serve(index)
         except Exception as e:   # the caller's tier failed: a miss for the peer, not our end
             level = logging.DEBUG if self._serve_failed else logging.WARNING   # the first one is shown
             self._serve_failed = True
             log.log(level, "clairvoyant: serving sample %d to rank %d failed (%s: %s); the peer reads it "
                     "from the store", index, src, type(e).__name__, e)
-            data = None
+            return None
+
+    def _serve_apart(self, rid: int, index: int, size: int, src: int) -> None:
+        """``serve`` in a pool thread; its answer goes out from the service thread."""
+        data = self._serve_one(index, src)
+        with self._lock:
+            self._answers.append((rid, index, size, src, data))
+        self._wake.set()
+
+    def _send_answers(self) -> bool:
+        """(The service thread) send the answers the pool has ready."""
+        with self._lock:
+            ready, self._answers = self._answers, deque()
+        for rid, index, size, src, data in ready:
+            if src not in self._dead:
+                self._reply(rid, index, size, src, data)
+        return bool(ready)
+
+    def _reply(self, rid: int, index: int, size: int, src: int, data: bytes | None) -> None:
         if data is not None and len(data) != size:
             data = None   # not what was asked for
         if data is None:
