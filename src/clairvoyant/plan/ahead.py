@@ -1,7 +1,7 @@
 """POLICY, pure: which resident to evict while staging ahead of readers in a known sequence,
 and whether a file the readers had to read from the source is worth keeping.
 
-The mount (mount/controller.py) stages the node's merged order ahead of the slowest rank's
+The mount (mount/walk.py) stages the node's merged order ahead of the slowest rank's
 progress. When the tier is full, the resident whose next use, counted from the consumption point
 on, is farthest gives way, but only if that use comes after the file about to be staged;
 otherwise staging waits for the readers. ``StagedAhead`` keeps the residents in a lazy max-heap by
