@@ -2,10 +2,12 @@
 
 The events thread (mount/controller.py) queues each first read the daemon reports, the file and
 whether it came from the source (``heard``); the plan's thread (mount/walk.py), each time it looks
-at the readers' progress, brings the plan up to them (``follow``): the uses handed out long enough
-ago count as past, each read the daemon saw moves its file's next use on, and a file read from the
-source is kept if the plan would keep it (plan/ahead.py), else its handoff goes. (Which late-read
-file to keep and which resident gives way for it are still weighed here, beside the mechanism.)
+at the readers' progress, brings the plan up to them (``follow``): each read goes as plan/ahead.py's
+``heard_read`` says (a resident's use moves on and its handoff goes, a read of the next epoch's
+use waits for the next plan, a file read from the source is staged from its handoff for its next
+use or let go), room for a kept one is made as ``keep_step`` says, and the uses handed out long
+enough ago count as past. What is this module's own: the queue between the two threads, the room
+in the tier, the staging slot, and the bytes an eviction freed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..cache.entry import entry_size
-from ..plan.ahead import StagedAhead
+from ..plan.ahead import DROP, EVICT, KEEP, LATER, STAGE, USED, StagedAhead, heard_read, keep_step
 from .copies import BACKLOG, Copies
 from .counters import Counters
 from .orders import PROGRESS_EVERY
@@ -43,48 +45,44 @@ class Follower:
         return bool(self._reads)
 
     def follow(self, held: StagedAhead, handed: int, reach: int, capacity: int) -> None:
-        """Bring the plan up to the readers: the uses they were handed long enough ago count as
-        past (``MIN_LAG``, or twice the longest a seen read trailed its hand-out), each read the
-        daemon saw moves its file's next use on, and a file read from the source is kept if the
-        plan would keep it (plan/ahead.py), else its handoff goes."""
+        """Bring the plan ``held`` up to the readers, handed positions up to ``handed`` (the fastest
+        can be at ``reach``): the reads heard, as plan/ahead.py decides, then the uses handed out
+        ``lag`` positions ago or more count as past."""
         later: list[tuple[int, bool]] = []   # reads of the next epoch's uses: for the next plan
         since = max(0, handed - self.lag)
         while self._reads:
             f, from_source = self._reads.popleft()
             self._copies.was_read(f)   # whichever use it served, a staged copy was read
-            p = held.pending(f)
-            if p is not None:
-                if held.read(f, reach):
-                    self.lag = max(self.lag, 2 * (handed - p))
-                elif p >= held.span and handed >= held.span and len(later) < BACKLOG:
-                    later.append((f, from_source))   # the readers began the next epoch before its order came
-                    continue
+            h = heard_read(held, f, from_source, handed, reach, since, self.lag, defer=len(later) < BACKLOG)
+            self.lag = h.lag
+            if h.kind == LATER:   # the readers began the next epoch before its order came
+                later.append((f, from_source))
+            elif h.kind == USED:
                 if from_source and not self._copies.in_flight(f):   # a copy under way takes the handoff
                     self._copies.discard(f)
-                continue
-            if not from_source:
-                continue
-            q = held.position_of(f, since)
-            if (q is None or q >= held.span) and handed >= held.span and len(later) < BACKLOG:
-                later.append((f, from_source))
-                continue
-            self._keep_read(held, f, since, capacity)
+            elif h.kind == KEEP:
+                self._keep(held, f, h.position, capacity)
+            elif h.kind == DROP:
+                self._let_go(f)
         self._reads.extendleft(reversed(later))
         held.consumed(since)
 
-    def _keep_read(self, held: StagedAhead, f: int, since: int, capacity: int) -> None:
-        nxt = held.keep_read(f, held.use_read(f, since))
+    def _keep(self, held: StagedAhead, f: int, position: int, capacity: int) -> None:
+        """Stage ``f`` from its handoff for its use at ``position``, making room as ``keep_step``
+        says; let it go where no room can be made or the stop comes first."""
         need = entry_size(int(self._copies.sizes[f]))
         room = capacity - self._copies.used()
-        while nxt is not None and room < need:
-            victim = held.evict_for(nxt)
-            if victim is None:
-                break
-            room += self._copies.evict(victim)
-        if nxt is None or room < need or not self._copies.take_slot(wait=True):   # (a slot frees within a copy)
-            self._copies.discard(f)
-            self._counters.add(not_staged=1)
+        step = keep_step(held, position, need, room)
+        while step.kind == EVICT:
+            room += self._copies.evict(step.victim)   # (0 if its copy is still on the way)
+            step = keep_step(held, position, need, room)
+        if step.kind != STAGE or not self._copies.take_slot(wait=True):   # (a slot frees within a copy)
+            self._let_go(f)
             return
         self._counters.add(kept_reads=1)
         self._copies.submit_files([f])
-        held.staged(f, nxt)
+        held.staged(f, position)
+
+    def _let_go(self, f: int) -> None:
+        self._copies.discard(f)
+        self._counters.add(not_staged=1)
