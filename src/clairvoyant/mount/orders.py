@@ -22,6 +22,7 @@ from .listing import publish_bytes
 
 VERSION = 1
 PROGRESS_EVERY = 32
+WATCH_EVERY = 0.01   # seconds between the mount's looks at the orders directory and the progress files
 _ORDER = re.compile(r"^rank-(\d+)\.order\.json$")
 
 

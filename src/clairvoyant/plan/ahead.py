@@ -1,7 +1,7 @@
 """POLICY, pure: which resident to evict while staging ahead of readers in a known sequence,
 and whether a file the readers had to read from the source is worth keeping.
 
-The mount (mount/controller.py) stages the node's merged order ahead of the slowest rank's
+The mount (mount/walk.py) stages the node's merged order ahead of the slowest rank's
 progress. When the tier is full, the resident whose next use, counted from the consumption point
 on, is farthest gives way, but only if that use comes after the file about to be staged;
 otherwise staging waits for the readers. ``StagedAhead`` keeps the residents in a lazy max-heap by
@@ -21,6 +21,15 @@ few batches behind it), so a resident's use counts as past only once its read wa
 (``read``) or the readers were handed positions well beyond it (``consumed``, which the caller
 gives a lag): a file handed out but not yet opened is never the one to give way. A file read from
 the source (not staged in time) is kept if the plan keeps that access (``keep_read``).
+
+The mount hears of each first read after the fact (the daemon reports it through a pipe), and
+``heard_read`` decides what one comes to: a resident's use moves on (and, when the read counts,
+how far the readers trail their hand-outs: the lag after which a use unseen counts as past), a
+read of the next epoch's use heard before its order came waits for the next plan, and a file
+read from the source is kept for its next use or let go. Room for one kept is made by
+``keep_step``: the resident needed farthest after that use gives way, none needed sooner; where
+none can, the file is let go (its reader has it already: nothing waits). The mount
+(mount/follow.py) carries these out and decides nothing itself.
 """
 
 from __future__ import annotations
@@ -74,6 +83,59 @@ def next_step(held: "StagedAhead", position: int, sample: int, stage: bool, hand
         return Step(STAGE)
     victim = held.evict_for(position)
     return Step(WAIT) if victim is None else Step(EVICT, victim)
+
+
+def keep_step(held: "StagedAhead", position: int, need: int, room: int) -> Step:
+    """Room for a file read from the source and kept for its use at ``position`` (``heard_read``'s
+    ``KEEP``), ``need`` bytes for its entry and ``room`` bytes free: ``STAGE`` it (it fits),
+    ``EVICT`` ``victim`` (the resident needed farthest after ``position``, taken out of ``held``;
+    the caller deletes its entry, counts the bytes that freed into ``room`` and asks again), or
+    ``SKIP``: every resident is needed at or before it, and it is let go."""
+    if need <= room:
+        return Step(STAGE)
+    victim = held.evict_for(position)
+    return Step(SKIP) if victim is None else Step(EVICT, victim)
+
+
+USED, LATER, KEEP, DROP, NONE = "used", "later", "keep", "drop", "none"
+
+
+class Heard(NamedTuple):
+    """What a first read the daemon reported comes to: ``USED`` (a resident was read: its use moved
+    on, or it was a read of an earlier use; a handoff of it is not needed), ``LATER`` (a read of the
+    next epoch's use, heard before that epoch's order: for the next plan), ``KEEP`` (read from the
+    source, and the plan keeps that access: stage it for its next use at ``position``, room made by
+    ``keep_step``), ``DROP`` (read from the source, not kept: let it go) or ``NONE`` (a file not
+    resident, served from the tier: nothing to do). ``lag``: how far behind its hand-out a use
+    unseen by the daemon may still be read, after this read."""
+
+    kind: str
+    lag: int
+    position: int = -1
+
+
+def heard_read(held: "StagedAhead", sample: int, from_source: bool, handed: int, reach: int, since: int,
+               lag: int, defer: bool = True) -> Heard:
+    """A first read of ``sample`` (``from_source``: not from the tier), heard with the readers handed
+    positions up to ``handed``, the fastest able to have got to ``reach``, and surely past ``since``
+    (``handed`` less ``lag``); ``defer``: a read of the next epoch's use can wait for the next plan
+    (False: no room to hold it). A resident's read that counts (``StagedAhead.read``) moves its next
+    use on and widens ``lag`` to twice how far it trailed its hand-out; a file not resident read
+    from the source is kept if the plan keeps the use it served (``use_read``, ``keep_read``)."""
+    p = held.pending(sample)
+    if p is not None:   # a resident was read
+        if held.read(sample, reach):
+            return Heard(USED, max(lag, 2 * (handed - p)))
+        if p >= held.span and handed >= held.span and defer:   # the readers began the next epoch early
+            return Heard(LATER, lag)
+        return Heard(USED, lag)
+    if not from_source:
+        return Heard(NONE, lag)
+    q = held.position_of(sample, since)
+    if (q is None or q >= held.span) and handed >= held.span and defer:
+        return Heard(LATER, lag)
+    nxt = held.keep_read(sample, held.use_read(sample, since))
+    return Heard(DROP, lag) if nxt is None else Heard(KEEP, lag, nxt)
 
 
 class StagedAhead:

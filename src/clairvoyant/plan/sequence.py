@@ -5,7 +5,7 @@ batch s, then the second rank's, and so on (a rank with fewer batches has none
 in the later steps). ``interleave`` is that merge, the only one: a node's
 sequence (its ranks; plan/residency.py, plan/rank_plan.py), the cluster's
 (every rank; plan/cluster.py), the mount's (the ranks' published orders;
-mount/controller.py) and the simulator's (sim/policies.py). Its result also
+mount/walk.py) and the simulator's (sim/policies.py). Its result also
 answers the inverse: where each rank's batch of each step lies in the
 sequence, and which rank and step made an access.
 
