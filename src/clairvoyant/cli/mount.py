@@ -39,6 +39,9 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     if s.page_cache_counted:
         opens = (f"opens {s.opens}, {s.opens_cached} of them with no read reaching the daemon (served by the "
                  f"kernel's page cache, or nothing read); {opens}")
+    if s.asks:
+        opens += (f"; {s.opens_peer} from other nodes' tiers ({format_bytes(s.bytes_peer)}; {s.asks} asked, "
+                  f"{s.ask_timeouts} not answered in time)")
     print(f"{mnt}: {opens}; bytes {format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the "
           f"source; {s.corrupt} corrupt and {s.stale} stale entries not served"
           + (f"; {s.events_dropped} first reads the staging did not hear of (it fell behind)"
@@ -68,12 +71,17 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    link = None
+    if args.cluster:
+        from ..mount.cluster import MPILink
+        link = MPILink()
     m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
-              stage=not args.no_stage, reindex=args.reindex,
+              stage=not args.no_stage, reindex=args.reindex, cluster=link,
               **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:
+        role = f"; node {link.node} of a cluster of {link.nodes} mounts" if link is not None else ""
         print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, "
-              f"up to {m.capacity}); Ctrl-C or `clairvoyant umount {m.path}` unmounts", flush=True)
+              f"up to {m.capacity}{role}); Ctrl-C or `clairvoyant umount {m.path}` unmounts", flush=True)
         while not stop.wait(0.2):
             if not m.alive():
                 print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {m.proc.poll()}); "
@@ -132,6 +140,10 @@ def add_parser(sub) -> None:
     p.add_argument("--stage-threads", type=int, default=None,
                    help="threads reading from the source ahead of use (default: clairvoyant.mount.fs.STAGE_THREADS)")
     p.add_argument("--no-stage", action="store_true", help="do not stage: only serve what is already there")
+    p.add_argument("--cluster", action="store_true",
+                   help="one cache of every node's tier: start one mount per node under an MPI launcher "
+                   "(mpirun --map-by ppr:1:node clairvoyant mount --cluster SRC MNT); a file is kept at its "
+                   "home node and read from there by the others (docs/mount.md)")
     p.add_argument("--reindex", action="store_true",
                    help="walk SRC again whole instead of checking its manifest (a stat per folder: a file "
                    "rewritten in place is not noticed by that check; see docs/mount.md)")

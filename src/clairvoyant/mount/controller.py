@@ -52,6 +52,7 @@ from .walk import Parts, Walk, settle
 log = logging.getLogger("clairvoyant")
 EVENTS_GATHER = 0.002   # seconds the events thread lets reports gather before it reads them
 EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
+EVENT_ASK = 1 << 62     # the daemon asks for another node's file (--cluster: mount/cluster.py)
 
 
 class Controller:
@@ -67,7 +68,8 @@ class Controller:
         self._counters = Counters(mount.info["staging"])
         self._copies = Copies(mount, self._handoff_dir(), threads, self.sizes, self._counters, self._stop, poll)
         self._sampler = threading.Event()   # a sampler published an order: no guessing from the opens
-        self._opens = Opens(self._copies, self._counters, self._sampler, self._stop, give_way=self._give_way)
+        self._opens = Opens(self._copies, self._counters, self._sampler, self._stop, give_way=self._give_way,
+                            cluster=mount.cluster)
         # with a sampler: the daemon's first reads, for the plan's thread
         self._follower = Follower(self._copies, self._counters)
         self._orders = OrderNumbers(self.manifest)
@@ -136,7 +138,12 @@ class Controller:
             n = len(buf) // 8
             events = np.frombuffer(buf[:8 * n], dtype="<u8").tolist()
             buf = buf[8 * n:]
+            cluster = self.m.cluster
             for ev in events:
+                if ev & EVENT_ASK:   # another node's file: fetched from its home for the daemon
+                    if cluster is not None and (ev & ~EVENT_ASK) < len(self.manifest):
+                        cluster.ask(ev & ~EVENT_ASK)
+                    continue
                 f = ev & ~EVENT_LOCAL
                 if f >= len(self.manifest):
                     continue

@@ -21,7 +21,7 @@ PUBLISH_EVERY = 0.5   # seconds between publications, at least
 # what the current plan is (set), then what the staging did (added to)
 NAMES = ("plans", "epoch", "ranks", "sequence", "following", "frontier", "consumed",
          "staged", "staged_bytes", "present", "evicted", "read_through", "not_staged", "failed", "handed_over",
-         "read_ahead", "ahead_no_room", "kept_reads", "evicted_unread")
+         "read_ahead", "ahead_no_room", "kept_reads", "evicted_unread", "not_home")
 
 
 class Counters:

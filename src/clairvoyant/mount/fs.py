@@ -33,7 +33,9 @@ from ..errors import ConfigError, SourceError
 from ..fileio import process_alive
 from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from ..source import PosixSource, as_source
+from ..plan.unplanned import hash_homes
 from . import listing
+from .cluster import ASK_WAIT_MS
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountfs.c")
 DAEMON = Daemon(_SOURCE, "mountfs", ("fuse3", "libxxhash"))
@@ -43,9 +45,10 @@ STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = th
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
-# stale, unused (was quiet_local), events dropped, no_open, opens seen, opens cached
-_LAYOUT = struct.Struct("<8sII14Q")
-_MAGIC, _VERSION = b"CVMNTST\0", 5
+# stale, unused (was quiet_local), events dropped, no_open, opens seen, opens cached, opens peer, bytes peer,
+# asks, ask time-outs
+_LAYOUT = struct.Struct("<8sII18Q")
+_MAGIC, _VERSION = b"CVMNTST\0", 6
 
 
 class MountStats(NamedTuple):
@@ -61,6 +64,10 @@ class MountStats(NamedTuple):
     opens: int | None     # opens of files the daemon saw; None where the kernel sends it none (no_open)
     opens_cached: int | None   # of those, served by the kernel's page cache (no READ reached the daemon
                                # before the close); None where the daemon cannot see them (no_open)
+    opens_peer: int = 0        # (--cluster) first reads served from another node's tier
+    bytes_peer: int = 0
+    asks: int = 0              # files the daemon asked of their homes
+    ask_timeouts: int = 0      # of those, no answer in time (read from the store)
 
     @property
     def page_cache_counted(self) -> bool:
@@ -92,7 +99,7 @@ def read_stats(path: str) -> MountStats:
 
 def _stats(v: tuple) -> MountStats:
     seen = v[14] == 0   # the kernel sends OPEN and RELEASE
-    return MountStats(*v[3:9], v[11], v[13], v[15] if seen else None, v[16] if seen else None)
+    return MountStats(*v[3:9], v[11], v[13], v[15] if seen else None, v[16] if seen else None, *v[17:21])
 
 
 def read_info(mnt: str) -> dict:
@@ -113,6 +120,9 @@ def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers, handoff: str) -
     ctl = held.pop("controller", None)
     if ctl is not None:
         ctl.stop()
+    cl = held.pop("cluster", None)
+    if cl is not None:
+        cl.close()
     teardown(proc, mnt, None, False, {k: held.pop(k) for k in ("stats",) if k in held})
     for fd in (held.pop("events", -1),):
         if fd >= 0:
@@ -150,7 +160,7 @@ class Mount:
     def __init__(self, source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
                  local_dir: str | os.PathLike[str] | None = None, local_capacity: int | str | None = None,
                  stage: bool = True, stage_threads: int = STAGE_THREADS, ready_timeout: float = 10.0,
-                 reindex: bool = False) -> None:
+                 reindex: bool = False, cluster=None) -> None:
         ok, why = mount_available()
         if not ok:
             raise SourceError(f"cannot mount {source}: {why}")
@@ -184,13 +194,20 @@ class Mount:
                          "samples": len(self.manifest), "capacity": self.capacity.nbytes}
             listing.publish_bytes(os.path.join(work, "info.json"), json.dumps(self.info, indent=1).encode())
             w = -1
+            homes_args: list[str] = []
+            if cluster is not None:   # each file's home: asked of it when absent here (mount/cluster.py)
+                if not stage:
+                    raise ConfigError("a mount in a cluster stages (its home files): stage=False does not go with it")
+                homes_path = os.path.join(work, "homes")
+                hash_homes(len(self.manifest), int(cluster.nodes)).astype("<u4").tofile(homes_path)
+                homes_args = [f"--homes={homes_path}", f"--node={int(cluster.node)}", f"--ask-wait={ASK_WAIT_MS}"]
             if stage:   # the reports of first reads are for the staging: none without it
                 r, w = os.pipe()
                 held["events"] = r
             cmd = [binary, "-f", "--watch-parent", f"--listing={work}/listing",
                    f"--index={self.tiers.local.index.path}", f"--extents={self.tiers.local.ext_dir}",
                    f"--stats={self.stats_path}", f"--info={work}/info.json",
-                   *([f"--events-fd={w}", f"--handoff={self.handoff}"] if stage else []),
+                   *([f"--events-fd={w}", f"--handoff={self.handoff}"] if stage else []), *homes_args,
                    f"--session={self.tiers.local.session}", src.root, self.path]
             try:
                 proc = start(cmd, os.path.join(work, "mountfs.log"), pass_fds=(w,) if stage else ())
@@ -215,6 +232,9 @@ class Mount:
                          f"mountfs serving {src.root}")
             with open(self.stats_path, "r+b") as f:
                 held["stats"] = mmap.mmap(f.fileno(), _LAYOUT.size)
+            if cluster is not None:   # before the controller: it hands the daemon's asks on to it
+                from .cluster import MountCluster
+                held["cluster"] = MountCluster(self, cluster)
             if stage:
                 from .controller import Controller
                 held["controller"] = Controller(self, threads=stage_threads)
@@ -230,6 +250,11 @@ class Mount:
     @property
     def controller(self):
         return self._held.get("controller")
+
+    @property
+    def cluster(self):
+        """This node's part of a cluster of mounts (mount/cluster.py), or None."""
+        return self._held.get("cluster")
 
     @property
     def closed(self) -> bool:

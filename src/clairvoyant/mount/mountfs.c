@@ -36,6 +36,12 @@
  * (u64, little-endian), in DIR/<number> (written to a temporary name, then renamed, before the
  * event), so that the mount process caches them from there instead of reading the shared store
  * a second time.
+ * With --homes=FILE and --node=N (``clairvoyant mount --cluster``): FILE holds each file's home node
+ * (u32 per file number). A first READ of a file the tier lacks and whose home is another node asks
+ * the mount process for it (its number with EVENT_ASK set, on --events-fd), then waits up to
+ * --ask-wait ms for DIR/<number> (--handoff: the bytes the home sent, then their mtime, as above)
+ * or DIR/<number>.miss (the home could not say): the READ is served from the former, else from
+ * the source. Counted: opens_peer, bytes_peer, asks, ask_timeouts.
  * /.clairvoyant.json (not listed by readdir) serves the bytes of --info.
  * Writes, creates, unlinks, renames and every other change fail with EROFS.
  * --watch-parent: exit (and unmount) when the process that started us is gone.
@@ -68,7 +74,7 @@
 #endif
 
 #define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 5
+#define STATS_VERSION 6
 #define LISTING_MAGIC "CVMNTLS1"
 #define LISTING_VERSION 2
 #define INFO_NAME "/.clairvoyant.json"
@@ -84,6 +90,8 @@ struct mountfs_stats {
     uint64_t no_open;         /* 1: the kernel sends no OPEN/RELEASE: opens served by its page cache are unseen */
     uint64_t opens_seen;      /* OPEN requests of files (without no_open) */
     uint64_t opens_cached;    /* of those, released with no READ of a non-empty file: the page cache served them */
+    uint64_t opens_peer, bytes_peer;   /* first READs served from another node's tier (--homes) */
+    uint64_t asks, ask_timeouts;       /* files asked of the mount process; of those, no answer in time */
 };
 
 struct listing_head {   /* 64 bytes */
@@ -99,10 +107,13 @@ _Static_assert(sizeof(struct lfile) == 56 && sizeof(struct ldir) == 56 && sizeof
                "the listing's records are laid out as clairvoyant/mount/listing.py writes them");
 
 static struct {
-    char *listing, *index, *extents, *stats, *info, *source, *handoff;
+    char *listing, *index, *extents, *stats, *info, *source, *handoff, *homes;
     int events_fd, watch_parent;
     unsigned session;   /* the tier's present session: entries stamped otherwise are checked once */
-} opt = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 0, 0};
+    unsigned node;      /* this node's number among the homes */
+    unsigned ask_wait;  /* ms a READ waits for a file asked of a peer */
+} opt = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 0, 0, 0, 2000};
+static const uint32_t *homes;   /* per file: its home node (--homes), or NULL: no cluster */
 
 static const struct lfile *files;
 static const struct ldir *dirs;
@@ -133,7 +144,8 @@ struct handle {
     uint64_t size, base;   /* base: (4) where the entry starts in the extent */
     int local;       /* 1: from the tier, 2: the info file, 3: read whole from the source,
                       * 4: a later part of an entry verified whole here (read in place),
-                      * 5: a later part of a file this daemon read whole and handed over */
+                      * 5: a later part of a file this daemon read whole and handed over,
+                      * 6: a file another node's tier sent (--homes) */
 };
 
 /* A handle of an OPEN (without no_open): prepared at its first READ, so that an open the kernel
@@ -585,6 +597,7 @@ static int open_handoff(uint64_t f) {
  * tier, else read from the source and handed over): it caches what came from the source, and reads
  * ahead from the order of the opens when no sampler publishes one. 1 if told. */
 #define EVENT_LOCAL (1ull << 63)
+#define EVENT_ASK (1ull << 62)
 static int report(uint64_t ev) {
     if (opt.events_fd < 0) return 0;
     if (write(opt.events_fd, &ev, sizeof ev) == (ssize_t)sizeof ev) return 1;
@@ -598,6 +611,35 @@ static int report(uint64_t ev) {
 static int key_lock(uint64_t digest, short type) {
     struct flock fl;
     return key_fcntl(digest, F_SETLK, type, &fl) == 0;
+}
+
+/* The bytes of file ``f``, whose home is another node, from that node's tier: ask the mount
+ * process and wait for its answer (DIR/<f>: the bytes; DIR/<f>.miss: none), up to --ask-wait ms.
+ * A descriptor of DIR/<f> (its bytes first), or -1: read the source. */
+static int ask_peer(uint64_t f) {
+    if (!opt.handoff || opt.events_fd < 0) return -1;
+    count(&sh->asks, 1);
+    if (!report(f | EVENT_ASK)) return -1;
+    char miss[PATH_MAX];
+    snprintf(miss, sizeof miss, "%s/%llu.miss", opt.handoff, (unsigned long long)f);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned pause = 100;; pause = pause < 2000 ? pause * 2 : 2000) {
+        int fd = open_handoff(f);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == files[f].size + 8) return fd;
+            close(fd);   /* not this file's bytes: read the source */
+            return -1;
+        }
+        if (access(miss, F_OK) == 0) return -1;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= (long)opt.ask_wait) {
+            count(&sh->ask_timeouts, 1);
+            return -1;
+        }
+        usleep(pause);
+    }
 }
 
 /* Make ``h`` serve the file at ``path``: the info file, the verified entry from the tier, or the
@@ -654,6 +696,18 @@ static int prepare_file(const char *path, struct handle *h, int64_t f, int first
         h->buf = wait_for_staging(&files[f], &stale);
     }
     if (stale && first) count(&sh->stale, 1);   /* once per open, however often it was looked at */
+    if (!h->buf && first && homes && homes[f] != opt.node) {   /* another node's file: ask its home */
+        if (locked) {   /* a peer's copy is not staged here: nothing waits on this lock */
+            key_lock(files[f].digest, F_UNLCK);
+            locked = 0;
+        }
+        if ((h->fd = ask_peer((uint64_t)f)) >= 0) {
+            h->local = 6;
+            count(&sh->opens_peer, 1);
+            report((uint64_t)f | EVENT_LOCAL);   /* a first read, not from the source: nothing to cache */
+            return 0;
+        }
+    }
     if (h->buf) {
         h->local = 1;
         if (first) {
@@ -706,7 +760,8 @@ static int serve(struct handle *h, char *buf, size_t size, off_t off) {
     ssize_t got = pread_all(h->fd, buf, size, off + (off_t)h->base);
     if (got < 0) return (int)got;
     if (h->local == 4 && !still_published(h->file, h->pub)) return ENTRY_MOVED;   /* evicted while read */
-    if (h->local != 5) count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, (uint64_t)got);  /* 5: counted whole */
+    if (h->local == 6) count(&sh->bytes_peer, (uint64_t)got);
+    else if (h->local != 5) count(h->local == 4 ? &sh->bytes_local : &sh->bytes_source, (uint64_t)got);  /* 5: counted whole */
     return (int)got;
 }
 
@@ -843,6 +898,9 @@ static const struct fuse_opt spec[] = {
     OPT("--handoff=%s", handoff, 0),
     OPT("--session=%u", session, 0),
     OPT("--watch-parent", watch_parent, 1),
+    OPT("--homes=%s", homes, 0),
+    OPT("--node=%u", node, 0),
+    OPT("--ask-wait=%u", ask_wait, 0),
     FUSE_OPT_END
 };
 
@@ -899,6 +957,23 @@ static int load_listing(const char *path) {
     return checked && reading && verified ? 0 : die("out of memory for", path);
 }
 
+static int load_homes(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) return die("cannot open the homes", path);
+    if ((uint64_t)st.st_size != nfiles * sizeof(uint32_t)) {
+        close(fd);
+        errno = EINVAL;
+        return die("homes of another listing (not 4 bytes per file)", path);
+    }
+    if (nfiles == 0) { close(fd); return 0; }
+    const void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return die("cannot map the homes", path);
+    homes = m;
+    return 0;
+}
+
 static int load_info(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return die("cannot open the info file", path);
@@ -951,6 +1026,7 @@ int main(int argc, char *argv[]) {
     }
     index_remap();
     int rc = load_listing(opt.listing);
+    if (!rc && opt.homes) rc = load_homes(opt.homes);
     if (!rc) rc = load_info(opt.info);
     if (!rc) rc = map_stats(opt.stats);
     if (rc) return rc;

@@ -8,6 +8,11 @@ and is taken up as slots free; the events thread never waits for the stager. And
 follow the listing's order or repeat an earlier pass's, the files that come next are staged ahead
 of the opens, and in a full tier the files opened last give way: plan/readahead.py decides both.
 Once a sampler publishes an order, all of this stands down (``stand_down``): the plan knows.
+
+In a cluster of mounts (``cluster``, mount/cluster.py) a node keeps only its home files, as
+plan/unplanned.py's ``HomesLRU`` decides (least recently read across the cluster goes first); a
+file of another home read from the source here (its home did not answer) is kept nowhere, and
+nothing is read ahead: the homes' tiers together are the cache.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ class Opens:
     ``give_way``: how read-ahead makes room (bytes wanted -> bytes freed); None: ``give_way``."""
 
     def __init__(self, copies: Copies, counters: Counters, sampler: threading.Event, stop: threading.Event,
-                 give_way: Callable[[int], int] | None = None) -> None:
+                 give_way: Callable[[int], int] | None = None, cluster=None) -> None:
         self._copies, self._counters, self._sampler, self._stop = copies, counters, sampler, stop
+        self._cluster = cluster
         self._make_room = give_way or self.give_way
         self._backlog: deque[int] = deque()   # files read from the source waiting for a slot
         # read-ahead asks for at most half the files the tier holds at once: what a full tier gives
@@ -57,6 +63,13 @@ class Opens:
     def opened(self, f: int, from_source: bool) -> None:
         """The daemon's report of a first read of ``f``: what came from the source is cached from
         its handoff; then the files that follow it are read ahead, if the opens follow an order."""
+        cluster = self._cluster
+        if cluster is not None:
+            if not cluster.owns(f) or not cluster.read_own(f, from_source):
+                if from_source:   # another home's file, or one its home does not keep: not here
+                    self._copies.discard(f)
+                    self._counters.add(not_home=1)
+                return
         if from_source:
             if not self._backlog and self._copies.submit(f, wait=False):
                 self._counters.add(read_through=1)
@@ -65,7 +78,7 @@ class Opens:
             else:   # far behind: let this one go rather than keep its handoff beside the tier
                 self._copies.discard(f)
                 self._counters.add(not_staged=1)
-        if not self._sampler.is_set():   # no sampler's order: guess the next files from the opens
+        if not self._sampler.is_set() and cluster is None:   # no order: guess the next files from the opens
             self._read_ahead(f)
 
     def _read_ahead(self, f: int) -> None:

@@ -1,0 +1,278 @@
+"""MECHANISM: the mounts of several nodes as one cache (``clairvoyant mount --cluster``).
+
+Each node's mount runs a :class:`MountCluster` beside its controller. Every file has a home node
+(``plan.unplanned.hash_homes``: computed alike on every node, nothing exchanged); only the home keeps
+it. What is kept and what goes is ``plan.unplanned.HomesLRU``'s decision (the program shuffles on
+its own: the mount learns its reads as they come); this module carries it out:
+
+- **A read of another node's file.** The daemon (``mountfs.c``, ``--homes``) finds it absent from
+  this node's tier and asks (an ``EVENT_ASK`` on its events pipe). :meth:`ask` fetches it from the
+  home over the link, checksummed and within ``ask_timeout`` seconds, and leaves the bytes where the
+  daemon waits for them (``<handoff>/<number>``: the bytes, then their mtime; written under a
+  temporary name, then renamed), or ``<number>.miss`` when the home did not answer with them: the
+  daemon then reads the store itself. A late or dead home costs one time-out (the link passes it
+  over for a while after: ``dist/peers.py``), never an error in the program.
+- **A request at the home** (:meth:`serve`, in the link's serving threads): from the tier if it
+  holds a sound entry; else the home reads the store on the reader's behalf, keeps the file within
+  its capacity (evicting the least recently read across the cluster), and sends it.
+- **A read of one's own file** (:meth:`read_own`): the home's own read counts as recent, and a file
+  it read from the store is kept by the same rule (the controller stages it from the daemon's
+  handoff, as without a cluster).
+
+The link is any object with ``node``, ``nodes``, ``start(serve)``, ``fetch(peer, number, size,
+timeout)``, ``counters()`` and ``close()``: :class:`MPILink` over the peer service (one mount per
+node under ``mpirun``), or :class:`LoopbackLink` between mounts of one process (tests).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..cache.entry import CorruptEntry, entry_size, unseal
+from ..cache.extents import read_entry
+from ..errors import ConfigError
+from ..plan.unplanned import STORE, HomesLRU, hash_homes
+
+log = logging.getLogger("clairvoyant")
+ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
+ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
+KEEP_PEER_FILES = 5.0  # seconds a peer's bytes stay in the handoff directory (later parts of the file)
+
+
+class MPILink:
+    """The mounts of a job's nodes over MPI: one rank per node (``mpirun --map-by ppr:1:node``)."""
+
+    def __init__(self, comm: Any = None) -> None:
+        from ..dist import peers
+        why = peers.available()
+        if why is not None:
+            raise ConfigError(f"clairvoyant mount --cluster needs MPI: {why}; start one mount per node with "
+                              "mpirun --map-by ppr:1:node (docs/user-guide.md)")
+        from mpi4py import MPI
+        self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self.node, self.nodes = self._comm.Get_rank(), self._comm.Get_size()
+        self._peers = peers
+        self._service = None
+
+    def start(self, serve: Callable[[int], bytes | None]) -> None:
+        self._service = self._peers.PeerService(self._comm, serve, serve_threads=8)
+        self._service.start()
+
+    def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
+        return None if self._service is None else self._service.fetch(peer, number, size, timeout)
+
+    def counters(self) -> dict:
+        return {} if self._service is None else self._service.counters()
+
+    def close(self) -> None:
+        if self._service is not None:
+            self._service.close()
+
+
+class LoopbackLink:
+    """Mounts of one process joined directly (tests and the benchmark's single-process runs): node
+    ``node`` of a ``hub`` (a dict shared by the nodes' links, node -> serve)."""
+
+    def __init__(self, hub: dict, node: int, nodes: int) -> None:
+        self.hub, self.node, self.nodes = hub, node, nodes
+        self._c: collections.Counter = collections.Counter()
+
+    def start(self, serve: Callable[[int], bytes | None]) -> None:
+        self.hub[self.node] = serve
+
+    def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
+        serve = self.hub.get(peer)
+        self._c["fetches"] += 1
+        got = serve(number) if serve is not None else None
+        got = got if got is not None and len(got) == size else None
+        self._c["hits" if got is not None else "misses"] += 1
+        return got
+
+    def counters(self) -> dict:
+        return dict(self._c)
+
+    def close(self) -> None:
+        self.hub.pop(self.node, None)
+
+
+class MountCluster:
+    """This node's part of a cluster of mounts (module docstring). ``mount``: the node's Mount
+    (its manifest, tiers, source and handoff directory)."""
+
+    def __init__(self, mount, link, *, ask_timeout: float = ASK_TIMEOUT, threads: int = 8) -> None:
+        self.mount, self.link = mount, link
+        self.node, self.nodes = int(link.node), int(link.nodes)
+        m = mount.manifest
+        self._keys, self._sizes = m.keys, np.asarray(m.sizes, np.int64)
+        self.homes = hash_homes(len(self._keys), self.nodes)
+        entries = self._sizes + entry_size(0)
+        self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, entries)
+        self._lock = threading.Lock()    # the policy, the counters, the peer files
+        self.ask_timeout = float(ask_timeout)
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ask")
+        self._asked: set[int] = set()
+        self._peer_files: collections.deque[tuple[float, str]] = collections.deque()
+        self._c: collections.Counter = collections.Counter()
+        self._closed = False
+        link.start(self.serve)
+
+    # -- this node reads another's file ---------------------------------------------------------
+
+    def ask(self, f: int) -> None:
+        """The daemon asks for file ``f`` (another node's): fetched in the background."""
+        with self._lock:
+            if self._closed or f in self._asked:
+                return
+            self._asked.add(f)
+        try:
+            self._pool.submit(self._answer, f)
+        except RuntimeError:   # closing
+            self._miss(f)
+
+    def _answer(self, f: int) -> None:
+        try:
+            home, size = int(self.homes[f]), int(self._sizes[f])
+            data = None
+            if home != self.node:
+                t0 = time.perf_counter()
+                data = self.link.fetch(home, f, size, self.ask_timeout)
+                with self._lock:
+                    self._c["peer_seconds"] += time.perf_counter() - t0
+            if data is None:
+                self._miss(f)
+                return
+            self._leave(f, data, 0)
+            with self._lock:
+                self._c["from_peers"] += 1
+                self._c["bytes_from_peers"] += len(data)
+        except Exception as e:   # the daemon reads the store: never an error in the program
+            log.warning("clairvoyant: fetching %s from its home failed (%s: %s); the store serves it",
+                        self._keys[f], type(e).__name__, e)
+            self._miss(f)
+        finally:
+            with self._lock:
+                self._asked.discard(f)
+            self._forget_old()
+
+    def _leave(self, f: int, data: bytes, mtime_ns: int) -> None:
+        """The bytes of ``f`` where the daemon waits for them (then renamed into place)."""
+        final = os.path.join(self.mount.handoff, str(f))
+        tmp = os.path.join(self.mount.handoff, f".peer.{f}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.write(int(mtime_ns).to_bytes(8, "little"))
+        os.replace(tmp, final)
+        with self._lock:
+            self._peer_files.append((time.monotonic(), final))
+
+    def _miss(self, f: int) -> None:
+        path = os.path.join(self.mount.handoff, f"{f}.miss")
+        try:
+            with open(path, "wb"):
+                pass
+        except OSError:
+            return   # the daemon's wait ends on its own
+        with self._lock:
+            self._c["peer_misses"] += 1
+            self._peer_files.append((time.monotonic(), path))
+
+    def _forget_old(self) -> None:
+        """Remove peers' bytes and miss marks older than KEEP_PEER_FILES seconds."""
+        now, gone = time.monotonic(), []
+        with self._lock:
+            while self._peer_files and now - self._peer_files[0][0] > KEEP_PEER_FILES:
+                gone.append(self._peer_files.popleft()[1])
+        for path in gone:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    # -- this node is the home ------------------------------------------------------------------
+
+    def owns(self, f: int) -> bool:
+        return int(self.homes[f]) == self.node
+
+    def serve(self, f: int) -> bytes | None:
+        """A peer asks for file ``f`` of this home: from the tier, or read from the store now and
+        kept by the policy. None: not this node's, or the store failed (the peer reads it)."""
+        if not 0 <= f < len(self._keys) or not self.owns(f):
+            return None
+        key, size = self._keys[f], int(self._sizes[f])
+        tiers = self.mount.tiers
+        data = self._from_tier(key, size)
+        if data is not None:
+            self._decide(f, True)
+            with self._lock:
+                self._c["served_from_tier"] += 1
+            return data
+        data, mtime_ns = self.mount.source.read_versioned(key)
+        if len(data) != size:
+            return None
+        if self._decide(f, False):
+            try:
+                tiers.local.put(key, data, mtime_ns, tiers.local_capacity)
+            except Exception as e:   # a full device: served all the same, not kept
+                log.warning("clairvoyant: cannot keep %s in this home's tier (%s)", key, e)
+        with self._lock:
+            self._c["served_from_store"] += 1
+        return data
+
+    def read_own(self, f: int, from_store: bool) -> bool:
+        """This node's own read of its file ``f``: recent now; True if a copy read from the store
+        is to be kept (the caller stages it)."""
+        return self._decide(f, not from_store)
+
+    def _decide(self, f: int, present: bool) -> bool:
+        """Ask the policy about a read of ``f`` at its home; carry out its evictions."""
+        with self._lock:
+            if present and not self._policy.holds(f):   # in the tier, unknown to the policy (an earlier
+                self._policy.read(self.node, f)         # session's): it counts from now on
+            got = self._policy.read(self.node, f)
+            evicted = [self._keys[g] for g in got.evicted]
+        for key in evicted:
+            try:
+                self.mount.tiers.drop(key)
+            except Exception as e:
+                log.warning("clairvoyant: cannot evict %s: %s", key, e)
+        with self._lock:
+            self._c["evicted"] += len(evicted)
+        return got.by == STORE and got.kept
+
+    def _from_tier(self, key: str, size: int) -> bytes | None:
+        loc = self.mount.tiers.find_local(key, size)
+        if loc is None:
+            return None
+        try:
+            return unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
+        except (FileNotFoundError, CorruptEntry):
+            return None
+
+    # -- the rest ------------------------------------------------------------------------------
+
+    def counters(self) -> dict:
+        with self._lock:
+            out = dict(self._c)
+        out.update(node=self.node, nodes=self.nodes, link=self.link.counters())
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.link.close()
+        with self._lock:
+            files, self._peer_files = [p for _, p in self._peer_files], collections.deque()
+        for path in files:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

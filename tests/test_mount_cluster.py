@@ -1,0 +1,119 @@
+"""``clairvoyant mount --cluster``: the mounts of several nodes as one cache (mount/cluster.py,
+mountfs.c's --homes). Two or four "nodes" in one process (each a mount with its own local
+directory, joined by a LoopbackLink), and under mpirun (MPILink). Each check has a control."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from clairvoyant.mount import Mount, mount_available
+from clairvoyant.mount.cluster import LoopbackLink
+from clairvoyant.plan.unplanned import hash_homes
+
+from conftest import wait_until
+
+_ok, _why = mount_available()
+pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
+
+N = 40
+
+
+@pytest.fixture
+def tree(tmp_path):
+    src = tmp_path / "src"
+    files = {}
+    for i in range(N):
+        key = f"d{i % 3}/f{i:03d}.bin"
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        files[key] = random.Random(i).randbytes(2000 + 97 * i)
+        (src / key).write_bytes(files[key])
+    return str(src), files
+
+
+def _mounts(tmp_path, src, nodes, cluster=True, capacity="60%"):
+    hub: dict = {}
+    out = []
+    for n in range(nodes):
+        mnt = tmp_path / f"mnt{n}"
+        mnt.mkdir()
+        out.append(Mount(src, str(mnt), local_dir=str(tmp_path / f"local{n}"), local_capacity=capacity,
+                         stage_threads=2, cluster=LoopbackLink(hub, n, nodes) if cluster else None))
+    return out
+
+
+def _read_all(m: Mount, files: dict, seed: int = 0) -> list[str]:
+    """Read every file through ``m`` in a shuffled order (as a program that shuffles on its own);
+    the keys whose bytes differ."""
+    bad = []
+    keys = sorted(files)
+    random.Random(seed).shuffle(keys)
+    for key in keys:
+        want = files[key]
+        with open(os.path.join(m.path, key), "rb") as f:
+            if f.read() != want:
+                bad.append(key)
+    return bad
+
+
+def _settled(ms: list[Mount]) -> bool:
+    return all(not m.controller._in_flight() for m in ms if m.controller is not None)
+
+
+def _store_reads(ms: list[Mount]) -> int:
+    """Files read from the store by every node: its daemon's reads, and its home's reads for peers."""
+    return sum(m.stats().opens_source + (m.cluster.counters().get("served_from_store", 0) if m.cluster else 0)
+               for m in ms)
+
+
+def test_a_file_is_read_from_the_store_once_by_the_whole_cluster(tmp_path, tree):
+    """Node 0 reads every file, then node 1 does: the second pass reads nothing from the store
+    (node 1's own files are in its tier, put there when node 0 asked for them; the others come from
+    node 0's tier), every byte as in the source. Control: two mounts without --cluster read every
+    file from the store in both passes."""
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    try:
+        assert _read_all(ms[0], files) == []
+        assert wait_until(lambda: _settled(ms), 20)
+        first = _store_reads(ms)
+        assert first == N, first
+        s0 = ms[0].stats()
+        homes = hash_homes(N, 2)
+        theirs = int((homes == 1).sum())
+        assert s0.asks == theirs and s0.opens_peer == theirs and s0.ask_timeouts == 0, s0
+        assert _read_all(ms[1], files, seed=1) == []
+        assert wait_until(lambda: _settled(ms), 20)
+        assert _store_reads(ms) == first, [m.stats() for m in ms]   # nothing more from the store
+        s1 = ms[1].stats()
+        assert s1.opens_peer == N - theirs and s1.opens_local == theirs, s1
+    finally:
+        for m in ms:
+            m.close()
+    (tmp_path / "alone").mkdir()
+    alone = _mounts(tmp_path / "alone", src, 2, cluster=False)
+    try:
+        assert _read_all(alone[0], files) == [] and _read_all(alone[1], files) == []
+        assert _store_reads(alone) == 2 * N   # control: node by node
+    finally:
+        for m in alone:
+            m.close()
+
+
+def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
+    """Node 1's mount is gone: node 0's reads of node 1's files are served from the store, with
+    the right bytes. Control: while node 1 runs, they come from it."""
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    try:
+        ms[1].cluster.link.close()   # its peer service is gone: every ask of it misses
+        assert _read_all(ms[0], files) == []
+        s0 = ms[0].stats()
+        theirs = int((hash_homes(N, 2) == 1).sum())
+        assert s0.opens_peer == 0 and s0.opens_source == N and s0.asks == theirs, s0
+    finally:
+        for m in ms:
+            m.close()
