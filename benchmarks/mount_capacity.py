@@ -10,10 +10,13 @@ orders: the misses of the Loader's plan (farthest next use over each node's sequ
 the next epoch, at the same capacity), and each node's staging counters (staged, evicted, evicted
 unread). With ``--no-sampler`` the DataLoaders shuffle on their own (PyTorch's DistributedSampler:
 the mount sees only opens, and caches what was read in first-open order), the other configuration
-the issue names; the plan's figure is then that of clairvoyant's orders, for scale.
+the issue names; the plan's figure is then that of clairvoyant's orders, for scale. With
+``--cluster`` the 4 mounts are started as one MPI job (``mpirun -n 4 clairvoyant mount --cluster``):
+each file kept at its home node, read from there by the others (issue 23).
 
     python benchmarks/mount_capacity.py                        # 3,200 files, 4 epochs, 30%
     python benchmarks/mount_capacity.py --no-sampler
+    python benchmarks/mount_capacity.py --no-sampler --cluster   # issue 23: the 4 mounts as one cache
     python benchmarks/mount_capacity.py --images 160 --epochs 2 --json   # a smoke run
 
 The 2 cores are shared by 4 mounts and 4 DataLoaders: the counts, not the times, are the result.
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace) -> dict:
                        num_classes=10, size=args.size)
     cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
     out: dict = {"images": args.images, "epochs": args.epochs, "capacity": args.capacity,
-                 "sampler": not args.no_sampler, "nodes": []}
+                 "sampler": not args.no_sampler, "cluster": args.cluster,
+                 "nodes": []}
     with FuseStore(raw, open_latency=args.open_latency, read_latency=0.0) as store:
         mounts, mnts = [], []
         try:
@@ -111,9 +115,19 @@ def run(args: argparse.Namespace) -> dict:
                 mnt = os.path.join(work, f"mnt{i}")
                 os.makedirs(mnt)
                 mnts.append(mnt)
-                mounts.append(subprocess.Popen([cv, "mount", store.path, mnt, "--local-dir",
-                                                os.path.join(work, f"local{i}"), "--local-capacity", args.capacity],
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                if not args.cluster:
+                    mounts.append(subprocess.Popen([cv, "mount", store.path, mnt, "--local-dir",
+                                                    os.path.join(work, f"local{i}"), "--local-capacity",
+                                                    args.capacity],
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            if args.cluster:   # one MPI job of 4 mounts, {node} their number
+                env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                           OMPI_MCA_btl="self,tcp")
+                mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+                mounts.append(subprocess.Popen([mpirun, "-n", str(NODES), "--oversubscribe", cv, "mount", "--cluster",
+                                                store.path, os.path.join(work, "mnt{node}"), "--local-dir",
+                                                os.path.join(work, "local{node}"), "--local-capacity", args.capacity],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
             deadline = time.monotonic() + 60
             while not all(mounted(m) for m in mnts):
                 if time.monotonic() > deadline:
@@ -134,7 +148,8 @@ def run(args: argparse.Namespace) -> dict:
                                               text=True, check=True).stdout)
                 st = d.get("staging", {})
                 out["nodes"].append({k: st.get(k) for k in ("staged", "evicted", "evicted_unread", "kept_reads")}
-                                    | {k: d.get(k) for k in ("opens_local", "opens_source")})
+                                    | {k: d.get(k) for k in ("opens_local", "opens_source", "opens_peer", "asks",
+                                                             "ask_timeouts")})
             manifest, _ = obtain(as_source(store.path))
             capacity = json.loads(subprocess.run([cv, "mount", "--stats", "--json", mnts[0]], capture_output=True,
                                                  text=True, check=True).stdout).get("capacity")
@@ -169,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", default="30%", help="each node's local tier")
     p.add_argument("--open-latency", type=float, default=0.002, help="the store's seconds per open")
     p.add_argument("--no-sampler", action="store_true", help="programs shuffle on their own")
+    p.add_argument("--cluster", action="store_true", help="the 4 mounts as one cache (mpirun, issue 23)")
     p.add_argument("--data", help="where to keep the generated data set (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reader", help=argparse.SUPPRESS)

@@ -72,10 +72,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     link = None
+    src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
         from ..mount.cluster import MPILink
         link = MPILink()
-    m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
+        # several "nodes" on one machine (a test, a benchmark): {node} in a path is this node's number
+        mnt = mnt.replace("{node}", str(link.node))
+        local_dir = local_dir.replace("{node}", str(link.node)) if local_dir else local_dir
+    m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity,
               stage=not args.no_stage, reindex=args.reindex, cluster=link,
               **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:
@@ -143,7 +147,8 @@ def add_parser(sub) -> None:
     p.add_argument("--cluster", action="store_true",
                    help="one cache of every node's tier: start one mount per node under an MPI launcher "
                    "(mpirun --map-by ppr:1:node clairvoyant mount --cluster SRC MNT); a file is kept at its "
-                   "home node and read from there by the others (docs/mount.md)")
+                   "home node and read from there by the others; {node} in MNT or --local-dir stands for "
+                   "the node's number (several nodes on one machine) (docs/mount.md)")
     p.add_argument("--reindex", action="store_true",
                    help="walk SRC again whole instead of checking its manifest (a stat per folder: a file "
                    "rewritten in place is not noticed by that check; see docs/mount.md)")
