@@ -4,17 +4,26 @@ directory, joined by a LoopbackLink), and under mpirun (MPILink). Each check has
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
 
-import numpy as np
 import pytest
 
+from clairvoyant.fusebase import mounted
 from clairvoyant.mount import Mount, mount_available
 from clairvoyant.mount.cluster import LoopbackLink
 from clairvoyant.plan.unplanned import hash_homes
 
 from conftest import wait_until
+from mpi_util import ENV, MPIRUN, needs_mpirun, ours
+
+NO_SM = {"OMPI_MCA_btl": "self,tcp"}   # two ranks on one machine need no shared-memory segments
 
 _ok, _why = mount_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
@@ -117,3 +126,55 @@ def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
     finally:
         for m in ms:
             m.close()
+
+
+@needs_mpirun
+def test_mount_cluster_under_mpirun(tmp_path, tree):
+    """``mpirun -n 2 clairvoyant mount --cluster SRC mnt{node} --local-dir local{node}``: the two
+    mounts come up as nodes 0 and 1 of one cache; node 0 reads every file, then node 1 does; the
+    store is read once per file between them (the daemons' reads and the homes' reads for peers),
+    the bytes are the source's; SIGTERM to mpirun unmounts both and leaves no process behind.
+    Control: node 1's reads of node 0's files came from node 0 (opens_peer), not from the store."""
+    src, files = tree
+    token = f"cvmc{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    work.mkdir()
+    mnts = [work / f"mnt{n}" for n in range(2)]
+    for m in mnts:
+        m.mkdir()
+    cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+    cmd = [MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", cv, "mount", "--cluster", src,
+           str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"), "--local-capacity", "60%"]
+    log = open(tmp_path / "mpirun.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **NO_SM},
+                            start_new_session=True)
+    try:
+        assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or proc.poll() is not None, 60), \
+            (tmp_path / "mpirun.log").read_text()
+        assert proc.poll() is None, (tmp_path / "mpirun.log").read_text()
+        for n, seed in ((0, 0), (1, 1)):
+            keys = sorted(files)
+            random.Random(seed).shuffle(keys)
+            for key in keys:
+                with open(mnts[n] / key, "rb") as f:
+                    assert f.read() == files[key], key
+            time.sleep(1.5)   # staged, and the counters published (every 0.5 s)
+        stats = [json.loads(subprocess.run([cv, "mount", "--stats", "--json", str(m)], capture_output=True,
+                                           text=True, check=True).stdout) for m in mnts]
+        from_store = sum(s["opens_source"] + s["staging"].get("cluster", {}).get("served_from_store", 0)
+                         for s in stats)
+        assert from_store == N, stats
+        theirs = int((hash_homes(N, 2) == 0).sum())   # node 0's files, read by node 1
+        assert stats[1]["opens_peer"] == theirs and stats[1]["opens_source"] == 0, stats[1]
+        assert stats[1]["staging"]["cluster"]["node"] == 1 and stats[1]["staging"]["cluster"]["nodes"] == 2
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)   # as the batch system ends a job: mpirun passes it on
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    assert wait_until(lambda: not any(mounted(str(m)) for m in mnts), 10)
+    assert wait_until(lambda: not ours(token), 10), ours(token)

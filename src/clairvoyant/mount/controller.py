@@ -66,6 +66,8 @@ class Controller:
         self._stop = threading.Event()
         self._poll = poll
         self._counters = Counters(mount.info["staging"])
+        if mount.cluster is not None:
+            self._counters.extra = lambda: {"cluster": mount.cluster.counters()}
         self._copies = Copies(mount, self._handoff_dir(), threads, self.sizes, self._counters, self._stop, poll)
         self._sampler = threading.Event()   # a sampler published an order: no guessing from the opens
         self._opens = Opens(self._copies, self._counters, self._sampler, self._stop, give_way=self._give_way,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Callable
 
 from .listing import publish_bytes
 
@@ -33,6 +34,7 @@ class Counters:
         self._c = dict.fromkeys(NAMES, 0)
         self._c["epoch"] = -1
         self._last = 0.0
+        self.extra: Callable[[], dict] | None = None   # more to publish beside the counters
 
     def add(self, **deltas: int) -> None:
         with self._lock:
@@ -61,7 +63,13 @@ class Counters:
             self.publish()
 
     def publish(self) -> None:
+        doc = self.snapshot()
+        if self.extra is not None:   # the cluster's counters (mount/cluster.py), beside the staging's
+            try:
+                doc.update(self.extra())
+            except Exception:
+                pass
         try:
-            publish_bytes(self._path, json.dumps(self.snapshot()).encode())
+            publish_bytes(self._path, json.dumps(doc).encode())
         except OSError:
             pass
