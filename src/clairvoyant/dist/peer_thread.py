@@ -41,6 +41,7 @@ class ServiceThread:
     _MPI: Any
     latency: float
     bandwidth: float
+    idle_max: float
     _lock: threading.Lock
     _wake: threading.Event
     _stopping: bool
@@ -79,7 +80,7 @@ class ServiceThread:
                     idle = 0
                     continue
                 idle = min(idle + 1, 6)
-                pause = 25e-6 * 2 ** idle   # 50 us .. 1.6 ms between polls when idle
+                pause = min(25e-6 * 2 ** idle, self.idle_max)   # 50 us .. 1.6 ms between polls when idle
                 if self._held:   # not past the next held message's due time
                     pause = min(pause, max(0.0, self._held[0][0] - time.monotonic()))
                 self._wake.wait(pause)

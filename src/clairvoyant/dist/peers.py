@@ -121,12 +121,17 @@ class PeerService(ServiceThread):
 
     def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *, max_inflight: int = 32,
                  max_bytes: int = 64 << 20, tag_base: int = 7000, latency: float | None = None,
-                 bandwidth: float | None = None, serve_threads: int = 0) -> None:
+                 bandwidth: float | None = None, serve_threads: int = 0, idle_max: float = 1.6e-3) -> None:
         from mpi4py import MPI
         if max_inflight < 1 or max_bytes < 1:
             raise ConfigError(f"max_inflight={max_inflight} and max_bytes={max_bytes} must be >= 1")
         if serve_threads < 0:
             raise ConfigError(f"serve_threads={serve_threads} must be >= 0")
+        if not idle_max > 0:
+            raise ConfigError(f"idle_max={idle_max} must be > 0 seconds")
+        # the longest pause between two looks for messages when nothing happens: a request waits up
+        # to this long to be seen (the mount's cluster, where a program waits on each, looks oftener)
+        self.idle_max = float(idle_max)
         env_latency, env_bandwidth = emulated_link()
         self.latency = env_latency if latency is None else float(latency)
         self.bandwidth = env_bandwidth if bandwidth is None else float(bandwidth)

@@ -63,7 +63,8 @@ class MPILink:
         self._service = None
 
     def start(self, serve: Callable[[int], bytes | None]) -> None:
-        self._service = self._peers.PeerService(self._comm, serve, serve_threads=8)
+        # a program waits on each peer read: the service looks for messages every 200 us when idle
+        self._service = self._peers.PeerService(self._comm, serve, serve_threads=8, idle_max=2e-4)
         self._service.start()
 
     def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:

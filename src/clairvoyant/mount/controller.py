@@ -129,7 +129,8 @@ class Controller:
             r, _, _ = select.select([fd], [], [], WATCH_EVERY if opens.waiting else self._poll)
             if not r:
                 continue
-            time.sleep(EVENTS_GATHER)   # let the events of a few opens gather: one wake-up for them
+            if self.m.cluster is None:   # (a cluster's asks are waited on: taken at once)
+                time.sleep(EVENTS_GATHER)   # let the events of a few opens gather: one wake-up for them
             try:
                 chunk = os.read(fd, 8 * 512)
             except OSError:

@@ -624,7 +624,7 @@ static int ask_peer(uint64_t f) {
     snprintf(miss, sizeof miss, "%s/%llu.miss", opt.handoff, (unsigned long long)f);
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (unsigned pause = 100;; pause = pause < 2000 ? pause * 2 : 2000) {
+    for (unsigned pause = 50;; pause = pause < 400 ? pause * 2 : 400) {
         int fd = open_handoff(f);
         if (fd >= 0) {
             struct stat st;
