@@ -99,6 +99,7 @@ def test_a_file_is_read_from_the_store_once_by_the_whole_cluster(tmp_path, tree)
         assert _store_reads(ms) == first, [m.stats() for m in ms]   # nothing more from the store
         s1 = ms[1].stats()
         assert s1.opens_peer == N - theirs and s1.opens_local == theirs, s1
+        assert all(m.cluster.counters().get("asked_ready", 0) == 0 for m in ms)   # nothing fetched ahead
     finally:
         for m in ms:
             m.close()
@@ -178,3 +179,40 @@ def test_mount_cluster_under_mpirun(tmp_path, tree):
         log.close()
     assert wait_until(lambda: not any(mounted(str(m)) for m in mnts), 10)
     assert wait_until(lambda: not ours(token), 10), ours(token)
+
+
+def test_with_samplers_each_node_fetches_its_coming_reads_ahead(tmp_path, tree):
+    """Each node's sampler publishes its half of a shuffled epoch: the node's other-home files are
+    fetched ahead from their homes and its own from the store, so the daemon's asks find them
+    ready; the store is read once per file. (The control, asks answered only when asked, is the
+    first test: no orders, asked_ready 0.)"""
+    from clairvoyant.mount.orders import publish_order, publish_progress
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    try:
+        keys = sorted(files)
+        random.Random(5).shuffle(keys)
+        halves = [keys[0::2], keys[1::2]]
+        for n, m in enumerate(ms):
+            publish_order(m.orders_dir, rank=n, world_size=2, epoch=0, seed=5, groups=[[k] for k in halves[n]])
+        assert wait_until(lambda: all(m.cluster.counters().get("ahead", 0) > 0 for m in ms), 20)
+        time.sleep(1.0)   # the fetches ahead land
+        for n, m in enumerate(ms):
+            for i, key in enumerate(halves[n]):
+                with open(os.path.join(m.path, key), "rb") as f:
+                    assert f.read() == files[key], key
+                if i % 8 == 7:
+                    publish_progress(m.orders_dir, n, 0, i + 1)
+        assert wait_until(lambda: _settled(ms), 20)
+        assert _store_reads(ms) == N, [m.stats() for m in ms]
+        homes = hash_homes(N, 2)
+        index = {k: i for i, k in enumerate(ms[0].manifest.keys[j] for j in range(N))}
+        for n, m in enumerate(ms):
+            theirs = sum(int(homes[index[k]]) != n for k in halves[n])
+            s, c = m.stats(), m.cluster.counters()
+            assert s.opens_peer == theirs and s.ask_timeouts == 0, s
+            assert c.get("asked_ready", 0) > theirs // 2, c   # most were there before the daemon asked
+    finally:
+        for m in ms:
+            m.close()

@@ -44,7 +44,8 @@ from ..plan.unplanned import STORE, HomesLRU, hash_homes
 log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
 ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
-KEEP_PEER_FILES = 5.0  # seconds a peer's bytes stay in the handoff directory (later parts of the file)
+KEEP_PEER_FILES = 30.0   # seconds a peer's bytes stay in the handoff directory (fetched ahead, or
+                         # later parts of the file)
 
 
 class MPILink:
@@ -128,9 +129,13 @@ class MountCluster:
     # -- this node reads another's file ---------------------------------------------------------
 
     def ask(self, f: int) -> None:
-        """The daemon asks for file ``f`` (another node's): fetched in the background."""
+        """The daemon asks for file ``f`` (another node's): fetched in the background (unless it is
+        there already, fetched ahead)."""
         with self._lock:
             if self._closed or f in self._asked:
+                return
+            if os.path.exists(os.path.join(self.mount.handoff, str(f))):
+                self._c["asked_ready"] += 1
                 return
             self._asked.add(f)
         try:
@@ -196,6 +201,36 @@ class MountCluster:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+    def ahead(self, f: int) -> None:
+        """File ``f`` comes up soon in this node's sequence (mount/cluster_ahead.py): one of its own
+        absent from the tier is read from the store and kept now; another node's is fetched from
+        its home into the handoff directory."""
+        if self.owns(f):
+            key, size = self._keys[f], int(self._sizes[f])
+            if self.mount.tiers.find_local(key, size) is None:
+                with self._lock:
+                    if self._closed or f in self._asked:
+                        return
+                    self._asked.add(f)
+                try:
+                    self._pool.submit(self._own_ahead, f)
+                except RuntimeError:
+                    pass
+            return
+        self.ask(f)
+        with self._lock:
+            self._c["ahead"] += 1
+
+    def _own_ahead(self, f: int) -> None:
+        try:
+            self.serve(f)   # from the store, kept by the policy (a read of it, as a peer's would be)
+        except Exception as e:
+            log.warning("clairvoyant: staging %s ahead failed (%s: %s); it is read when asked",
+                        self._keys[f], type(e).__name__, e)
+        finally:
+            with self._lock:
+                self._asked.discard(f)
 
     # -- this node is the home ------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from .follow import Follower
 from .numbering import OrderNumbers, plan_key
 from .opens import Opens
 from .orders import WATCH_EVERY, published, read_order
+from .cluster_ahead import ClusterAhead
 from .walk import Parts, Walk, settle
 
 log = logging.getLogger("clairvoyant")
@@ -218,7 +219,14 @@ class Controller:
     def _run_plan(self, cur: dict, key: tuple) -> None:
         if not self._sampler.is_set():
             self._opens.stand_down()   # a sampler says what comes next: no more guessing from the opens
-        walk = Walk(cur, key, [self._orders.of(cur[r]) for r in sorted(cur)], self._parts)
+        numbers = [self._orders.of(cur[r]) for r in sorted(cur)]
+        if self.m.cluster is not None:   # a cluster's node: its reads made ready where the cluster keeps them
+            ahead = ClusterAhead(self.m.cluster, cur, key, numbers, self._parts)
+            ahead.run()
+            if not ahead.current:
+                self._plan_key = None
+            return
+        walk = Walk(cur, key, numbers, self._parts)
         try:
             walk.run()
         finally:

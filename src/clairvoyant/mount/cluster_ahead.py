@@ -1,0 +1,58 @@
+"""MECHANISM: with samplers, a node of a cluster of mounts fetches its coming reads ahead.
+
+The node's samplers publish their orders (mount/orders.py); merged into the node's sequence as
+the Loader merges its ranks' batches (plan/sequence.py ``interleave``), they say which files the
+node reads next. A window of ``WINDOW`` files ahead of the readers' progress, each file is made
+ready where the cluster keeps it (``MountCluster.ahead``): one of this node's own files absent from
+its tier is read from the store and kept (the home's policy decides, plan/unplanned.py); another
+node's file is fetched from its home into the handoff directory, where the daemon's ask then finds
+it at once. So the store is read once per file across the cluster while the homes have room, and
+the readers wait neither for the store nor for a peer. (The homes are the hashed ones of a cluster
+without samplers, not the Loader's cluster plan: a node knows only its own samplers' orders.)
+"""
+
+from __future__ import annotations
+
+from ..plan.sequence import interleave
+from .numbering import Numbered
+from .orders import WATCH_EVERY, read_progress
+from .walk import Parts
+
+WINDOW = 256   # files ahead of the readers
+
+
+class ClusterAhead:
+    """The published orders ``cur`` (``key``: their plan key; ``numbers``: each rank's, ranks in
+    order) fetched ahead by ``cluster`` (``run``); ``current`` turns False once newer orders are
+    published."""
+
+    def __init__(self, cluster, cur: dict, key: tuple, numbers: list[Numbered], parts: Parts) -> None:
+        self._cluster, self._p, self.key, self.current = cluster, parts, key, True
+        self._ranks = sorted(cur)
+        self._epoch = cur[self._ranks[0]].epoch
+        self._seq = interleave([n.files for n in numbers], [n.counts for n in numbers]).samples
+
+    def _position(self) -> int:
+        """How far the node's readers are along its sequence (the samplers' progress, summed)."""
+        pos = 0
+        for r in self._ranks:
+            epoch, at = read_progress(self._p.orders_dir, r)
+            if epoch > self._epoch:
+                return len(self._seq)
+            if epoch == self._epoch:
+                pos += at
+        return pos
+
+    def run(self) -> None:
+        p, seq, done = self._p, self._seq, 0
+        while not p.stop.is_set():
+            if p.changed() and p.current_key() != self.key:
+                self.current = False
+                return
+            upto = min(len(seq), self._position() + WINDOW)
+            for f in seq[done:upto].tolist():
+                self._cluster.ahead(f)
+            done = max(done, upto)
+            p.counters.set(frontier=done)
+            p.counters.maybe_publish()
+            p.stop.wait(WATCH_EVERY)
