@@ -16,12 +16,12 @@ import uuid
 import pytest
 
 from clairvoyant.fusebase import mounted
-from clairvoyant.mount import Mount, mount_available
+from clairvoyant.mount import Mount, mount_available, read_info, read_stats
 from clairvoyant.mount.cluster import LoopbackLink
 from clairvoyant.plan.unplanned import hash_homes
 
 from conftest import wait_until
-from mpi_util import ENV, MPIRUN, needs_mpirun, ours
+from mpi_util import ENV, MPIRUN, needs_mpirun, needs_ulfm, ours
 
 NO_SM = {"OMPI_MCA_btl": "self,tcp"}   # two ranks on one machine need no shared-memory segments
 
@@ -216,3 +216,69 @@ def test_with_samplers_each_node_fetches_its_coming_reads_ahead(tmp_path, tree):
     finally:
         for m in ms:
             m.close()
+
+
+@needs_ulfm
+def test_a_node_killed_mid_epoch_leaves_the_others_reading_and_a_restart_runs_alone(tmp_path, tree):
+    """Under ``mpirun --with-ft ulfm``: node 1's mount is killed (SIGKILL) after node 0 has read
+    half the files; node 0 reads the rest, node 1's homes included, with the right bytes and no
+    error (from the store). Node 1's mount started again by hand runs alone and says so.
+    Control: before the kill, node 0's reads of node 1's files came from node 1."""
+    src, files = tree
+    token = f"cvmc{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    work.mkdir()
+    mnts = [work / f"mnt{n}" for n in range(2)]
+    for m in mnts:
+        m.mkdir()
+    cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+    cmd = [MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", "--with-ft", "ulfm", cv, "mount", "--cluster",
+           src, str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"), "--local-capacity", "60%"]
+    log = open(tmp_path / "mpirun.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **NO_SM},
+                            start_new_session=True)
+    again = None
+    try:
+        assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or proc.poll() is not None, 60)
+        assert proc.poll() is None, (tmp_path / "mpirun.log").read_text()
+        keys = sorted(files)
+        random.Random(3).shuffle(keys)
+        for key in keys[:N // 2]:
+            with open(mnts[0] / key, "rb") as f:
+                assert f.read() == files[key], key
+        before = read_stats(read_info(str(mnts[0]))["stats"])
+        assert before.opens_peer > 0, before   # control: node 1 answered while it ran
+        node1 = int(read_info(str(mnts[1]))["pid"])
+        os.kill(node1, signal.SIGKILL)
+        for key in keys[N // 2:]:
+            with open(mnts[0] / key, "rb") as f:
+                assert f.read() == files[key], key
+        after = read_stats(read_info(str(mnts[0]))["stats"])
+        assert after.opens_peer + after.opens_source + after.opens_local - (
+            before.opens_peer + before.opens_source + before.opens_local) == N - N // 2, (before, after)
+        assert proc.poll() is None   # node 0 lives on
+        assert wait_until(lambda: not mounted(str(mnts[1])), 10) or subprocess.run(
+            ["fusermount3", "-u", "-z", str(mnts[1])]).returncode == 0
+        again = subprocess.Popen([cv, "mount", "--cluster", src, str(mnts[1]), "--local-dir", str(work / "local1")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))})
+        assert wait_until(lambda: mounted(str(mnts[1])) or again.poll() is not None, 30)
+        with open(mnts[1] / keys[0], "rb") as f:
+            assert f.read() == files[keys[0]]
+    finally:
+        if again is not None:
+            again.terminate()
+            out, err = again.communicate(timeout=30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        for m in mnts:
+            if mounted(str(m)):
+                subprocess.run(["fusermount3", "-u", "-z", str(m)])
+    assert "runs alone" in err, err
+    assert wait_until(lambda: not ours(token), 10), ours(token)

@@ -74,11 +74,16 @@ def cmd_mount(args: argparse.Namespace) -> int:
     link = None
     src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
+        from ..errors import ConfigError
         from ..mount.cluster import MPILink
-        link = MPILink()
+        try:
+            link = MPILink()
+        except ConfigError as e:   # restarted by hand, outside the job: this node runs on its own
+            print(f"clairvoyant: {e}; this mount runs alone, not as part of a cluster", file=sys.stderr, flush=True)
         # several "nodes" on one machine (a test, a benchmark): {node} in a path is this node's number
-        mnt = mnt.replace("{node}", str(link.node))
-        local_dir = local_dir.replace("{node}", str(link.node)) if local_dir else local_dir
+        node = str(link.node) if link is not None else os.environ.get("CLAIRVOYANT_NODE", "0")
+        mnt = mnt.replace("{node}", node)
+        local_dir = local_dir.replace("{node}", node) if local_dir else local_dir
     m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity,
               stage=not args.no_stage, reindex=args.reindex, cluster=link,
               **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
