@@ -168,6 +168,10 @@ def test_mount_cluster_under_mpirun(tmp_path, tree):
         theirs = int((hash_homes(N, 2) == 0).sum())   # node 0's files, read by node 1
         assert stats[1]["opens_peer"] == theirs and stats[1]["opens_source"] == 0, stats[1]
         assert stats[1]["staging"]["cluster"]["node"] == 1 and stats[1]["staging"]["cluster"]["nodes"] == 2
+        job = json.loads(subprocess.run([cv, "mount", "--stats", "--json", *map(str, mnts)], capture_output=True,
+                                        text=True, check=True).stdout)
+        assert job["job"]["store_reads"] == N and job["job"]["opens_peer"] == sum(s["opens_peer"] for s in stats)
+        assert [n["opens_local"] for n in job["nodes"]] == [s["opens_local"] for s in stats]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)   # as the batch system ends a job: mpirun passes it on

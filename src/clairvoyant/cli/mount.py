@@ -53,11 +53,48 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     return 0
 
 
+JOB_FIELDS = ("opens_local", "opens_peer", "opens_source", "bytes_local", "bytes_peer", "bytes_source", "asks",
+              "ask_timeouts", "corrupt", "stale")
+
+
+def _print_job_stats(mnts: list[str], as_json: bool) -> int:
+    """``--stats MNT MNT...``: each node's counters and the job's (the nodes' mounts of a cluster on
+    one machine, or mount points gathered from the nodes' shared home)."""
+    from ..mount.fs import read_info, read_stats
+    from ..units import format_bytes
+
+    nodes = []
+    for mnt in mnts:
+        info = read_info(mnt)
+        s = read_stats(info["stats"]).to_json()
+        try:
+            with open(info["staging"]) as f:
+                served = json.load(f).get("cluster", {})
+        except (OSError, ValueError):
+            served = {}
+        nodes.append({"mount": mnt, **{k: s[k] for k in JOB_FIELDS},
+                      "served_from_store": served.get("served_from_store", 0),
+                      "served_from_tier": served.get("served_from_tier", 0)})
+    job = {k: sum(n[k] for n in nodes) for k in (*JOB_FIELDS, "served_from_store", "served_from_tier")}
+    job["store_reads"] = job["opens_source"] + job["served_from_store"]
+    if as_json:
+        print(json.dumps({"nodes": nodes, "job": job}))
+        return 0
+    for n in nodes + [dict(job, mount="job")]:
+        print(f"{n['mount']}: files from the own tier {n['opens_local']}, from peers {n['opens_peer']} "
+              f"({n['asks']} asked, {n['ask_timeouts']} not answered in time), from the store {n['opens_source']}; "
+              f"served to peers {n['served_from_tier']} from the tier and {n['served_from_store']} read from the "
+              f"store for them; bytes {format_bytes(n['bytes_local'])} own, {format_bytes(n['bytes_peer'])} peers, "
+              f"{format_bytes(n['bytes_source'])} store")
+    print(f"the store read {job['store_reads']} files for the job (the daemons' reads and the homes' for peers)")
+    return 0
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     if args.stats:
-        if len(args.paths) != 1:
-            raise SystemExit("clairvoyant mount --stats MNT: give only the mount point")
-        return _print_stats(args.paths[0], args.json)
+        if len(args.paths) == 1:
+            return _print_stats(args.paths[0], args.json)
+        return _print_job_stats(args.paths, args.json)
     if len(args.paths) != 2:
         raise SystemExit("clairvoyant mount SRC MNT: give the data set's directory and an empty mount point")
     from ..mount.fs import Mount
@@ -157,7 +194,8 @@ def add_parser(sub) -> None:
     p.add_argument("--reindex", action="store_true",
                    help="walk SRC again whole instead of checking its manifest (a stat per folder: a file "
                    "rewritten in place is not noticed by that check; see docs/mount.md)")
-    p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT")
+    p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT (several "
+                   "mount points: each node's and the job's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_mount)
     u = sub.add_parser("umount", help="unmount a clairvoyant mount (its process exits)")
