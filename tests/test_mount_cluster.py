@@ -286,3 +286,22 @@ def test_a_node_killed_mid_epoch_leaves_the_others_reading_and_a_restart_runs_al
                 subprocess.run(["fusermount3", "-u", "-z", str(m)])
     assert "runs alone" in err, err
     assert wait_until(lambda: not ours(token), 10), ours(token)
+
+
+def test_nodes_that_list_different_files_refuse_to_form_a_cluster(tmp_path, tree):
+    """A file is asked for by its number: a node whose listing differs (another source, or one that
+    changed while the mounts started) is refused with a ConfigError naming what differs. Control:
+    the same source forms a cluster (the other tests)."""
+    from clairvoyant.errors import ConfigError
+
+    src, files = tree
+    other = tmp_path / "other"
+    (other / "d").mkdir(parents=True)
+    (other / "d" / "x.bin").write_bytes(b"x" * 100)
+    hub: dict = {}
+    (tmp_path / "m0").mkdir()
+    (tmp_path / "m1").mkdir()
+    with Mount(src, str(tmp_path / "m0"), local_dir=str(tmp_path / "l0"), cluster=LoopbackLink(hub, 0, 2)):
+        with pytest.raises(ConfigError, match="names and sizes"):
+            Mount(str(other), str(tmp_path / "m1"), local_dir=str(tmp_path / "l1"), cluster=LoopbackLink(hub, 1, 2))
+        assert not mounted(str(tmp_path / "m1"))

@@ -19,8 +19,9 @@ its own: the mount learns its reads as they come); this module carries it out:
   it read from the store is kept by the same rule (the controller stages it from the daemon's
   handoff, as without a cluster).
 
-The link is any object with ``node``, ``nodes``, ``start(serve)``, ``fetch(peer, number, size,
-timeout)``, ``counters()`` and ``close()``: :class:`MPILink` over the peer service (one mount per
+The nodes agree first that they number the same files alike (a file is asked for by its number).
+The link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve)``,
+``fetch(peer, number, size, timeout)``, ``counters()`` and ``close()``: :class:`MPILink` over the peer service (one mount per
 node under ``mpirun``), or :class:`LoopbackLink` between mounts of one process (tests).
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import hashlib
 import logging
 import os
 import threading
@@ -63,6 +65,11 @@ class MPILink:
         self._peers = peers
         self._service = None
 
+    def agree(self, fingerprint: bytes, what: str) -> None:
+        """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
+        from ..dist import mpi
+        mpi.agree(self._comm, fingerprint, what)
+
     def start(self, serve: Callable[[int], bytes | None]) -> None:
         # a program waits on each peer read: the service looks for messages every 200 us when idle
         self._service = self._peers.PeerService(self._comm, serve, serve_threads=8, idle_max=2e-4)
@@ -86,6 +93,12 @@ class LoopbackLink:
     def __init__(self, hub: dict, node: int, nodes: int) -> None:
         self.hub, self.node, self.nodes = hub, node, nodes
         self._c: collections.Counter = collections.Counter()
+
+    def agree(self, fingerprint: bytes, what: str) -> None:
+        """Mounts of one process list the same source: nothing to compare across processes."""
+        self.hub.setdefault("fingerprints", {})[self.node] = fingerprint
+        if len(set(self.hub["fingerprints"].values())) > 1:
+            raise ConfigError(f"{what} differs across the nodes of this hub: mount the same source")
 
     def start(self, serve: Callable[[int], bytes | None]) -> None:
         self.hub[self.node] = serve
@@ -124,6 +137,11 @@ class MountCluster:
         self._peer_files: collections.deque[tuple[float, str]] = collections.deque()
         self._c: collections.Counter = collections.Counter()
         self._closed = False
+        # a file is asked for by its number: every node must number the same files alike
+        digest = hashlib.sha256()
+        for i in range(len(self._keys)):
+            digest.update(self._keys[i].encode() + b"\0" + int(self._sizes[i]).to_bytes(8, "little"))
+        link.agree(digest.digest(), "the mounted source's files (names and sizes)")
         link.start(self.serve)
 
     # -- this node reads another's file ---------------------------------------------------------
