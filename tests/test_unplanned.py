@@ -89,3 +89,15 @@ def test_the_issues_four_nodes_read_the_store_about_once_with_a_cluster_and_with
     alone, _ = _store_ratio("read-through")
     assert alone > 2.5   # control: node by node, today's mount without a sampler
     assert _store_ratio("cluster-lru", capacity=0.15)[0] > 2.0   # control: a cluster that holds 60% re-reads
+
+
+def test_a_keep_that_failed_is_forgotten_and_frees_its_room():
+    c = HomesLRU(np.zeros(3, np.int32), [20], np.full(3, 10))
+    c.read(0, 0)
+    c.read(0, 1)
+    c.forget(1)                         # its entry could not be written after all
+    assert not c.holds(1) and c.read(0, 2).evicted == ()   # room for file 2 without evicting file 0
+    d = HomesLRU(np.zeros(3, np.int32), [20], np.full(3, 10))
+    d.read(0, 0)
+    d.read(0, 1)
+    assert d.read(0, 2).evicted == (0,)   # control: not forgotten, file 0 gives way

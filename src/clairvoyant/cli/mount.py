@@ -53,6 +53,7 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     return 0
 
 
+CLUSTER_FIELDS = ("served_from_store", "served_from_tier", "ahead_from_store", "ahead_from_tier")
 JOB_FIELDS = ("opens_local", "opens_peer", "opens_source", "bytes_local", "bytes_peer", "bytes_source", "asks",
               "ask_timeouts", "corrupt", "stale")
 
@@ -73,10 +74,9 @@ def _print_job_stats(mnts: list[str], as_json: bool) -> int:
         except (OSError, ValueError):
             served = {}
         nodes.append({"mount": mnt, **{k: s[k] for k in JOB_FIELDS},
-                      "served_from_store": served.get("served_from_store", 0),
-                      "served_from_tier": served.get("served_from_tier", 0)})
-    job = {k: sum(n[k] for n in nodes) for k in (*JOB_FIELDS, "served_from_store", "served_from_tier")}
-    job["store_reads"] = job["opens_source"] + job["served_from_store"]
+                      **{k: served.get(k, 0) for k in CLUSTER_FIELDS}})
+    job = {k: sum(n[k] for n in nodes) for k in (*JOB_FIELDS, *CLUSTER_FIELDS)}
+    job["store_reads"] = job["opens_source"] + job["served_from_store"] + job["ahead_from_store"]
     if as_json:
         print(json.dumps({"nodes": nodes, "job": job}))
         return 0
@@ -84,9 +84,10 @@ def _print_job_stats(mnts: list[str], as_json: bool) -> int:
         print(f"{n['mount']}: files from the own tier {n['opens_local']}, from peers {n['opens_peer']} "
               f"({n['asks']} asked, {n['ask_timeouts']} not answered in time), from the store {n['opens_source']}; "
               f"served to peers {n['served_from_tier']} from the tier and {n['served_from_store']} read from the "
-              f"store for them; bytes {format_bytes(n['bytes_local'])} own, {format_bytes(n['bytes_peer'])} peers, "
+              f"store for them; {n['ahead_from_store']} own files read from the store ahead; bytes {format_bytes(n['bytes_local'])} own, {format_bytes(n['bytes_peer'])} peers, "
               f"{format_bytes(n['bytes_source'])} store")
-    print(f"the store read {job['store_reads']} files for the job (the daemons' reads and the homes' for peers)")
+    print(f"the store read {job['store_reads']} files for the job (the daemons' reads, the homes' for peers and "
+          "ahead)")
     return 0
 
 

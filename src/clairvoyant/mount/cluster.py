@@ -50,6 +50,15 @@ KEEP_PEER_FILES = 30.0   # seconds a peer's bytes stay in the handoff directory 
                          # later parts of the file)
 
 
+def files_fingerprint(manifest) -> bytes:
+    """32 bytes that differ when two nodes' manifests number files differently (a file is asked for
+    by its number): every key and size, in order."""
+    digest = hashlib.sha256()
+    for i in range(len(manifest)):
+        digest.update(manifest.keys[i].encode() + b"\0" + int(manifest.sizes[i]).to_bytes(8, "little"))
+    return digest.digest()
+
+
 class MPILink:
     """The mounts of a job's nodes over MPI: one rank per node (``mpirun --map-by ppr:1:node``)."""
 
@@ -132,36 +141,64 @@ class MountCluster:
         self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, entries)
         self._lock = threading.Lock()    # the policy, the counters, the peer files
         self.ask_timeout = float(ask_timeout)
+        # the daemon's asks (a read waits on each) apart from the work ahead, which never delays them
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ask")
+        self._ahead_pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ahead")
         self._asked: set[int] = set()
         self._peer_files: collections.deque[tuple[float, str]] = collections.deque()
         self._c: collections.Counter = collections.Counter()
         self._closed = False
-        # a file is asked for by its number: every node must number the same files alike
-        digest = hashlib.sha256()
-        for i in range(len(self._keys)):
-            digest.update(self._keys[i].encode() + b"\0" + int(self._sizes[i]).to_bytes(8, "little"))
-        link.agree(digest.digest(), "the mounted source's files (names and sizes)")
+        self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
         link.start(self.serve)
+
+    def _adopt(self) -> None:
+        """What the tier holds from an earlier session: this node's own files are counted by the
+        policy (as read now, in no order), other homes' files are dropped: only homes keep."""
+        from ..cache.node import residents
+        tiers = self.mount.tiers
+        held = residents(self.mount.manifest, tiers.local.entries(), self._sizes + entry_size(0))
+        drop = []
+        for f in sorted(held):
+            if self.owns(f):
+                got = self._policy.read(self.node, f)
+                drop += list(got.evicted)
+                if not got.kept:   # larger than the tier
+                    drop.append(f)
+            else:
+                drop.append(f)
+        for g in drop:
+            self._policy.forget(g)
+            try:
+                tiers.drop(self._keys[g])
+            except Exception as e:
+                log.warning("clairvoyant: cannot drop %s: %s", self._keys[g], e)
+        if drop:
+            log.info("clairvoyant: %d files of an earlier session left this node's tier (not its home's, "
+                     "or no room)", len(drop))
 
     # -- this node reads another's file ---------------------------------------------------------
 
-    def ask(self, f: int) -> None:
+    def ask(self, f: int, ahead: bool = False) -> None:
         """The daemon asks for file ``f`` (another node's): fetched in the background (unless it is
-        there already, fetched ahead)."""
+        there already, fetched ahead). ``ahead``: no one waits for it yet (mount/cluster_ahead.py):
+        a failed fetch leaves no miss mark, and the daemon's own ask tries again."""
         with self._lock:
             if self._closed or f in self._asked:
                 return
             if os.path.exists(os.path.join(self.mount.handoff, str(f))):
-                self._c["asked_ready"] += 1
+                if not ahead:
+                    self._c["asked_ready"] += 1
                 return
             self._asked.add(f)
-        try:
-            self._pool.submit(self._answer, f)
+        try:   # (the daemon removed the mark of an earlier ask that missed before it asked)
+            (self._ahead_pool if ahead else self._pool).submit(self._answer, f, ahead)
         except RuntimeError:   # closing
-            self._miss(f)
+            with self._lock:
+                self._asked.discard(f)
+            if not ahead:
+                self._miss(f)
 
-    def _answer(self, f: int) -> None:
+    def _answer(self, f: int, ahead: bool = False) -> None:
         try:
             home, size = int(self.homes[f]), int(self._sizes[f])
             data = None
@@ -171,7 +208,8 @@ class MountCluster:
                 with self._lock:
                     self._c["peer_seconds"] += time.perf_counter() - t0
             if data is None:
-                self._miss(f)
+                if not ahead:
+                    self._miss(f)
                 return
             self._leave(f, data, 0)
             with self._lock:
@@ -180,7 +218,8 @@ class MountCluster:
         except Exception as e:   # the daemon reads the store: never an error in the program
             log.warning("clairvoyant: fetching %s from its home failed (%s: %s); the store serves it",
                         self._keys[f], type(e).__name__, e)
-            self._miss(f)
+            if not ahead:
+                self._miss(f)
         finally:
             with self._lock:
                 self._asked.discard(f)
@@ -232,17 +271,18 @@ class MountCluster:
                         return
                     self._asked.add(f)
                 try:
-                    self._pool.submit(self._own_ahead, f)
+                    self._ahead_pool.submit(self._own_ahead, f)
                 except RuntimeError:
-                    pass
+                    with self._lock:
+                        self._asked.discard(f)
             return
-        self.ask(f)
+        self.ask(f, ahead=True)
         with self._lock:
             self._c["ahead"] += 1
 
     def _own_ahead(self, f: int) -> None:
         try:
-            self.serve(f)   # from the store, kept by the policy (a read of it, as a peer's would be)
+            self._get(f, "ahead")   # from the store, kept by the policy (a read of it, as a peer's would be)
         except Exception as e:
             log.warning("clairvoyant: staging %s ahead failed (%s: %s); it is read when asked",
                         self._keys[f], type(e).__name__, e)
@@ -258,26 +298,49 @@ class MountCluster:
     def serve(self, f: int) -> bytes | None:
         """A peer asks for file ``f`` of this home: from the tier, or read from the store now and
         kept by the policy. None: not this node's, or the store failed (the peer reads it)."""
-        if not 0 <= f < len(self._keys) or not self.owns(f):
+        return self._get(f, "served")
+
+    def _get(self, f: int, why: str) -> bytes | None:
+        """``f``'s bytes at its home, from the tier or the store (counted ``<why>_from_tier`` or
+        ``<why>_from_store``: ``served`` for a peer, ``ahead`` for this node's coming read)."""
+        if self._closed or not 0 <= f < len(self._keys) or not self.owns(f):
             return None
         key, size = self._keys[f], int(self._sizes[f])
         tiers = self.mount.tiers
         data = self._from_tier(key, size)
-        if data is not None:
-            self._decide(f, True)
-            with self._lock:
-                self._c["served_from_tier"] += 1
-            return data
+        if data is None:
+            # hold the key's node-wide lock: the home's own staging of it (from its daemon's read)
+            # and this read do not both read the store; whoever comes second finds it
+            locked = not tiers.claim(key, size)
+            data = None if locked else self._from_tier(key, size)
+            if data is None:
+                try:
+                    return self._from_store(f, key, size, why)
+                finally:
+                    if locked:
+                        tiers.release(key)
+        self._decide(f, True)
+        with self._lock:
+            self._c[f"{why}_from_tier"] += 1
+        return data
+
+    def _from_store(self, f: int, key: str, size: int, why: str) -> bytes | None:
+        """``f`` read from the store by its home, kept if the policy says so."""
+        tiers = self.mount.tiers
         data, mtime_ns = self.mount.source.read_versioned(key)
         if len(data) != size:
             return None
         if self._decide(f, False):
+            loc = None
             try:
-                tiers.local.put(key, data, mtime_ns, tiers.local_capacity)
+                loc = tiers.local.put(key, data, mtime_ns, tiers.local_capacity)
             except Exception as e:   # a full device: served all the same, not kept
                 log.warning("clairvoyant: cannot keep %s in this home's tier (%s)", key, e)
+            if loc is None:   # not kept after all: the policy must not count it
+                with self._lock:
+                    self._policy.forget(f)
         with self._lock:
-            self._c["served_from_store"] += 1
+            self._c[f"{why}_from_store"] += 1
         return data
 
     def read_own(self, f: int, from_store: bool) -> bool:
@@ -288,10 +351,11 @@ class MountCluster:
     def _decide(self, f: int, present: bool) -> bool:
         """Ask the policy about a read of ``f`` at its home; carry out its evictions."""
         with self._lock:
+            gone: list[int] = []
             if present and not self._policy.holds(f):   # in the tier, unknown to the policy (an earlier
-                self._policy.read(self.node, f)         # session's): it counts from now on
+                gone += self._policy.read(self.node, f).evicted   # session's): it counts from now on
             got = self._policy.read(self.node, f)
-            evicted = [self._keys[g] for g in got.evicted]
+            evicted = [self._keys[g] for g in (*gone, *got.evicted)]
         for key in evicted:
             try:
                 self.mount.tiers.drop(key)
@@ -312,6 +376,11 @@ class MountCluster:
 
     # -- the rest ------------------------------------------------------------------------------
 
+    def busy(self) -> bool:
+        """Whether a fetch (asked, or ahead) is under way."""
+        with self._lock:
+            return bool(self._asked)
+
     def counters(self) -> dict:
         with self._lock:
             out = dict(self._c)
@@ -322,6 +391,7 @@ class MountCluster:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.link.close()
         with self._lock:
             files, self._peer_files = [p for _, p in self._peer_files], collections.deque()

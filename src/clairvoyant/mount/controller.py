@@ -152,7 +152,7 @@ class Controller:
                 if f >= len(self.manifest):
                     continue
                 from_source = not ev & EVENT_LOCAL
-                if self._sampler.is_set():   # the plan's thread decides what a read changes
+                if self._sampler.is_set() and cluster is None:   # the plan's thread decides what a read changes
                     if not follower.heard(f, from_source) and from_source:   # far behind: let this one go
                         self._copies.discard(f)
                         self._counters.add(not_staged=1)

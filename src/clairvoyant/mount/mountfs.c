@@ -618,10 +618,11 @@ static int key_lock(uint64_t digest, short type) {
  * A descriptor of DIR/<f> (its bytes first), or -1: read the source. */
 static int ask_peer(uint64_t f) {
     if (!opt.handoff || opt.events_fd < 0) return -1;
-    count(&sh->asks, 1);
-    if (!report(f | EVENT_ASK)) return -1;
     char miss[PATH_MAX];
     snprintf(miss, sizeof miss, "%s/%llu.miss", opt.handoff, (unsigned long long)f);
+    unlink(miss);   /* the mark of an earlier ask that missed: this ask waits for its own answer */
+    count(&sh->asks, 1);
+    if (!report(f | EVENT_ASK)) return -1;
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned pause = 50;; pause = pause < 400 ? pause * 2 : 400) {

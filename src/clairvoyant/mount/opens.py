@@ -65,10 +65,11 @@ class Opens:
         its handoff; then the files that follow it are read ahead, if the opens follow an order."""
         cluster = self._cluster
         if cluster is not None:
-            if not cluster.owns(f) or not cluster.read_own(f, from_source):
+            own = cluster.owns(f)
+            if not own or not cluster.read_own(f, from_source):
                 if from_source:   # another home's file, or one its home does not keep: not here
                     self._copies.discard(f)
-                    self._counters.add(not_home=1)
+                    self._counters.add(**({"not_staged": 1} if own else {"not_home": 1}))
                 return
         if from_source:
             if not self._backlog and self._copies.submit(f, wait=False):

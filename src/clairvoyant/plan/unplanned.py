@@ -109,3 +109,11 @@ class HomesLRU:
 
     def holds(self, f: int) -> bool:
         return f in self.held[int(self.homes[f])]
+
+    def forget(self, f: int) -> None:
+        """``f`` is not in its home's tier after all (a keep that failed, an entry gone): no longer
+        counted there."""
+        h = int(self.homes[f])
+        n = self.held[h].pop(f, None)
+        if n is not None:
+            self.used[h] -= n
