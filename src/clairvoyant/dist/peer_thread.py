@@ -30,6 +30,10 @@ LINGER = 0.5        # seconds close() lets replies in flight leave
 _ABANDONED: list[Any] = []   # (request, buffer, ...) still active when a service closed: kept alive
 
 
+QUIET_AFTER = 0.5    # seconds without a message, a request or a caller waiting: the service is quiet
+QUIET_PAUSE = 5e-3   # a quiet service's pause between looks (idle, it polled 600-5,000 times a second)
+
+
 class ServiceThread:
     """The thread's half of :class:`~clairvoyant.dist.peers.PeerService` (a base class of it):
     the loop, sends, receives and their completions, MPI errors, shutdown. It calls the
@@ -67,7 +71,7 @@ class ServiceThread:
     _finish: Callable[[Any, bytes | None, str], bool]
 
     def _run(self) -> None:
-        idle = 0
+        idle, last = 0, time.monotonic()
         try:
             while not self._stopping:
                 busy = self._send_held()
@@ -77,10 +81,13 @@ class ServiceThread:
                 busy = self._answer_queued() or busy
                 busy = self._send_answers() or busy
                 if busy:
-                    idle = 0
+                    idle, last = 0, time.monotonic()
                     continue
-                idle = min(idle + 1, 6)
-                pause = min(25e-6 * 2 ** idle, self.idle_max)   # 50 us .. 1.6 ms between polls when idle
+                idle = min(idle + 1, 8)
+                cap = self.idle_max   # 50 us .. 1.6 ms (the default) between polls when idle
+                if not self._waiting and time.monotonic() - last > QUIET_AFTER:
+                    cap = max(cap, QUIET_PAUSE)   # nothing for a while: look less often, spend little CPU
+                pause = min(25e-6 * 2 ** idle, cap)
                 if self._held:   # not past the next held message's due time
                     pause = min(pause, max(0.0, self._held[0][0] - time.monotonic()))
                 self._wake.wait(pause)
