@@ -22,7 +22,7 @@ from clairvoyant.plan.unplanned import hash_homes
 from clairvoyant.testing import drop_pages
 
 from conftest import wait_until
-from mpi_util import ENV, MPIRUN, needs_mpirun, needs_ulfm, ours
+from mpi_util import ENV, MPIRUN, launch, needs_mpirun, needs_ulfm, ours
 
 NO_SM = {"OMPI_MCA_btl": "self,tcp"}   # two ranks on one machine need no shared-memory segments
 
@@ -321,3 +321,28 @@ def test_nodes_that_list_different_files_refuse_to_form_a_cluster(tmp_path, tree
         with pytest.raises(ConfigError, match="names and sizes"):
             Mount(str(other), str(tmp_path / "m1"), local_dir=str(tmp_path / "l1"), cluster=LoopbackLink(hub, 1, 2))
         assert not mounted(str(tmp_path / "m1"))
+
+
+@needs_mpirun
+def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
+    """``MPILink.node_leaders``: in a 4-rank job of 2 nodes (2 ranks each), the first rank of each
+    node mounts for it, as node 0 and 1 of one cache; every rank reads its quarter of the files
+    through its node's mount, with the source's bytes; the store is read once per file in all.
+    Control: the other ranks get no link (they mount nothing)."""
+    src, files = tree
+    token = f"cvmj{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    work.mkdir()
+    for n in range(2):
+        (work / f"mnt{n}").mkdir()
+    script = os.path.join(os.path.dirname(__file__), "mpi_mount_script.py")
+    rc, out, err = launch([sys.executable, script, src, str(work), token], token, n=4, timeout=120, env=NO_SM)
+    res = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in work.glob("rank-*.json")}
+    assert rc == 0 and len(res) == 4, (rc, err[-3000:])
+    for r, o in res.items():
+        assert "error" not in o, o["error"]
+        assert o["bad"] == [] and o["read"] > 0, o
+    assert [res[r]["leader"] for r in range(4)] == [True, False, True, False]
+    assert res[0]["link"] == [0, 2] and res[2]["link"] == [1, 2]
+    assert res[0]["store"] + res[2]["store"] == N, res
+    assert res[0]["opens_peer"] + res[2]["opens_peer"] > 0, res

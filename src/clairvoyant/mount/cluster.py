@@ -74,6 +74,23 @@ class MPILink:
         self._peers = peers
         self._service = None
 
+    @classmethod
+    def node_leaders(cls, comm: Any = None) -> "MPILink | None":
+        """For the ranks of an MPI training job that mount the data themselves (collective over
+        ``comm``, COMM_WORLD by default): the link of the nodes' first ranks, each to mount for its
+        node (``Mount(..., cluster=link)``), or None on every other rank (it reads through its
+        node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
+        from mpi4py import MPI
+
+        from ..dist import mpi
+        from ..dist.topology import node_name
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        groups = mpi.node_groups(comm, node_name())
+        rank = comm.Get_rank()
+        leader = any(g[0] == rank for g in groups)
+        sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
+        return cls(sub) if leader else None
+
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
         from ..dist import mpi
