@@ -1,7 +1,10 @@
-"""The ranks of an MPI job mount the data themselves, one mount per node (MPILink.node_leaders),
-run by tests/test_mount_cluster.py under ``mpirun -n 4``: ranks 2k and 2k+1 are node k
-(CLAIRVOYANT_NODE). Usage: ``mpi_mount_script.py SRC WORK TOKEN``; each rank writes what it saw
-to WORK/rank-N.json."""
+"""Run by tests/test_mount.py under ``mpirun -n 2``: each rank builds clairvoyant's DistributedSampler
+with no rank or world size given (they come from the launcher's environment, as PyTorch's come from
+its process group), reads its files through the mount and compares them with the source.
+
+    python tests/mpi_mount_script.py MNT SRC TOKEN
+
+Prints one JSON line per rank: rank, world size, the indices it read, files that differed."""
 
 from __future__ import annotations
 
@@ -9,62 +12,32 @@ import json
 import os
 import sys
 import time
-import traceback
-
-os.environ["CLAIRVOYANT_NODE"] = f"node{int(os.environ.get('OMPI_COMM_WORLD_RANK', '0')) // 2}"
-
-from mpi4py import MPI  # noqa: E402
-
-from clairvoyant.mount import Mount  # noqa: E402
-from clairvoyant.mount.cluster import MPILink  # noqa: E402
 
 
-def wait_all(comm) -> None:
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.002)
+def main() -> int:
+    mnt, src = sys.argv[1], sys.argv[2]
+    from clairvoyant.torch import DistributedSampler
 
+    keys = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs
+                  if not f.startswith("."))
 
-def main() -> None:
-    src, work = sys.argv[1], sys.argv[2]
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    node = rank // 2
-    out: dict = {"rank": rank}
-    mount = None
-    try:
-        link = MPILink.node_leaders(comm)
-        out["leader"] = link is not None
-        mnt = os.path.join(work, f"mnt{node}")
-        if link is not None:
-            out["link"] = [link.node, link.nodes]
-            mount = Mount(src, mnt, local_dir=os.path.join(work, f"local{node}"), local_capacity="60%", cluster=link)
-        wait_all(comm)
-        keys = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)
-        mine = keys[rank::4]   # every file read once, by one rank of the job
-        bad = []
-        for k in mine:
-            with open(os.path.join(mnt, k), "rb") as f, open(os.path.join(src, k), "rb") as g:
-                if f.read() != g.read():
-                    bad.append(k)
-        out["read"], out["bad"] = len(mine), bad
-        wait_all(comm)
-        if mount is not None:
-            deadline = time.monotonic() + 20
-            while (mount.controller._in_flight() or mount.cluster.busy()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            s, c = mount.stats(), mount.cluster.counters()
-            out["store"] = s.opens_source + c.get("served_from_store", 0) + c.get("ahead_from_store", 0)
-            out["opens_peer"] = s.opens_peer
-        wait_all(comm)
-    except Exception:
-        out["error"] = traceback.format_exc()
-    finally:
-        if mount is not None:
-            mount.close()
-    with open(os.path.join(work, f"rank-{rank}.json"), "w") as f:
-        json.dump(out, f)
+    class Folder:
+        samples = [(os.path.join(mnt, k), 0) for k in keys]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+    sampler = DistributedSampler(Folder(), seed=5, mount=mnt)
+    time.sleep(0.5)   # both ranks have published before either reads: they step in lockstep
+    read, wrong = [], 0
+    for i in sampler:
+        time.sleep(0.02)   # a training step
+        with open(Folder.samples[i][0], "rb") as f, open(os.path.join(src, keys[i]), "rb") as g:
+            wrong += f.read() != g.read()
+        read.append(int(i))
+    print(json.dumps({"rank": sampler.rank, "world": sampler.num_replicas, "read": read, "wrong": wrong}), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

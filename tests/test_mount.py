@@ -836,7 +836,7 @@ def test_ranks_launched_by_mpirun_take_their_rank_from_it_and_share_the_mount(tm
         store.reset()
         token = f"cv-mount-{uuid.uuid4().hex[:8]}"
         rc, out, err = launch([sys.executable, os.path.join(os.path.dirname(__file__), "mpi_mount_script.py"),
-                               m.path, raw, token], token, n=2, timeout=120)
+                               m.path, raw, token], token, n=2, timeout=90)
         assert rc == 0, err[-3000:]
         ranks = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")),
                        key=lambda r: r["rank"])

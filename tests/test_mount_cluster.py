@@ -335,8 +335,8 @@ def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
     work.mkdir()
     for n in range(2):
         (work / f"mnt{n}").mkdir()
-    script = os.path.join(os.path.dirname(__file__), "mpi_mount_script.py")
-    rc, out, err = launch([sys.executable, script, src, str(work), token], token, n=4, timeout=120, env=NO_SM)
+    script = os.path.join(os.path.dirname(__file__), "mpi_mount_cluster_script.py")
+    rc, out, err = launch([sys.executable, script, src, str(work), token], token, n=4, timeout=90, env=NO_SM)
     res = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in work.glob("rank-*.json")}
     assert rc == 0 and len(res) == 4, (rc, err[-3000:])
     for r, o in res.items():
