@@ -157,3 +157,41 @@ def test_a_claim_excludes_the_other_threads_of_the_process(tmp_path):
         t.join()
     assert most[0] == 1   # never two threads holding the key (a process-wide lockf alone let all four in)
     store.close()
+
+
+def _resident_kb(path: str) -> int:
+    """This process's resident kB of its mappings of ``path`` (/proc/self/smaps)."""
+    total, cur = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if not parts[0].endswith(":"):
+                cur = parts[5] if len(parts) > 5 else None
+            elif parts[0] == "Rss:" and cur == path:
+                total += int(parts[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+def test_a_pass_over_the_whole_index_leaves_its_pages_out_of_the_resident_set(tmp_path):
+    """recover() and table() read every slot; the pages go back to the page cache after (a shared
+    file mapping: nothing is lost), so a rank does not hold the whole index resident from its first
+    pass on. Control: the same pass over the mapping without the release keeps it resident."""
+    import numpy as np
+
+    path = str(tmp_path / "index")
+    idx = Index(path, expected=200_000)
+    try:
+        size = os.path.getsize(path) // 1024
+        assert size > 4096
+        digest = key_digest("a")
+        n = idx.new_extent()
+        idx.publish(digest, n, 0, 10)
+        keep = idx.recover(lambda e: 10)
+        assert len(keep) == 1 and _resident_kb(path) < size // 8
+        assert len(idx.present()) == 1 and _resident_kb(path) < size // 8
+        assert idx.lookup(digest) is not None   # the entry is still there: pages refault from the page cache
+        np.frombuffer(idx._mm, np.uint8).sum()   # control: a pass without the release
+        assert _resident_kb(path) > size // 2
+    finally:
+        idx.close()

@@ -36,6 +36,7 @@ from ..tune.stats import Stats
 from ..tune.verdict import judge
 from .decode import resolve as resolve_decode
 from .guard import Guard
+from .heap import trim_heap
 from .node_setup import NodeSetup, _close_tiers
 from .options import RunOptions
 from .passes import EpochPasses, EpochSetter, _EpochIterator
@@ -266,6 +267,7 @@ class Loader(NodeSetup, EpochPasses):
         self._broken = None
         start, self._resume, self._loaded_epoch = self._resume, 0, None
         plan = self._plan(start)
+        trim_heap()   # the plan's temporaries freed: their pages back to the system
         self._start, self._span, self._done = start, len(plan), 0
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers

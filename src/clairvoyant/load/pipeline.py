@@ -41,7 +41,7 @@ from .pool import WorkerPool
 from .records import EpochWindow, ServedBatch, ServedSample
 from .timeline import BatchTimeline
 from .transport import Output, unpack_copy, unpack_shared
-from .worker import Failed, Item, Job, Loaded, ReaderSpec
+from .worker import Failed, Item, Job, Loaded, ReaderSpec, send_job
 
 _LIVE: "weakref.WeakSet[EpochRun]" = weakref.WeakSet()
 # Batches a worker's slots may hold while the training loop still uses them (lent without a copy);
@@ -213,7 +213,7 @@ class EpochRun:
             self._positions[k] = positions
             slot = worker.free.pop()
             self._inflight[k] = worker.wid
-            worker.conn.send(Job(k, slot, items, self._skip))
+            send_job(worker.conn, Job(k, slot, items, self._skip))
             self._timeline.dispatched(k)
 
     # -- consumer side (the training loop's thread) ------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..errors import ConfigError, WorkerError
 from .transport import Slot
-from .worker import READY, ReaderSpec, worker_main
+from .worker import READY, ReaderSpec, send_job, worker_main
 
 log = logging.getLogger("clairvoyant")
 READY_WAIT = 20.0   # seconds a forked reader has to say it came through the fork
@@ -109,7 +109,7 @@ class WorkerPool:
     def close(self, timeout: float = 5.0) -> None:
         for w in self.workers:
             try:
-                w.conn.send(None)
+                send_job(w.conn, None)
             except (OSError, ValueError):
                 pass
         for w in self.workers:

@@ -1,10 +1,11 @@
 """The reader worker process: read staged samples, decode, transform, collate into a shared slot.
 
 A reader gets a :class:`ReaderSpec` when it is forked (what to do with a
-sample) and then :class:`Job` records, one per batch, or None to stop. It
-answers :class:`Loaded` (the batch is in the slot) or :class:`Failed` (the
-slot is untouched). Only these small records cross the pipe; batch data
-travels in the slot.
+sample) and then :class:`Job` records, one per batch, or None to stop
+(:func:`send_job`: the bytes of RAM-window samples out of band, beside the
+record). It answers :class:`Loaded` (the batch is in the slot) or
+:class:`Failed` (the slot is untouched). Only these small records cross the
+pipe back; batch data travels in the slot.
 
 Every cached entry is checked against its checksum as it is read. An entry that
 is corrupt, truncated or gone is never decoded: the sample is read from the
@@ -22,11 +23,14 @@ records the checksum of the bytes it decoded and of each array it wrote.
 from __future__ import annotations
 
 import ctypes
+import pickle
 import signal
+import struct
 import sys
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any, Callable, NamedTuple
 
 import xxhash
@@ -36,6 +40,7 @@ from ..cache.extents import Loc, read_entry
 from ..errors import CorruptEntry
 from . import direct, seeding
 from .collate import default_collate
+from .heap import keep_heap
 from .transport import Slot, pack
 
 # Fault injection for the guard's tests: keys whose bytes get one flipped bit after their entry's
@@ -100,32 +105,42 @@ class Failed(NamedTuple):
     traceback: str
 
 
+# -- the job's wire: the record pickled, the samples' bytes beside it --------------------------------
+
+_BUFFERS = struct.Struct("<I")
+
+
+def send_job(conn: Connection, job: Job | None) -> None:
+    """Send ``job`` (None: stop) to a reader. The bytes of samples that go through the RAM window
+    travel out of band, each as a message of its own, after the pickled record (pickle protocol 5):
+    no message of a whole batch's bytes is ever built. Pickled whole, a batch of 256 samples read
+    from the source was one 17-28 MB buffer, allocated and copied at every dispatch by whichever
+    staging thread dispatched it, and the allocator kept those buffers' pages afterwards."""
+    buffers: list[pickle.PickleBuffer] = []
+    if job is not None and any(it.data is not None for it in job.items):
+        job = job._replace(items=[it if it.data is None else it._replace(data=pickle.PickleBuffer(it.data))
+                                  for it in job.items])
+    record = pickle.dumps(job, protocol=5, buffer_callback=buffers.append)
+    conn.send_bytes(_BUFFERS.pack(len(buffers)) + record)
+    for b in buffers:
+        conn.send_bytes(b.raw())
+
+
+def recv_job(conn: Connection) -> Job | None:
+    """The next job :func:`send_job` sent (the training process's own records, over the reader's
+    pipe from its parent)."""
+    head = conn.recv_bytes()
+    (count,) = _BUFFERS.unpack_from(head)
+    buffers = [conn.recv_bytes() for _ in range(count)]
+    return pickle.loads(memoryview(head)[_BUFFERS.size:], buffers=buffers)
+
+
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-
-
-# glibc's mallopt parameters
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def keep_heap(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
-    """Serve large allocations from a heap that is kept between batches (glibc only).
-
-    A decoded 256x256 image is 196 KB, above glibc's default threshold for a private ``mmap``,
-    so every decode would map fresh pages and fault them in, and every free unmap them: about
-    60-130 us of kernel time per image here, a sixth of the decode itself. With the thresholds
-    raised, a reader reuses the same pages batch after batch. True if glibc took the settings.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and \
-            bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-    except (OSError, AttributeError):   # not glibc
-        return False
 
 
 READY = "ready"   # a reader's first message: it came through the fork (load/pool.py waits for it)
@@ -152,7 +167,7 @@ def worker_main(wid: int, conn, slots: list[Slot], spec: ReaderSpec) -> None:
     collate = spec.collate_fn or default_collate
     while True:
         try:
-            job = conn.recv()
+            job = recv_job(conn)
         except (EOFError, OSError):
             return
         if job is None:
