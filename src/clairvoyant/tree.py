@@ -3,7 +3,7 @@ included, with its mode and times, and each file's mode and times.
 
 The mount shows them (``mount/listing.py``); the check of a persisted manifest against the source
 (``refresh.py``) compares each folder's mtime. They are optional sections of the binary manifest
-(``manifest.py``), written with it in one atomic rename; a manifest without them (an earlier
+(``manifest/fileformat.py``), written with it in one atomic rename; a manifest without them (an earlier
 version's, a list file's, an object store's) loads as before::
 
     file_modes       <u4, one per key: the permission bits (st_mode & 0o7777)
