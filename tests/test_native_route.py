@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clairvoyant import Loader
-from clairvoyant.cache import native_stage
+from clairvoyant.stage import native_files as native_stage
 from clairvoyant.errors import SourceChanged
 from clairvoyant.stage import native as native_mod
 

@@ -1,4 +1,4 @@
-"""The native stager (cache/_stager.c driven by cache/native_stage.py) on its own: entries written
+"""The native stager (cache/_stager.c driven by stage/native_files.py) on its own: entries written
 and published whole, errors reported with nothing left reserved, one job per file, the key's lock
 waited for and held until the publish, and a file another process staged meanwhile left alone.
 Each check has a control that shows it can fail."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from clairvoyant.cache import native_stage
+from clairvoyant.stage import native_files as native_stage
 from clairvoyant.cache.entry import entry_size, unseal
 from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore

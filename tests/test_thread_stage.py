@@ -1,4 +1,4 @@
-"""The file stager's two engines behind one interface (cache/thread_stage.py): the Python threads'
+"""The file stager's two engines behind one interface (stage/thread_files.py): the Python threads'
 twin keeps the native stager's contract, so that the mount runs the same way with or without the
 C extension. Each check runs on both engines (the native one where it is built)."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from clairvoyant.cache import native_stage, thread_stage
+from clairvoyant.stage import native_files as native_stage, thread_files as thread_stage
 from clairvoyant.cache.entry import entry_size, unseal
 from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore

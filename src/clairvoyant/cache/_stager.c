@@ -1,5 +1,5 @@
 /* MECHANISM: copying files of a directory into places of the local tier's extents, on native
- * threads that never take the GIL (cache/native_stage.py drives it).
+ * threads that never take the GIL (stage/native_files.py drives it).
  *
  * Python reserves each entry's place (ledger bytes, an extent and an offset) and publishes it in
  * the tier's index once written; this engine does what lies between, per file:

@@ -1,7 +1,7 @@
 """MECHANISM: the mount process's copies into the local tier, and its evictions from it.
 
 One stager copies the files (native threads where they are built, else Python's: one interface,
-chosen in one place, cache/thread_stage.py ``file_stager``), from the daemon's handoff where a
+chosen in one place, stage/thread_files.py ``file_stager``), from the daemon's handoff where a
 reader's read left one, else from the source. Copies in flight are bounded by staging slots: one
 is taken before a file is submitted and given back when the stager tells of its copy (the
 collector's batch at once: one wake of a thread waiting for a slot), or at once where no copy
@@ -21,8 +21,8 @@ from typing import Iterable
 
 import numpy as np
 
-from ..cache.native_stage import Done
-from ..cache.thread_stage import file_stager
+from ..stage.native_files import Done
+from ..stage.thread_files import file_stager
 from .counters import Counters
 
 log = logging.getLogger("clairvoyant")

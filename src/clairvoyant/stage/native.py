@@ -1,4 +1,4 @@
-"""MECHANISM: the Loader's misses staged on native threads (cache/native_stage.py, ``_stager.c``).
+"""MECHANISM: the Loader's misses staged on native threads (stage/native_files.py, ``cache/_stager.c``).
 
 Of the staging work the plan gives a rank, one kind is the bulk of a first epoch: a miss the
 local tier keeps, read from a local POSIX source straight into the tier. The Python staging
@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Callable
 
-from ..cache import native_stage
-from ..cache.native_stage import Done, NativeStager
+from . import native_files
+from .native_files import Done, NativeStager
 from ..cache.tiers import LOCAL, Placement, Tiers
 from ..manifest import Manifest
 
@@ -36,7 +36,7 @@ def applies(source, tiers: Tiers, gated: bool) -> bool:
     """Whether the Loader's kept misses from ``source`` go to the native engine (module docstring);
     ``CLAIRVOYANT_NATIVE_STAGE=0`` keeps them on the Python threads (for a comparison, or a fault
     of the native engine)."""
-    return (native_stage.available() and os.environ.get("CLAIRVOYANT_NATIVE_STAGE", "1") != "0"
+    return (native_files.available() and os.environ.get("CLAIRVOYANT_NATIVE_STAGE", "1") != "0"
             and source.native_reads and tiers.direct and not gated)
 
 

@@ -7,7 +7,7 @@ import errno
 import os
 from typing import Iterator
 
-from ..cache import native_stage
+from ..stage import native_files
 from ..cache import publish as publish_mod
 from ..cache.entry import TRAILER
 from ..errors import SampleReadError
@@ -52,8 +52,8 @@ def disk_full_after(nbytes: int, root: str | None = None) -> Iterator[None]:
         original(fd, data, trailer, offset)
 
     # the native staging threads write in C: their jobs are failed with ENOSPC past the same mark,
-    # as the device would fail their pwrite (cache/native_stage.py then gives their places back)
-    native_finish = native_stage.NativeStager._finish
+    # as the device would fail their pwrite (stage/native_files.py then gives their places back)
+    native_finish = native_files.NativeStager._finish
 
     def native_limited(self, done):
         out = []
@@ -67,9 +67,9 @@ def disk_full_after(nbytes: int, root: str | None = None) -> Iterator[None]:
         return native_finish(self, out)
 
     publish_mod.write_at = limited
-    native_stage.NativeStager._finish = native_limited
+    native_files.NativeStager._finish = native_limited
     try:
         yield
     finally:
         publish_mod.write_at = original
-        native_stage.NativeStager._finish = native_finish
+        native_files.NativeStager._finish = native_finish

@@ -20,14 +20,14 @@ import os
 import threading
 from typing import Callable, NamedTuple
 
-from .entry import entry_size
-from .extents import Loc
-from .local import LocalStore
+from ..cache.entry import entry_size
+from ..cache.extents import Loc
+from ..cache.local import LocalStore
 
 try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
         raise ImportError("disabled by CLAIRVOYANT_NO_CEXT")
-    from ._stager import Stager as _Engine
+    from ..cache._stager import Stager as _Engine
 except ImportError:
     _Engine = None
 

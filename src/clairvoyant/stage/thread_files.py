@@ -1,7 +1,7 @@
 """MECHANISM: the native file stager's twin on Python threads, and the one place that picks one.
 
 ``ThreadStager`` stages files of a directory into the local tier with the contract of
-``native_stage.NativeStager`` (``submit``, ``submit_many``, ``in_flight``, ``close``; each job told
+``native_files.NativeStager`` (``submit``, ``submit_many``, ``in_flight``, ``close``; each job told
 once, as a ``Done``, after its entry is published or given up; ``on_batch`` after each): its
 bytes reserved in the ledger at submission, the key's node-wide lock held while the file is read
 (from the daemon's handoff if a reader's open handed it over, else from the source) and its entry
@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from ..fileio import read_with_mtime
-from .entry import entry_size
-from .local import LocalStore
-from .native_stage import Done, NativeStager, _why, available
+from ..cache.entry import entry_size
+from ..cache.local import LocalStore
+from .native_files import Done, NativeStager, _why, available
 
 
 def file_stager(store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
