@@ -115,6 +115,41 @@ def test_a_file_is_read_from_the_store_once_by_the_whole_cluster(tmp_path, tree)
             m.close()
 
 
+def test_an_entry_the_home_lost_is_kept_again_at_its_next_read(tmp_path, tree):
+    """The home's tier loses a file its policy counts as held (an entry found stale or corrupt, a
+    copy that failed, an eviction that crossed a keep): the home's next read of it reads the store
+    once and keeps it again, so that later reads come from its tier. Control: the policy still
+    counts the lost file as held when it is read again (without the fix, every read of it went to
+    the store: 1, 2, 3 store reads for 3 reads, as a review reproduced)."""
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    try:
+        homes = hash_homes(N, 2)
+        keys = sorted(files)
+        f = next(i for i in range(N) if homes[i] == 0)   # a file of node 0
+        key = keys[f]
+        path = os.path.join(ms[0].path, key)
+
+        def own_read() -> None:
+            drop_pages([path])   # past the page cache: each read reaches node 0's daemon
+            with open(path, "rb") as fh:
+                assert fh.read() == files[key]
+            assert wait_until(lambda: _settled(ms), 20)
+        own_read()
+        assert ms[0].stats().opens_source == 1
+        assert wait_until(lambda: ms[0].tiers.find_local(key, len(files[key])) is not None, 10)   # kept
+        ms[0].tiers.drop(key)                            # lost behind the policy's back
+        assert ms[0].cluster._policy.holds(f)            # control: the policy still counts it
+        for _ in range(3):
+            own_read()
+        s = ms[0].stats()
+        assert s.opens_source == 2 and s.opens_local == 2, s   # once more from the store, then the tier
+        assert ms[0].tiers.find_local(key, len(files[key])) is not None
+    finally:
+        for m in ms:
+            m.close()
+
+
 def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
     """Node 1's mount is gone: node 0's reads of node 1's files are served from the store, with
     the right bytes. Control: while node 1 runs, they come from it."""

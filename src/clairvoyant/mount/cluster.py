@@ -371,6 +371,11 @@ class MountCluster:
             gone: list[int] = []
             if present and not self._policy.holds(f):   # in the tier, unknown to the policy (an earlier
                 gone += self._policy.read(self.node, f).evicted   # session's): it counts from now on
+            elif not present and self._policy.holds(f):
+                # counted as held, but the tier lacks it: an entry found stale or corrupt (and
+                # removed), a copy that failed, an eviction that crossed a keep. Forgotten first,
+                # so that this read keeps it again; else every later read would go to the store
+                self._policy.forget(f)
             got = self._policy.read(self.node, f)
             evicted = [self._keys[g] for g in (*gone, *got.evicted)]
         for key in evicted:
