@@ -236,6 +236,27 @@ def test_mount_cluster_under_mpirun(tmp_path, tree):
     assert wait_until(lambda: not ours(token), 10), ours(token)
 
 
+@needs_mpirun
+def test_a_node_that_cannot_mount_ends_the_job_instead_of_hanging_it(tmp_path, tree):
+    """``mpirun -n 2 clairvoyant mount --cluster``, node 1's mount point not empty (its mount fails
+    before the nodes agree): the job ends with an error naming node 1, within seconds, and leaves
+    no process behind; node 0 waited for node 1 in the start's collectives and hung the job before.
+    Control: node 0's mount point was fine (the failure is node 1's)."""
+    src, _ = tree
+    token = f"cvmf{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    work.mkdir()
+    for n in range(2):
+        (work / f"mnt{n}").mkdir()
+    (work / "mnt1" / "in-the-way").write_text("x")
+    cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+    rc, out, err = launch([cv, "mount", "--cluster", src, str(work / "mnt{node}"), "--local-dir",
+                           str(work / "local{node}")], token, n=2, timeout=60, env=NO_SM)
+    assert rc != 0
+    assert "node 1's mount did not start" in err and "node 0's mount did not start" not in err, err[-2000:]
+    assert not mounted(str(work / "mnt0")) and not mounted(str(work / "mnt1"))
+
+
 def test_with_samplers_each_node_fetches_its_coming_reads_ahead(tmp_path, tree):
     """Each node's sampler publishes its half of a shuffled epoch: the node's other-home files are
     fetched ahead from their homes and its own from the store, so the daemon's asks find them

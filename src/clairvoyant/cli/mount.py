@@ -122,9 +122,16 @@ def cmd_mount(args: argparse.Namespace) -> int:
         node = str(link.node) if link is not None else os.environ.get("CLAIRVOYANT_NODE", "0")
         mnt = mnt.replace("{node}", node)
         local_dir = local_dir.replace("{node}", node) if local_dir else local_dir
-    m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity,
-              stage=not args.no_stage, reindex=args.reindex, cluster=link,
-              **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
+    try:
+        m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity,
+                  stage=not args.no_stage, reindex=args.reindex, cluster=link,
+                  **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
+    except BaseException as e:
+        if link is not None:   # the other nodes wait for this one in the start's collectives: end the job
+            print(f"clairvoyant: node {link.node}'s mount did not start ({type(e).__name__}: {e}); ending the "
+                  "job, whose other nodes would wait for it", file=sys.stderr, flush=True)
+            link.abort(1)
+        raise
     try:
         role = f"; node {link.node} of a cluster of {link.nodes} mounts" if link is not None else ""
         print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, "

@@ -96,6 +96,10 @@ class MPILink:
         from ..dist import mpi
         mpi.agree(self._comm, fingerprint, what)
 
+    def abort(self, code: int) -> None:
+        """End the MPI job (a node that cannot start: the others would wait for it in collectives)."""
+        self._comm.Abort(code)
+
     def start(self, serve: Callable[[int], bytes | None]) -> None:
         # a program waits on each peer read: the service looks for messages every 200 us when idle
         self._service = self._peers.PeerService(self._comm, serve, serve_threads=8, idle_max=2e-4)
