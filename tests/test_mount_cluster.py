@@ -150,6 +150,44 @@ def test_an_entry_the_home_lost_is_kept_again_at_its_next_read(tmp_path, tree):
             m.close()
 
 
+def test_close_waits_for_an_answer_to_a_peer_under_way(tmp_path, tree):
+    """A home reading the store for a peer when its mount closes: close() returns only after that
+    answer (so it never touches a closed tier), and a request that comes after the close is refused
+    at once. Control: while the store read is held, close() has not returned."""
+    import threading
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    c0 = ms[0].cluster
+    f = next(i for i in range(N) if hash_homes(N, 2)[i] == 0)
+    held, entered = threading.Event(), threading.Event()
+    real = ms[0].source.read_versioned
+
+    def slow(key):
+        entered.set()
+        assert held.wait(20)
+        return real(key)
+    ms[0].source.read_versioned = slow
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("data", c0.serve(f)))
+    t.start()
+    try:
+        assert entered.wait(10)
+        closer = threading.Thread(target=c0.close)
+        closer.start()
+        time.sleep(0.3)
+        assert closer.is_alive()   # control: waiting for the answer under way
+        assert c0.serve(f) is None   # a new request after the close: refused at once
+        held.set()
+        closer.join(10)
+        t.join(10)
+        assert not closer.is_alive() and got["data"] == files[sorted(files)[f]]
+    finally:
+        held.set()
+        for m in ms:
+            m.close()
+
+
 def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
     """Node 1's mount is gone: node 0's reads of node 1's files are served from the store, with
     the right bytes. Control: while node 1 runs, they come from it."""

@@ -46,6 +46,7 @@ from ..plan.unplanned import STORE, HomesLRU, hash_homes
 log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
 ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
+CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
 KEEP_PEER_FILES = 30.0   # seconds a peer's bytes stay in the handoff directory (fetched ahead, or
                          # later parts of the file)
 
@@ -161,6 +162,8 @@ class MountCluster:
         entries = self._sizes + entry_size(0)
         self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, entries)
         self._lock = threading.Lock()    # the policy, the counters, the peer files
+        self._serving = 0                # peers' requests being answered (close waits for them)
+        self._served = threading.Condition(self._lock)
         self.ask_timeout = float(ask_timeout)
         # the daemon's asks (a read waits on each) apart from the work ahead, which never delays them
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ask")
@@ -318,8 +321,18 @@ class MountCluster:
 
     def serve(self, f: int) -> bytes | None:
         """A peer asks for file ``f`` of this home: from the tier, or read from the store now and
-        kept by the policy. None: not this node's, or the store failed (the peer reads it)."""
-        return self._get(f, "served")
+        kept by the policy. None: not this node's, or the store failed (the peer reads it), or
+        closing (``close`` waits for the answers under way, so none touches a closed tier)."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._serving += 1
+        try:
+            return self._get(f, "served")
+        finally:
+            with self._lock:
+                self._serving -= 1
+                self._served.notify_all()
 
     def _get(self, f: int, why: str) -> bytes | None:
         """``f``'s bytes at its home, from the tier or the store (counted ``<why>_from_tier`` or
@@ -354,7 +367,8 @@ class MountCluster:
         if self._decide(f, False):
             loc = None
             try:
-                loc = tiers.local.put(key, data, mtime_ns, tiers.local_capacity)
+                if not self._closed:   # (close waits for answers under way; this is for the ahead pool's)
+                    loc = tiers.local.put(key, data, mtime_ns, tiers.local_capacity)
             except Exception as e:   # a full device: served all the same, not kept
                 log.warning("clairvoyant: cannot keep %s in this home's tier (%s)", key, e)
             if loc is None:   # not kept after all: the policy must not count it
@@ -413,9 +427,12 @@ class MountCluster:
         out.update(node=self.node, nodes=self.nodes, link=self.link.counters())
         return out
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_WAIT) -> None:
         with self._lock:
             self._closed = True
+            if not self._served.wait_for(lambda: self._serving == 0, timeout):   # a store read for a peer
+                log.warning("clairvoyant: %d answers to peers still under way after %.0f s; closing without "
+                            "them", self._serving, timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.link.close()
