@@ -52,3 +52,28 @@ def test_the_record_carries_no_sample_bytes():
     # control: the job pickled whole, as a plain send does, is one message holding every byte
     whole = _sent(lambda c: c.send(job))
     assert len(whole) == 1 and len(whole[0]) > data
+
+
+def test_a_job_interrupted_half_way_marks_its_pipe_torn():
+    """Ctrl-C between a job's messages leaves the reader waiting for bytes that never come: the
+    pipe is marked torn (the pool then ends that reader instead of sending it a stop it would read
+    as sample bytes). Control: a job sent whole leaves the pipe as it was."""
+    from clairvoyant.load.worker import torn
+
+    class Interrupted:
+        def __init__(self, after: int) -> None:
+            self.after, self.sent = after, 0
+
+        def send_bytes(self, b) -> None:
+            if self.sent == self.after:
+                raise KeyboardInterrupt
+            self.sent += 1
+
+    whole, cut = Interrupted(10 ** 6), Interrupted(2)
+    send_job(whole, _job())
+    assert whole.sent == 1 + 8 and not torn(whole)
+    try:
+        send_job(cut, _job())
+    except KeyboardInterrupt:
+        pass
+    assert cut.sent == 2 and torn(cut)

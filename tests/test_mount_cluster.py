@@ -188,6 +188,66 @@ def test_close_waits_for_an_answer_to_a_peer_under_way(tmp_path, tree):
             m.close()
 
 
+def test_an_ask_during_a_fetch_ahead_that_fails_gets_its_miss_mark(tmp_path, tree):
+    """The daemon asks for a file that is being fetched ahead; the fetch fails: a miss mark is left,
+    so the daemon reads the store at once instead of waiting out its whole wait. Control: a fetch
+    ahead that fails with no one asking leaves no mark (the daemon's own ask tries again)."""
+    import threading
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    c1 = ms[1].cluster
+    theirs = [i for i in range(N) if hash_homes(N, 2)[i] == 0]   # node 0's files, fetched by node 1
+    release = threading.Event()
+    c1.link.fetch = lambda *a: (release.wait(20), None)[1]        # the home is late, then misses
+    mark = lambda f: os.path.exists(os.path.join(ms[1].handoff, f"{f}.miss"))   # noqa: E731
+    try:
+        f, g = theirs[0], theirs[1]
+        c1.ahead(f)
+        c1.ahead(g)
+        assert wait_until(lambda: c1.busy(), 5)
+        c1.ask(f)                    # the daemon's read of f comes while f is fetched ahead
+        release.set()
+        assert wait_until(lambda: not c1.busy(), 10)
+        assert mark(f)
+        assert not mark(g)           # control: no one waited on g
+    finally:
+        release.set()
+        for m in ms:
+            m.close()
+
+
+def test_peers_bytes_in_the_handoff_directory_are_bounded(tmp_path, tree):
+    """Files read from a peer stay in the handoff directory for later reads of them, outside the
+    tier's capacity: their bytes are bounded (``peer_files_cap``), the oldest go first, the newest
+    stays. Control: under the default bound (256 MiB) every one of them is still there."""
+    src, files = tree
+    keys = sorted(files)
+    theirs = [i for i in range(N) if hash_homes(N, 2)[i] == 0]   # node 0's files, read by node 1
+
+    def peer_bytes(m) -> int:
+        return sum(os.path.getsize(os.path.join(m.handoff, n)) for n in os.listdir(m.handoff) if n.isdigit())
+    for cap, name in ((None, "default"), (20_000, "small")):
+        (tmp_path / name).mkdir()
+        ms = _mounts(tmp_path / name, src, 2)
+        try:
+            if cap is not None:
+                ms[1].cluster.peer_files_cap = cap
+            for f in theirs:
+                with open(os.path.join(ms[1].path, keys[f]), "rb") as fh:
+                    assert fh.read() == files[keys[f]]
+            assert wait_until(lambda: _settled(ms), 20)
+            total = sum(len(files[keys[f]]) + 8 for f in theirs)   # each file's bytes and its mtime
+            if cap is None:
+                assert peer_bytes(ms[1]) == total   # control
+            else:
+                assert total > 3 * cap and 0 < peer_bytes(ms[1]) <= cap + 8 + max(len(v) for v in files.values())
+                assert os.path.exists(os.path.join(ms[1].handoff, str(theirs[-1])))   # the newest stays
+        finally:
+            for m in ms:
+                m.close()
+
+
 def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
     """Node 1's mount is gone: node 0's reads of node 1's files are served from the store, with
     the right bytes. Control: while node 1 runs, they come from it."""

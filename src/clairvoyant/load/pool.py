@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..errors import ConfigError, WorkerError
 from .transport import Slot
-from .worker import READY, ReaderSpec, send_job, worker_main
+from .worker import READY, ReaderSpec, send_job, torn, worker_main
 
 log = logging.getLogger("clairvoyant")
 READY_WAIT = 20.0   # seconds a forked reader has to say it came through the fork
@@ -108,6 +108,9 @@ class WorkerPool:
 
     def close(self, timeout: float = 5.0) -> None:
         for w in self.workers:
+            if torn(w.conn):   # a job half sent: the reader would read the stop as its bytes
+                w.process.kill()
+                continue
             try:
                 send_job(w.conn, None)
             except (OSError, ValueError):

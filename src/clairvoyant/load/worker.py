@@ -29,6 +29,7 @@ import struct
 import sys
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, NamedTuple
@@ -108,6 +109,7 @@ class Failed(NamedTuple):
 # -- the job's wire: the record pickled, the samples' bytes beside it --------------------------------
 
 _BUFFERS = struct.Struct("<I")
+_TORN: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 
 
 def send_job(conn: Connection, job: Job | None) -> None:
@@ -122,8 +124,18 @@ def send_job(conn: Connection, job: Job | None) -> None:
                                   for it in job.items])
     record = pickle.dumps(job, protocol=5, buffer_callback=buffers.append)
     conn.send_bytes(_BUFFERS.pack(len(buffers)) + record)
-    for b in buffers:
-        conn.send_bytes(b.raw())
+    try:
+        for b in buffers:
+            conn.send_bytes(b.raw())
+    except BaseException:   # Ctrl-C between two messages: the reader waits for bytes that never come
+        _TORN.add(conn)
+        raise
+
+
+def torn(conn: Connection) -> bool:
+    """Whether a job's messages to this reader stopped half way (:func:`send_job` interrupted): it
+    waits for bytes that will never come and cannot be told to stop, only ended."""
+    return conn in _TORN
 
 
 def recv_job(conn: Connection) -> Job | None:

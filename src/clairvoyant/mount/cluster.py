@@ -47,6 +47,9 @@ log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
 ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
 CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
+# peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
+# and at thousands of peer reads a second 30 s of them would be gigabytes
+PEER_FILES_BYTES = 256 << 20
 KEEP_PEER_FILES = 30.0   # seconds a peer's bytes stay in the handoff directory (fetched ahead, or
                          # later parts of the file)
 
@@ -169,7 +172,11 @@ class MountCluster:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ask")
         self._ahead_pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ahead")
         self._asked: set[int] = set()
-        self._peer_files: collections.deque[tuple[float, str]] = collections.deque()
+        self._waited: set[int] = set()   # asked by the daemon while a fetch ahead of it was under way
+        # peers' bytes and miss marks in the handoff directory: (when, path, bytes), oldest first
+        self._peer_files: collections.deque[tuple[float, str, int]] = collections.deque()
+        self._peer_bytes = 0
+        self.peer_files_cap = PEER_FILES_BYTES
         self._c: collections.Counter = collections.Counter()
         self._closed = False
         self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
@@ -207,7 +214,11 @@ class MountCluster:
         there already, fetched ahead). ``ahead``: no one waits for it yet (mount/cluster_ahead.py):
         a failed fetch leaves no miss mark, and the daemon's own ask tries again."""
         with self._lock:
-            if self._closed or f in self._asked:
+            if self._closed:
+                return
+            if f in self._asked:   # fetched ahead right now: the daemon waits on that fetch
+                if not ahead:
+                    self._waited.add(f)
                 return
             if os.path.exists(os.path.join(self.mount.handoff, str(f))):
                 if not ahead:
@@ -223,6 +234,7 @@ class MountCluster:
                 self._miss(f)
 
     def _answer(self, f: int, ahead: bool = False) -> None:
+        got = False
         try:
             home, size = int(self.homes[f]), int(self._sizes[f])
             data = None
@@ -231,22 +243,22 @@ class MountCluster:
                 data = self.link.fetch(home, f, size, self.ask_timeout)
                 with self._lock:
                     self._c["peer_seconds"] += time.perf_counter() - t0
-            if data is None:
-                if not ahead:
-                    self._miss(f)
-                return
-            self._leave(f, data, 0)
-            with self._lock:
-                self._c["from_peers"] += 1
-                self._c["bytes_from_peers"] += len(data)
+            if data is not None:
+                self._leave(f, data, 0)
+                got = True
+                with self._lock:
+                    self._c["from_peers"] += 1
+                    self._c["bytes_from_peers"] += len(data)
         except Exception as e:   # the daemon reads the store: never an error in the program
             log.warning("clairvoyant: fetching %s from its home failed (%s: %s); the store serves it",
                         self._keys[f], type(e).__name__, e)
-            if not ahead:
-                self._miss(f)
         finally:
-            with self._lock:
+            with self._lock:   # (a daemon's ask that came while this fetch ran ahead waits on it too)
+                waited = not ahead or f in self._waited
                 self._asked.discard(f)
+                self._waited.discard(f)
+            if not got and waited:
+                self._miss(f)   # the daemon reads the store now, not after its whole wait
             self._forget_old()
 
     def _leave(self, f: int, data: bytes, mtime_ns: int) -> None:
@@ -258,7 +270,9 @@ class MountCluster:
             out.write(int(mtime_ns).to_bytes(8, "little"))
         os.replace(tmp, final)
         with self._lock:
-            self._peer_files.append((time.monotonic(), final))
+            self._peer_files.append((time.monotonic(), final, len(data)))
+            self._peer_bytes += len(data)
+        self._forget_old()
 
     def _miss(self, f: int) -> None:
         path = os.path.join(self.mount.handoff, f"{f}.miss")
@@ -269,14 +283,18 @@ class MountCluster:
             return   # the daemon's wait ends on its own
         with self._lock:
             self._c["peer_misses"] += 1
-            self._peer_files.append((time.monotonic(), path))
+            self._peer_files.append((time.monotonic(), path, 0))
 
     def _forget_old(self) -> None:
-        """Remove peers' bytes and miss marks older than KEEP_PEER_FILES seconds."""
+        """Remove peers' bytes and miss marks older than KEEP_PEER_FILES seconds, and the oldest
+        peers' bytes while they add up to more than ``peer_files_cap`` (the newest stays)."""
         now, gone = time.monotonic(), []
         with self._lock:
-            while self._peer_files and now - self._peer_files[0][0] > KEEP_PEER_FILES:
-                gone.append(self._peer_files.popleft()[1])
+            while self._peer_files and (now - self._peer_files[0][0] > KEEP_PEER_FILES
+                                        or (self._peer_bytes > self.peer_files_cap and len(self._peer_files) > 1)):
+                _, path, n = self._peer_files.popleft()
+                self._peer_bytes -= n
+                gone.append(path)
         for path in gone:
             try:
                 os.unlink(path)
@@ -437,7 +455,8 @@ class MountCluster:
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.link.close()
         with self._lock:
-            files, self._peer_files = [p for _, p in self._peer_files], collections.deque()
+            files, self._peer_files = [p for _, p, _ in self._peer_files], collections.deque()
+            self._peer_bytes = 0
         for path in files:
             try:
                 os.unlink(path)

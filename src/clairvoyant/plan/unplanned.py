@@ -1,13 +1,18 @@
 """POLICY, pure: what a mount keeps when no sampler publishes the order (the program shuffles).
 
-With a clairvoyant sampler the mount knows every coming read and runs the plans the Loader runs
-(farthest next use per node, ``plan/residency.py``; the cluster plan, ``plan/cluster.py``). A
-program that shuffles on its own tells the mount nothing ahead: it sees each read as it comes, and
-that is all an unmodified program allows. Two policies decide from the reads alone:
+With a clairvoyant sampler a node's mount knows every coming read of its node and runs the
+Loader's node plan (farthest next use, ``plan/ahead.py`` over ``plan/residency.py``'s rule); a
+cluster of mounts with samplers keeps ``HomesLRU``'s hashed homes and recency and fetches each
+node's coming reads ahead (mount/cluster_ahead.py), not the Loader's cluster plan
+(``plan/cluster.py``), which needs every node's orders. A program that shuffles on its own tells
+the mount nothing ahead: it sees each read as it comes, and that is all an unmodified program
+allows. Two policies decide from the reads alone:
 
-- ``ReadThrough`` (one node, today's ``clairvoyant mount`` without a sampler): a file read from the
-  store is kept while the tier has room, and kept for good: in a shuffled order no file is likelier
-  to come back than another, so nothing is gained by turning the tier over.
+- ``ReadThrough`` (one node: the model of ``clairvoyant mount`` without a sampler in a shuffled
+  order): a file read from the store is kept while the tier has room, and kept for good: in a
+  shuffled order no file is likelier to come back than another, so nothing is gained by turning
+  the tier over. (The mount also reads ahead, and lets the files opened last give way, where the
+  opens follow the listing's or an earlier pass's order: mount/opens.py, plan/readahead.py.)
 - ``HomesLRU`` (``clairvoyant mount --cluster`` without a sampler): every file has a **home** node
   (``hash_homes``: a hash of its number, the same on every node, balanced, with no exchange). A
   read of a file the home holds is served from there (the reader's own tier if it is the home, a

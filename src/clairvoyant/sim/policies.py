@@ -18,10 +18,14 @@ the simulator cannot drift from it:
   sample's home keeps it, peers read it over the interconnect;
 - ``read-through``: ``clairvoyant mount`` without a sampler (the program shuffles on its own),
   node by node: a file read from the store is kept while the node's tier has room
-  (``plan.unplanned.ReadThrough``); with a sampler the mount runs ``node``'s plan;
+  (``plan.unplanned.ReadThrough``). The mount also reads ahead where the opens follow the
+  listing's or an earlier pass's order (``plan/readahead.py``), which this does not model: in a
+  shuffled order it does not apply. With a sampler the mount runs ``node``'s plan;
 - ``cluster-lru``: ``clairvoyant mount --cluster`` without a sampler: each file's home keeps it,
   read from the store by the home, least recently read across the cluster evicted first
-  (``plan.unplanned.HomesLRU``); with a sampler the mount runs ``cluster``'s plan;
+  (``plan.unplanned.HomesLRU``). With samplers the cluster of mounts fetches each node's coming
+  reads ahead with the same hashed homes and the same recency rule: its store reads are these,
+  not ``cluster``'s (the Loader's cluster plan, which the mount does not run);
 - ``no-io``: nothing is read: the lower bound.
 
 Only the public signatures of ``plan/`` are used; ``node_tier_epoch`` runs
