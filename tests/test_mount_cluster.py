@@ -248,6 +248,33 @@ def test_peers_bytes_in_the_handoff_directory_are_bounded(tmp_path, tree):
                 m.close()
 
 
+def test_homes_under_capacity_pressure_evict_and_serve_the_right_bytes(tmp_path, tree):
+    """Two nodes whose tiers hold 20% of the data set each: three passes over every file, by both
+    nodes in turn, in shuffled orders; every byte is the source's, each home's tier stays within its
+    capacity, and homes evict (least recently read first). Control: at 60% nothing is evicted."""
+    src, files = tree
+    for cap, name in (("60%", "roomy"), ("20%", "tight")):
+        (tmp_path / name).mkdir()
+        ms = _mounts(tmp_path / name, src, 2, capacity=cap)
+        try:
+            for p in range(3):
+                for n, m in enumerate(ms):
+                    assert _read_all(m, files, seed=10 * p + n) == []
+                    drop_pages([os.path.join(m.path, k) for k in files])
+                    assert wait_until(lambda: _settled(ms), 20)
+                    for mm in ms:
+                        used = mm.tiers.usage()["local"]
+                        assert used["used"] <= used["capacity"], used
+            evicted = sum(m.cluster.counters().get("evicted", 0) for m in ms)
+            if name == "roomy":
+                assert evicted == 0   # control
+            else:
+                assert evicted > 0 and _store_reads(ms) > N
+        finally:
+            for m in ms:
+                m.close()
+
+
 def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
     """Node 1's mount is gone: node 0's reads of node 1's files are served from the store, with
     the right bytes. Control: while node 1 runs, they come from it."""
