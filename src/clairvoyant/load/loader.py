@@ -177,6 +177,8 @@ class Loader(NodeSetup, EpochPasses):
             lws = int(local_world_size or 1)
             self.topology = validate(int(rank), int(world_size), local_world_size=lws)
         self.source = as_source(source, storage_options)
+        if decode is None and self.source.decoder is not None:   # arrays: back to their dtype and shape
+            self.decode = self.source.decoder
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)
         self.source.use_manifest(self.manifest)   # an object store reads exactly the listed sizes
         if len(self.manifest) == 0:

@@ -8,20 +8,22 @@ from typing import Any
 
 from ..errors import ConfigError
 from .adapter import AdaptedSource, adapt
+from .arrays import NumpySource, is_array_path
 from .base import Source
 from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
 from .posix import PosixSource
 from .shards import TarShardSource, is_shard_dir
 from .remote import RemoteSource, is_url
 
-__all__ = ["Source", "AdaptedSource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
+__all__ = ["Source", "AdaptedSource", "NumpySource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
            "as_source", "is_dataset", "list_file_source"]
 
 
 def as_source(obj: Any, storage_options: dict | None = None) -> Source:
     """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
     :class:`ListedSource`, a path (or glob) ending in .tar or a directory of nothing but .tar files
-    a :class:`TarShardSource`; a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
+    a :class:`TarShardSource`, a .npy or .npz file or a directory of nothing but those a
+    :class:`NumpySource` (a sample per row); a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
     :class:`RemoteSource` with ``storage_options``; a :class:`Source` is returned as is, another
     object with ``uri``, ``scan()`` and ``read(key)`` is adapted (:class:`AdaptedSource`); anything
     else is a :class:`NotASource` error naming what it lacks."""
@@ -37,5 +39,7 @@ def as_source(obj: Any, storage_options: dict | None = None) -> Source:
             return list_file_source(obj)
         if (os.fspath(obj).endswith(".tar") and not os.path.isdir(obj)) or is_shard_dir(os.fspath(obj)):
             return TarShardSource(obj)
+        if is_array_path(os.fspath(obj)):
+            return NumpySource(obj)
         return PosixSource(obj)
     return adapt(obj)

@@ -11,7 +11,7 @@ be picklable so that reader processes can use them.
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
 class Source(abc.ABC):
@@ -41,6 +41,9 @@ class Source(abc.ABC):
     #: ``native_reads``: a key is the plain file ``root/key``, read with nothing charged or checked
     #: on the way, so the native staging threads may read it themselves (stage/native.py)
     native_reads: bool = False
+    #: ``decoder``: what a sample's bytes are turned into when the Loader is given no ``decode=``
+    #: (arrays: their dtype and shape); None: the Loader's default (images)
+    decoder: Callable[[bytes], Any] | None = None
 
     @abc.abstractmethod
     def scan(self) -> Iterator[tuple[str, int]]:

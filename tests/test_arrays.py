@@ -1,0 +1,155 @@
+"""NumPy arrays as a source (source/arrays.py): rows of .npy files and .npz members as samples,
+read by byte range, decoded back to their dtype and shape; bad files refused with typed errors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+
+from clairvoyant import Loader
+from clairvoyant.errors import ConfigError, SampleReadError
+from clairvoyant.source import NumpySource, as_source
+from clairvoyant.source.arrays import ArrayFileError
+
+
+def _data(n: int = 90) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, 3, 4)).astype(np.float32)
+    x[:, 0, 0] = np.arange(n)   # each row says which it is
+    return x, (np.arange(n) % 5).astype(np.int64)
+
+
+def _epoch(source, tmp_path, epoch: int = 0, **kw) -> tuple[np.ndarray, np.ndarray]:
+    with Loader(source, batch_size=8, local_dir=str(tmp_path / "local"), seed=1, num_workers=1,
+                output="numpy", **kw) as ld:
+        ld.set_epoch(epoch)
+        xs, ys = zip(*[(np.asarray(b[0]), np.asarray(b[1])) for b in ld])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def test_npy_rows_are_samples_every_one_once_per_epoch_as_in_the_files(tmp_path):
+    """Two .npy files: an epoch gives every row once, bytes, dtype and shape as numpy reads them, in a
+    shuffled order that changes with the epoch. Control: the epoch's order is not the files' order."""
+    x, _ = _data()
+    d = tmp_path / "npy"
+    d.mkdir()
+    np.save(d / "a.npy", x[:50])
+    np.save(d / "b.npy", x[50:])
+    assert isinstance(as_source(str(d)), NumpySource)
+    got, labels = _epoch(str(d), tmp_path)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    order = got[:, 0, 0].astype(int)
+    assert sorted(order.tolist()) == list(range(len(x)))          # every row once
+    assert np.array_equal(got, x[order])                          # each with its bytes
+    assert order.tolist() != list(range(len(x)))                  # control: shuffled
+    again, _ = _epoch(str(d), tmp_path, epoch=1)
+    assert again[:, 0, 0].astype(int).tolist() != order.tolist()  # another epoch, another order
+    assert (labels == -1).all()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_members_with_labels_stored_or_compressed(tmp_path, compressed):
+    """An .npz with the samples in member ``x`` and their labels in ``y``: rows read by byte range
+    where the member is stored, through NumPy where it is compressed; same samples, same labels."""
+    x, y = _data()
+    path = tmp_path / "run.npz"
+    (np.savez_compressed if compressed else np.savez)(path, x=x, y=y, other=np.zeros(3))
+    with zipfile.ZipFile(path) as zf:
+        assert (zf.getinfo("x.npy").compress_type == zipfile.ZIP_STORED) != compressed
+    src = NumpySource(str(path), dataset="x", labels="y")
+    got, labels = _epoch(src, tmp_path)
+    order = got[:, 0, 0].astype(int)
+    assert sorted(order.tolist()) == list(range(len(x)))
+    assert np.array_equal(got, x[order]) and np.array_equal(labels, y[order])
+
+
+def test_one_file_per_sample(tmp_path):
+    """``per_file=True``: each .npy is one sample, its whole array."""
+    d = tmp_path / "vols"
+    d.mkdir()
+    vols = [np.full((2, 3, 4), i, np.int16) for i in range(12)]
+    for i, v in enumerate(vols):
+        np.save(d / f"v{i:02d}.npy", v)
+    src = NumpySource(str(d), per_file=True)
+    assert len(list(src.scan())) == 12
+    got, _ = _epoch(src, tmp_path)
+    assert got.shape == (12, 2, 3, 4) and got.dtype == np.int16
+    assert sorted(int(g[0, 0, 0]) for g in got) == list(range(12))
+    assert all((g == g[0, 0, 0]).all() for g in got)
+
+
+def test_a_range_read_gives_each_rows_bytes(tmp_path):
+    """Neighbouring rows form ranges of one read each; a range read gives each row's bytes as a
+    read of it alone does, and the source survives a pickle (reader processes)."""
+    x, _ = _data(300)
+    np.save(tmp_path / "a.npy", x)
+    src = NumpySource(str(tmp_path / "a.npy"))
+    keys = [k for k, _ in src.scan()]
+    assert keys == sorted(keys)   # zero-padded rows: sorted keys keep the rows' order
+    of, nbytes = src.sample_ranges(keys, span=4096)
+    assert len(nbytes) > 1 and (nbytes <= 4096).all()
+    for r in range(len(nbytes)):
+        members = [k for k, o in zip(keys, of) if o == r]
+        datas, _ = src.read_range(members)
+        assert datas == [src.read(k) for k in members]
+    back = pickle.loads(pickle.dumps(src))
+    assert back.read(keys[7]) == x[7].tobytes()
+
+
+def test_bad_array_files_get_typed_errors_naming_them(tmp_path):
+    x, _ = _data()
+    np.save(tmp_path / "ok.npy", x)
+    cut = tmp_path / "cut.npy"
+    np.save(cut, x)
+    with open(cut, "r+b") as f:
+        f.truncate(os.path.getsize(cut) - 100)
+    with pytest.raises(ArrayFileError, match="cut.npy is truncated"):
+        NumpySource(str(cut))
+    objs = tmp_path / "objs.npy"
+    np.save(objs, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with pytest.raises(ArrayFileError, match="objs.npy holds Python objects"):
+        NumpySource(str(objs))
+    fort = tmp_path / "fort.npy"
+    np.save(fort, np.asfortranarray(x))
+    with pytest.raises(ArrayFileError, match="Fortran order"):
+        NumpySource(str(fort))
+    z = tmp_path / "z.npz"
+    np.savez(z, x=x)
+    with zipfile.ZipFile(z, "a") as zf:
+        zf.writestr("junk.npy", b"this is not an array")
+    with pytest.raises(ConfigError, match=r"has no array 'nope'; it has \['junk', 'x'\]"):
+        NumpySource(str(z), dataset="nope")
+    with pytest.raises(ArrayFileError, match="member 'junk' of .*z.npz is not a NumPy array"):
+        NumpySource(str(z), dataset="junk")
+    assert len(list(NumpySource(str(z), dataset="x").scan())) == len(x)   # control: the good member
+    other = tmp_path / "mixed"
+    other.mkdir()
+    np.save(other / "a.npy", x)
+    np.save(other / "b.npy", x.astype(np.float64))
+    with pytest.raises(ConfigError, match="share a dtype and a shape"):
+        NumpySource(str(other))
+
+
+def test_rows_cut_after_listing_name_the_sample_and_skip_goes_on(tmp_path):
+    """A file cut after it was listed: reading its lost rows is a SampleReadError naming the sample
+    and the file; with on_error="skip" the epoch gives every other row. Control: "raise" stops."""
+    x, _ = _data()
+    d = tmp_path / "npy"
+    d.mkdir()
+    np.save(d / "a.npy", x[:50])
+    np.save(d / "b.npy", x[50:])
+    src = NumpySource(str(d))
+    assert src.read("b.npy/35") == x[85].tobytes()   # control: whole before the cut
+    path = str(d / "b.npy")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 10 * x[0].nbytes)   # rows 30..39 of b.npy are gone
+    with pytest.raises(SampleReadError, match=r"b.npy/3\d.*b.npy ends before row"):
+        src.read("b.npy/35")
+    got, _ = _epoch(src, tmp_path, on_error="skip")
+    assert sorted(got[:, 0, 0].astype(int).tolist()) == list(range(80))
+    with pytest.raises(SampleReadError):
+        _epoch(src, tmp_path / "again", on_error="raise")
