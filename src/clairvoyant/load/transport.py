@@ -32,7 +32,9 @@ class Slot:
         self._mapped = 0
 
     def buffer(self, size: int, grow: bool = False) -> mmap.mmap:
-        """A mapping of at least ``size`` bytes; the writer grows the file, the reader follows."""
+        """A mapping of at least ``size`` bytes; the writer grows the file, the reader follows. (A batch
+        with no array, a collate that gives bytes or strings, still maps one byte: no empty map.)"""
+        size = max(int(size), 1)
         if self._mm is None or self._mapped < size:
             actual = os.fstat(self.fd).st_size
             if actual < size:

@@ -9,13 +9,14 @@ from typing import Any
 from ..errors import ConfigError
 from .adapter import AdaptedSource, adapt
 from .arrays import NumpySource, is_array_path
+from .tfrecord import TFRecordSource, is_tfrecord_path
 from .base import Source
 from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
 from .posix import PosixSource
 from .shards import TarShardSource, is_shard_dir
 from .remote import RemoteSource, is_url
 
-__all__ = ["Source", "AdaptedSource", "NumpySource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
+__all__ = ["Source", "AdaptedSource", "NumpySource", "TFRecordSource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
            "as_source", "is_dataset", "list_file_source"]
 
 
@@ -23,7 +24,8 @@ def as_source(obj: Any, storage_options: dict | None = None) -> Source:
     """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
     :class:`ListedSource`, a path (or glob) ending in .tar or a directory of nothing but .tar files
     a :class:`TarShardSource`, a .npy or .npz file or a directory of nothing but those a
-    :class:`NumpySource` (a sample per row); a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
+    :class:`NumpySource` (a sample per row), a .tfrecord file, glob or directory of them a
+    :class:`TFRecordSource` (a sample per record); a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
     :class:`RemoteSource` with ``storage_options``; a :class:`Source` is returned as is, another
     object with ``uri``, ``scan()`` and ``read(key)`` is adapted (:class:`AdaptedSource`); anything
     else is a :class:`NotASource` error naming what it lacks."""
@@ -41,5 +43,7 @@ def as_source(obj: Any, storage_options: dict | None = None) -> Source:
             return TarShardSource(obj)
         if is_array_path(os.fspath(obj)):
             return NumpySource(obj)
+        if is_tfrecord_path(os.fspath(obj)):
+            return TFRecordSource(obj)
         return PosixSource(obj)
     return adapt(obj)
