@@ -68,8 +68,12 @@ class Loader(NodeSetup, EpochPasses):
             torchvision-style dataset (``ImageFolder(root, transform=t)``: its files, classes, transform
             and target_transform are used as they are); or a source object (e.g.
             ``clairvoyant.testing.EmulatedStore``, ``clairvoyant.ListedSource``); or an object store
-            URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``: docs/object-stores.md).
+            URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``: docs/object-stores.md); or
+            arrays in files: tar shards, ``.npy``/``.npz``, ``.tfrecord``, HDF5 (``.h5``), each a path,
+            a glob or a directory of them (a sample per row, record or index).
         storage_options: with a URL source, the fsspec file system's options (credentials, endpoint_url).
+        dataset, labels: with HDF5 files or an ``.npz``, the array that holds the samples (a sample
+            per index along its first axis) and one that holds their integer labels.
         batch_size: samples per batch on this rank.
         local_dir: node-local staging directory, shared by the ranks of a node; defaults to a
             per-user directory under ``$TMPDIR`` created with mode 0700.
@@ -130,7 +134,8 @@ class Loader(NodeSetup, EpochPasses):
                  balance: bool = True, verdict: bool = False, metrics: str | os.PathLike[str] | None = None,
                  transform: Callable | None = None, target_transform: Callable | None = None,
                  worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto",
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, dataset: str | None = None,
+                 labels: str | None = None) -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
             self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
@@ -176,7 +181,7 @@ class Loader(NodeSetup, EpochPasses):
         else:
             lws = int(local_world_size or 1)
             self.topology = validate(int(rank), int(world_size), local_world_size=lws)
-        self.source = as_source(source, storage_options)
+        self.source = as_source(source, storage_options, dataset=dataset, labels=labels)
         if decode is None and self.source.decoder is not None:   # arrays: back to their dtype and shape
             self.decode = self.source.decoder
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ConfigError
 from .adapter import AdaptedSource, adapt
 from .arrays import NumpySource, is_array_path
+from .hdf5 import HDF5Source, is_hdf5_path
 from .tfrecord import TFRecordSource, is_tfrecord_path
 from .base import Source
 from .listed import LIST_SUFFIXES, DatasetPort, ListedSource, is_dataset, list_file_source
@@ -16,19 +17,29 @@ from .posix import PosixSource
 from .shards import TarShardSource, is_shard_dir
 from .remote import RemoteSource, is_url
 
-__all__ = ["Source", "AdaptedSource", "NumpySource", "TFRecordSource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
+__all__ = ["Source", "AdaptedSource", "HDF5Source", "NumpySource", "TFRecordSource", "PosixSource", "ListedSource", "DatasetPort", "TarShardSource", "RemoteSource",
            "as_source", "is_dataset", "list_file_source"]
 
 
-def as_source(obj: Any, storage_options: dict | None = None) -> Source:
+def as_source(obj: Any, storage_options: dict | None = None, *, dataset: str | None = None,
+              labels: str | None = None) -> Source:
     """A directory path becomes a :class:`PosixSource`, a list file (.csv, .tsv, .jsonl) a
     :class:`ListedSource`, a path (or glob) ending in .tar or a directory of nothing but .tar files
     a :class:`TarShardSource`, a .npy or .npz file or a directory of nothing but those a
     :class:`NumpySource` (a sample per row), a .tfrecord file, glob or directory of them a
-    :class:`TFRecordSource` (a sample per record); a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
+    :class:`TFRecordSource` (a sample per record), an HDF5 file (.h5, .hdf5), glob or directory
+    of them an :class:`HDF5Source` (a sample per index of ``dataset``, its labels in ``labels``); a URL (``s3://``, ``gs://``, ``https://``..., not ``file://``) a
     :class:`RemoteSource` with ``storage_options``; a :class:`Source` is returned as is, another
     object with ``uri``, ``scan()`` and ``read(key)`` is adapted (:class:`AdaptedSource`); anything
     else is a :class:`NotASource` error naming what it lacks."""
+    if dataset is not None or labels is not None:   # arrays in files: HDF5, .npz
+        path = os.fspath(obj) if isinstance(obj, (str, os.PathLike)) else None
+        if path is not None and is_hdf5_path(path):
+            return HDF5Source(path, dataset=dataset, labels=labels)
+        if path is not None and is_array_path(path):
+            return NumpySource(path, dataset=dataset, labels=labels)
+        raise ConfigError(f"dataset= and labels= name arrays in HDF5 or .npz files, but {obj!r} is not such a file or "
+                          "folder of them: leave them out, or pass a source object")
     if is_url(obj):
         return RemoteSource(obj, storage_options)
     if storage_options is not None:
@@ -43,6 +54,8 @@ def as_source(obj: Any, storage_options: dict | None = None) -> Source:
             return TarShardSource(obj)
         if is_array_path(os.fspath(obj)):
             return NumpySource(obj)
+        if is_hdf5_path(os.fspath(obj)):
+            return HDF5Source(obj)
         if is_tfrecord_path(os.fspath(obj)):
             return TFRecordSource(obj)
         return PosixSource(obj)

@@ -1,0 +1,361 @@
+"""HDF5 files as a source (``h5py``, the ``hdf5`` extra): one index along the first axis of a named
+dataset is a sample, shuffled across every file.
+
+Where each sample's bytes lie is found once from the files' metadata, when the source is made:
+
+- a **contiguous** dataset: row ``i`` is ``row`` bytes at ``offset + i*row`` (h5py gives the offset);
+- a **chunked** dataset without filters whose chunks hold whole samples (``chunks[1:] ==
+  shape[1:]``): row ``i`` lies in its chunk, whose place h5py tells (``get_chunk_info``);
+- anything else (compressed or filtered chunks, chunks that cut a sample, chunks never written):
+  the rows are read **through h5py**, a chunk's rows together where the plan reads a range.
+
+Rows with a place are read by ``os.pread`` (no HDF5 call at all after listing) and neighbouring
+ones form ranges of about 8 MiB; the tiers keep samples only, never whole files. Readers turn a
+sample's bytes back into an array of the dataset's dtype and sample shape (``ArrayDecoder``);
+``labels=`` names a dataset of one integer per sample, beside the samples in each file.
+
+Refused with a typed error naming the file: a file h5py cannot open (truncated, not HDF5), a
+dataset that is not there (the file's datasets are listed), a group instead of a dataset, Python
+objects or variable-length data, a dataset whose data runs past the file's end, files whose
+samples differ in dtype or shape.
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
+from ..fdcache import FdCache
+from .arrays import ArrayDecoder, ArrayFileError, _NoLabels
+from .base import Source
+
+__all__ = ["HDF5Source", "is_hdf5_path"]
+
+SUFFIXES = (".h5", ".hdf5", ".he5")
+RANGE_SPAN = 8 * 1024 * 1024
+MAX_OPEN = 64
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise ConfigError("HDF5 files need h5py: pip install 'clairvoyant[hdf5]'") from None
+    return h5py
+
+
+def is_hdf5_path(path: str) -> bool:
+    """An HDF5 file (by its suffix) or glob, or a directory whose visible entries are all such files."""
+    if path.endswith(SUFFIXES) and (os.path.isfile(path) or globmod.has_magic(path)):
+        return True
+    try:
+        names = [n for n in os.listdir(path) if not n.startswith(".")]
+    except OSError:
+        return False
+    return bool(names) and all(n.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, n)) for n in names)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One file's samples: each row's byte offset (-1: read through h5py), rows per chunk along the
+    first axis (what h5py reads together), the sample's dtype, shape and bytes."""
+
+    path: str
+    offsets: np.ndarray
+    chunk_rows: int
+    dtype: str
+    shape: tuple[int, ...]
+    row_bytes: int
+
+
+def _datasets(f) -> list[str]:
+    h5py, names = _h5py(), []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    return sorted(names)
+
+
+def _layout(path: str, dataset: str) -> _Layout:
+    h5py = _h5py()
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ArrayFileError(f"{path} cannot be opened as HDF5 ({e}): it is truncated or not an HDF5 file; copy it "
+                             "again") from e
+    with f:
+        ds = f.get(dataset)
+        if ds is None:
+            raise ConfigError(f"{path} has no dataset {dataset!r}; it has {_datasets(f)}: pass dataset= one of them")
+        if not isinstance(ds, h5py.Dataset):
+            raise ConfigError(f"{dataset!r} in {path} is a group, not a dataset; its datasets: {_datasets(ds)}")
+        dtype = ds.dtype
+        if dtype.hasobject or h5py.check_dtype(vlen=dtype) is not None:
+            raise ArrayFileError(f"dataset {dataset!r} of {path} holds variable-length data or objects ({dtype}): "
+                                 "give a dataset of fixed-size numbers")
+        if len(ds.shape) == 0:
+            raise ArrayFileError(f"dataset {dataset!r} of {path} is a single value: give one with a sample per row")
+        n, sample = int(ds.shape[0]), tuple(int(x) for x in ds.shape[1:])
+        row = int(dtype.itemsize * int(np.prod(sample, dtype=np.int64)))
+        offsets = np.full(n, -1, np.int64)
+        plist = ds.id.get_create_plist()
+        chunk_rows = int(ds.chunks[0]) if ds.chunks else max(1, RANGE_SPAN // max(row, 1))
+        if ds.chunks is None:
+            at = ds.id.get_offset()
+            if at is not None:   # None: nothing written (fill values): through h5py
+                offsets[:] = at + np.arange(n, dtype=np.int64) * row
+        elif plist.get_nfilters() == 0 and tuple(ds.chunks[1:]) == sample:
+            k = int(ds.chunks[0])
+            for c in range(ds.id.get_num_chunks()):
+                info = ds.id.get_chunk_info(c)
+                first = int(info.chunk_offset[0])
+                last = min(first + k, n)
+                offsets[first:last] = info.byte_offset + np.arange(last - first, dtype=np.int64) * row
+    size = os.path.getsize(path)
+    placed = offsets[offsets >= 0]
+    if len(placed) and int(placed.max()) + row > size:
+        raise ArrayFileError(f"{path} is truncated: dataset {dataset!r} runs to byte {int(placed.max()) + row}, "
+                             f"past its end ({size}); copy it again")
+    return _Layout(path, offsets, chunk_rows, dtype.str, sample, row)
+
+
+class HDF5Source(Source):
+    """Samples along the first axis of ``dataset`` in HDF5 files: a file, a directory of them, a
+    glob or a list; ``labels``: a dataset of one integer per sample in each file."""
+
+    def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                 dataset: str | None = None, labels: str | None = None, max_open: int = MAX_OPEN) -> None:
+        self.paths, root = _resolve(paths)
+        if dataset is None:   # the file's one dataset (besides the labels), if it has one
+            h5py = _h5py()
+            try:
+                with h5py.File(self.paths[0], "r") as f:
+                    names = [n for n in _datasets(f) if n != labels]
+            except OSError as e:
+                raise ArrayFileError(f"{self.paths[0]} cannot be opened as HDF5 ({e}): it is truncated or not an "
+                                     "HDF5 file; copy it again") from e
+            if len(names) != 1:
+                raise ConfigError(f"{self.paths[0]} holds datasets {names}: pass dataset= the one holding the samples")
+            dataset = names[0]
+        if not isinstance(dataset, str) or not dataset:
+            raise ConfigError(f"dataset={dataset!r}: name the dataset that holds the samples, e.g. 'x'")
+        self.dataset, self.labels_name, self.max_open = dataset, labels, max_open
+        self._files = [_layout(p, dataset) for p in self.paths]
+        first = self._files[0]
+        for lay in self._files[1:]:
+            if (lay.dtype, lay.shape) != (first.dtype, first.shape):
+                raise ConfigError(f"{lay.path} holds samples of {np.dtype(lay.dtype)} {lay.shape}, but {first.path} "
+                                  f"of {np.dtype(first.dtype)} {first.shape}: a source's samples share a dtype and "
+                                  "a shape")
+        self.decoder = ArrayDecoder(first.dtype, first.shape)
+        self._names = [os.path.relpath(p, root).replace(os.sep, "/") for p in self.paths]
+        self._by_name = {n: i for i, n in enumerate(self._names)}
+        self._width = [len(str(max(len(lay.offsets) - 1, 0))) for lay in self._files]
+        self._count = sum(len(lay.offsets) for lay in self._files)
+        if self._count == 0:
+            raise EmptySourceError(f"dataset {dataset!r} of {paths!r} holds no samples")
+        digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
+        self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
+        self._labels = self._read_labels(labels) if labels is not None else None
+        self._fds = FdCache(max_open)
+        self._h5: dict[int, Any] = {}
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return f"HDF5Source({self.uri!r}, {len(self.paths)} files, {self._count} samples)"
+
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        d["_fds"], d["_h5"] = None, {}
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._fds = FdCache(self.max_open)
+
+    def _read_labels(self, name: str) -> np.ndarray:
+        h5py, parts = _h5py(), []
+        for lay in self._files:
+            with h5py.File(lay.path, "r") as f:
+                ds = f.get(name)
+                if ds is None or not isinstance(ds, h5py.Dataset):
+                    raise ConfigError(f"{lay.path} has no dataset {name!r} for labels; it has {_datasets(f)}")
+                y = np.asarray(ds[()]).reshape(-1)
+            if len(y) != len(lay.offsets) or not np.issubdtype(y.dtype, np.integer):
+                raise ConfigError(f"labels {name!r} of {lay.path}: {len(y)} values of {y.dtype} for "
+                                  f"{len(lay.offsets)} samples; give one integer per sample")
+            parts.append(y.astype(np.int64))
+        return np.concatenate(parts)
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def _keys(self) -> Iterator[tuple[str, int, int]]:
+        for fi, (name, lay) in enumerate(zip(self._names, self._files)):
+            w = self._width[fi]
+            for r in range(len(lay.offsets)):
+                yield f"{name}/{r:0{w}d}", fi, r
+
+    def _where(self, key: str) -> tuple[int, int]:
+        name, _, row = key.rpartition("/")
+        fi = self._by_name.get(name)
+        if fi is None or not row.isdigit() or int(row) >= len(self._files[fi].offsets):
+            raise SampleReadError(f"sample {key!r} is not in {self.uri}: the files changed since the manifest was "
+                                  "made; run `clairvoyant index --force` on them, or pass reindex=True")
+        return fi, int(row)
+
+    @property
+    def labels(self):
+        """Each sample's label (-1 for all without ``labels=``)."""
+        if self._labels is None:
+            return _NoLabels()
+        return {key: int(self._labels[i]) for i, (key, _, _) in enumerate(self._keys())}
+
+    def scan(self) -> Iterator[tuple[str, int]]:
+        for key, fi, _ in self._keys():
+            yield key, self._files[fi].row_bytes
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def read(self, key: str) -> bytes:
+        fi, row = self._where(key)
+        return self._rows(fi, [row], key)[0]
+
+    def read_versioned(self, key: str) -> tuple[bytes, int]:
+        fi, row = self._where(key)
+        return self._rows(fi, [row], key)[0], self._mtime(fi, key)
+
+    def version(self, key: str) -> tuple[int, int]:
+        fi, _ = self._where(key)
+        return self._files[fi].row_bytes, self._mtime(fi, key)
+
+    def _mtime(self, fi: int, key: str) -> int:
+        try:
+            return os.stat(self.paths[fi]).st_mtime_ns
+        except OSError as e:
+            raise SampleReadError(f"sample {key!r}: {self.paths[fi]} is gone or unreadable ({e.strerror or e})") from e
+
+    def _rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
+        """The bytes of ``rows`` of file ``fi``: those with a place by one pread over their span, the
+        others through h5py (one read of the slice they span)."""
+        lay = self._files[fi]
+        at = lay.offsets[rows]
+        out: list[bytes] = [b""] * len(rows)
+        placed = [i for i, a in enumerate(at) if a >= 0]
+        if placed:
+            lo, hi = int(at[placed].min()), int(at[placed].max()) + lay.row_bytes
+            buf = memoryview(self._pread(fi, lo, hi - lo, what))
+            for i in placed:
+                o = int(at[i]) - lo
+                out[i] = bytes(buf[o:o + lay.row_bytes])
+        rest = [i for i, a in enumerate(at) if a < 0]
+        if rest:
+            lo, hi = min(rows[i] for i in rest), max(rows[i] for i in rest) + 1
+            try:
+                block = np.ascontiguousarray(self._dataset(fi)[lo:hi])
+            except (OSError, ValueError, KeyError) as e:
+                raise SampleReadError(f"cannot read sample {what!r} from {lay.path} through h5py ({e}); check the "
+                                      "file") from e
+            for i in rest:
+                out[i] = block[rows[i] - lo].tobytes()
+        return out
+
+    def _pread(self, fi: int, offset: int, n: int, what: str) -> bytes:
+        path = self.paths[fi]
+        try:
+            fd = self._fds.acquire(fi, path)
+        except OSError as e:
+            raise SampleReadError(f"cannot read sample {what!r} from {path}: {e.strerror or e}") from e
+        try:
+            data = os.pread(fd, n, offset)
+            while len(data) < n:
+                more = os.pread(fd, n - len(data), offset + len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as e:
+            raise SampleReadError(f"cannot read sample {what!r} from {path}: {e.strerror or e}") from e
+        finally:
+            self._fds.release(fi)
+        if len(data) != n:
+            raise SampleReadError(f"sample {what!r}: {path} ends before byte {offset + n}: it was cut or changed "
+                                  "since it was listed; copy it again, or pass reindex=True")
+        return data
+
+    def _dataset(self, fi: int):
+        """The dataset of file ``fi``, opened once per process (never a handle of another process)."""
+        if self._pid != os.getpid():
+            self._h5, self._pid = {}, os.getpid()
+        f = self._h5.get(fi)
+        if f is None:
+            f = self._h5[fi] = _h5py().File(self.paths[fi], "r")
+        return f[self.dataset]
+
+    # -- ranges ---------------------------------------------------------------------------------
+
+    def sample_ranges(self, keys: Sequence[str], span: int = RANGE_SPAN) -> tuple[np.ndarray, np.ndarray]:
+        """Rows with a place cut into runs of about ``span`` bytes by where they lie; the others by
+        their chunk (what h5py reads together)."""
+        where = [self._where(k) for k in keys]
+        fi = np.fromiter((w[0] for w in where), np.int64, len(where))
+        row = np.fromiter((w[1] for w in where), np.int64, len(where))
+        at = np.fromiter((self._files[f].offsets[r] for f, r in where), np.int64, len(where))
+        chunk = np.fromiter((self._files[f].chunk_rows for f, _ in where), np.int64, len(where))
+        piece = np.where(at >= 0, at // max(1, int(span)), -1 - row // chunk)
+        uniq, of = np.unique(np.stack([fi, piece], axis=1), axis=0, return_inverse=True)
+        of = of.reshape(-1).astype(np.int32)
+        size = np.fromiter((self._files[f].row_bytes for f, _ in where), np.int64, len(where))
+        start = np.where(at >= 0, at, row * size)
+        lo = np.full(len(uniq), np.iinfo(np.int64).max, np.int64)
+        hi = np.zeros(len(uniq), np.int64)
+        np.minimum.at(lo, of, start)
+        np.maximum.at(hi, of, start + size)
+        return of, hi - lo
+
+    def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
+        if not keys:
+            return [], 0
+        where = [self._where(k) for k in keys]
+        fi = where[0][0]
+        if any(w[0] != fi for w in where):
+            raise ValueError(f"read_range: {len(keys)} samples from more than one file ({keys[0]!r}...)")
+        return self._rows(fi, [r for _, r in where], f"{len(keys)} samples from {keys[0]!r}"), self._mtime(fi, keys[0])
+
+    def close(self) -> None:
+        self._fds.close()
+        for f in self._h5.values():
+            try:
+                f.close()
+            except Exception:   # a handle of a file already gone
+                pass
+        self._h5 = {}
+
+
+def _resolve(paths) -> tuple[list[str], str]:
+    if isinstance(paths, (str, os.PathLike)):
+        spec = os.fspath(paths)
+        if os.path.isdir(spec):
+            root = os.path.abspath(spec)
+            found = sorted(os.path.join(root, n) for n in os.listdir(root)
+                           if n.endswith(SUFFIXES) and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
+            if not found:
+                raise EmptySourceError(f"directory {root} holds no HDF5 files (.h5, .hdf5): point at their directory")
+            return found, root
+        if os.path.isfile(spec):
+            found = [os.path.abspath(spec)]
+        elif globmod.has_magic(spec):
+            found = sorted(os.path.abspath(p) for p in globmod.glob(spec) if os.path.isfile(p))
+            if not found:
+                raise SourceNotFound(f"no HDF5 file matches {spec!r}: check the pattern")
+        else:
+            raise SourceNotFound(f"{spec!r} does not exist: check the path (is the file system mounted?)")
+    else:
+        found = sorted(os.path.abspath(os.fspath(p)) for p in paths)
+        if not found:
+            raise ConfigError("the list of HDF5 files is empty: give at least one path")
+        if len(set(found)) != len(found):
+            raise ConfigError("the list of HDF5 files names one twice: name each once")
+    return found, os.path.commonpath([os.path.dirname(p) for p in found])
