@@ -49,6 +49,8 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	# one rank's memory at 1.28 M samples (issue 22); tar shards cold against warm (LitData beside it)
 	$(PY) benchmarks/rank_memory.py
 	$(PY) benchmarks/packed_peers.py --shards 24 --peers litdata
+	# HDF5 (issue 24): a CosmoFlow-like data set, first and second epoch against h5py
+	$(PY) benchmarks/hdf5_epochs.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
