@@ -23,19 +23,18 @@ shape than the first file's.
 
 from __future__ import annotations
 
-import glob as globmod
 import hashlib
 import os
 import zipfile
 from dataclasses import dataclass
-from collections.abc import Mapping
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError, SourceNotFound
+from ..errors import ConfigError, SampleReadError, SourceError
 from ..fdcache import FdCache
-from .base import Source
+from .rows import ArrayDecoder, RowFiles
+from .files import names_files, read_span, resolve_files
 
 __all__ = ["NumpySource", "ArrayDecoder", "ArrayFileError", "is_array_path"]
 
@@ -47,18 +46,6 @@ _LOCAL_HEADER = 30             # a zip local file header's fixed part
 
 class ArrayFileError(SourceError):
     """An array file that cannot serve samples (truncated, not an array, objects, Fortran order)."""
-
-
-@dataclass(frozen=True)
-class ArrayDecoder:
-    """A sample's bytes back into its array: ``np.frombuffer(b, dtype).reshape(shape)``
-    (read-only: it shares the bytes; the collation copies it into the batch)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-
-    def __call__(self, data: bytes) -> np.ndarray:
-        return np.frombuffer(data, dtype=np.dtype(self.dtype)).reshape(self.shape)
 
 
 @dataclass(frozen=True)
@@ -75,28 +62,9 @@ class _Array:
     row_bytes: int
 
 
-class _NoLabels(Mapping):
-    """-1 for every key, without a dict of them."""
-
-    def __getitem__(self, key: str) -> int:
-        return -1
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
 def is_array_path(path: str) -> bool:
     """A ``.npy``/``.npz`` file or glob, or a directory whose visible entries are all such files."""
-    if path.endswith(SUFFIXES) and (os.path.isfile(path) or globmod.has_magic(path)):
-        return True
-    try:
-        names = [n for n in os.listdir(path) if not n.startswith(".")]
-    except OSError:
-        return False
-    return bool(names) and all(n.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, n)) for n in names)
+    return names_files(path, SUFFIXES)
 
 
 def _header(f, where: str) -> tuple[np.dtype, tuple[int, ...], bool]:
@@ -170,7 +138,7 @@ def _npz(path: str, member: str, per_file: bool) -> _Array:
     return a
 
 
-class NumpySource(Source):
+class NumpySource(RowFiles):
     """The rows of ``.npy`` files or ``.npz`` members as samples: a file, a directory of them, a
     glob or a list. ``dataset``: the ``.npz`` member holding the samples (needed where a file has
     more than one); ``labels``: an ``.npz`` member, or a ``.npy`` file, of one integer per sample;
@@ -179,23 +147,11 @@ class NumpySource(Source):
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, per_file: bool = False,
                  max_open: int = MAX_OPEN) -> None:
-        self.paths, root = _resolve(paths)
+        self.paths, root = resolve_files(paths, SUFFIXES, 'NumPy (.npy, .npz)')
         self.dataset, self.per_file, self.max_open = dataset, bool(per_file), max_open
         self._arrays = [self._open(p) for p in self.paths]
-        first = self._arrays[0]
-        for a in self._arrays[1:]:
-            if (a.dtype, a.shape) != (first.dtype, first.shape):
-                raise ConfigError(f"{a.path} holds samples of {np.dtype(a.dtype)} {a.shape}, but {first.path} of "
-                                  f"{np.dtype(first.dtype)} {first.shape}: a source's samples share a dtype and a "
-                                  "shape")
-        self.decoder = ArrayDecoder(first.dtype, first.shape)
-        names = [os.path.relpath(a.path, root).replace(os.sep, "/") for a in self._arrays]
-        self._names = names
-        self._width = [len(str(max(a.rows - 1, 0))) for a in self._arrays]
-        self._by_name = {n: i for i, n in enumerate(names)}
-        self._count = sum(a.rows for a in self._arrays)
-        if self._count == 0:
-            raise EmptySourceError(f"the arrays of {paths!r} hold no rows: check the paths")
+        self._layouts = self._arrays
+        self._name_files(root, [a.rows for a in self._arrays], [a.row_bytes for a in self._arrays], f"{paths!r}")
         opts = "&".join(f"{k}={v}" for k, v in (("dataset", dataset), ("per_file", int(self.per_file))) if v)
         digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
         self.uri = f"npy+file://{root}#{digest}" + (f"?{opts}" if opts else "")
@@ -256,86 +212,16 @@ class NumpySource(Source):
                               "give one integer per sample")
         return out.astype(np.int64)
 
-    # -- keys ------------------------------------------------------------------------------------
-
-    def _keys(self) -> Iterator[tuple[str, int, int]]:
-        for fi, (name, a) in enumerate(zip(self._names, self._arrays)):
-            if self.per_file:
-                yield name, fi, 0
-            else:
-                w = self._width[fi]
-                for r in range(a.rows):
-                    yield f"{name}/{r:0{w}d}", fi, r
-
-    def _where(self, key: str) -> tuple[int, int]:
-        """``(file, row)`` of sample ``key``."""
-        fi = self._by_name.get(key)
-        if fi is not None and self.per_file:
-            return fi, 0
-        name, _, row = key.rpartition("/")
-        fi = self._by_name.get(name)
-        if fi is None or self.per_file or not row.isdigit() or int(row) >= self._arrays[fi].rows:
-            raise SampleReadError(f"sample {key!r} is not in {self.uri}: the files changed since the manifest was "
-                                  "made; run `clairvoyant index --force` on them, or pass reindex=True")
-        return fi, int(row)
-
-    @property
-    def labels(self) -> Mapping[str, int]:
-        """Each sample's label (-1 for all without ``labels=``: file names are not classes)."""
-        if self._labels is None:
-            return _NoLabels()
-        return {key: int(self._labels[i]) for i, (key, _, _) in enumerate(self._keys())}
-
-    # -- the Source interface ----------------------------------------------------------------------
-
-    def scan(self) -> Iterator[tuple[str, int]]:
-        for key, fi, _ in self._keys():
-            yield key, self._arrays[fi].row_bytes
-
-    def read(self, key: str) -> bytes:
-        fi, row = self._where(key)
-        return self._rows(fi, row, 1, key)[0]
-
-    def read_versioned(self, key: str) -> tuple[bytes, int]:
-        fi, row = self._where(key)
-        return self._rows(fi, row, 1, key)[0], self._mtime(fi, key)
-
-    def version(self, key: str) -> tuple[int, int]:
-        fi, _ = self._where(key)
-        return self._arrays[fi].row_bytes, self._mtime(fi, key)
-
-    def _mtime(self, fi: int, key: str) -> int:
-        try:
-            return os.stat(self._arrays[fi].path).st_mtime_ns
-        except OSError as e:
-            raise self._error(key, self._arrays[fi].path, e) from e
-
-    def _rows(self, fi: int, row: int, count: int, what: str) -> list[bytes]:
-        """The bytes of ``count`` rows of file ``fi`` from ``row``: one read."""
+    def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
+        """The bytes of ``rows`` of file ``fi``: one read over the rows they span (or the inflated
+        member's)."""
         a = self._arrays[fi]
-        n = a.row_bytes
+        n, lo, hi = a.row_bytes, min(rows), max(rows) + 1
         if a.offset < 0:
-            return [bytes(x) for x in self._inflate(a, what)[row:row + count]]
-        try:
-            fd = self._fds.acquire(fi, a.path)
-        except OSError as e:
-            raise self._error(what, a.path, e) from e
-        try:
-            data = os.pread(fd, n * count, a.offset + n * row)
-            while len(data) < n * count:   # a short read: a large range, or a network file system
-                more = os.pread(fd, n * count - len(data), a.offset + n * row + len(data))
-                if not more:
-                    break
-                data += more
-        except OSError as e:
-            raise self._error(what, a.path, e) from e
-        finally:
-            self._fds.release(fi)
-        if len(data) != n * count:
-            raise SampleReadError(f"sample {what!r}: {a.path} ends before row {row + count - 1}: it was cut or "
-                                  "changed since it was listed; copy it again, or pass reindex=True")
-        view = memoryview(data)
-        return [bytes(view[i * n:(i + 1) * n]) for i in range(count)] if count > 1 else [data]
+            block = self._inflate(a, what)
+            return [bytes(block[r]) for r in rows]
+        view = memoryview(read_span(self._fds, fi, a.path, a.offset + n * lo, n * (hi - lo), what))
+        return [bytes(view[(r - lo) * n:(r - lo + 1) * n]) for r in rows]
 
     def _inflate(self, a: _Array, what: str) -> Any:
         """A compressed member's rows, read through NumPy once and kept while they are read."""
@@ -349,13 +235,6 @@ class NumpySource(Source):
                                       "the file again") from e
             self._inflated = (key, arr.reshape(a.rows, -1).view(np.uint8))
         return self._inflated[1]
-
-    def _error(self, key: str, path: str, e: OSError) -> SampleReadError:
-        if isinstance(e, FileNotFoundError):
-            return SampleReadError(f"sample {key!r}: {path} is gone: run `clairvoyant index --force`, or pass "
-                                   "reindex=True")
-        return SampleReadError(f"cannot read sample {key!r} from {path}: {e.strerror or e}; check the file and "
-                               "its permissions")
 
     # -- ranges: neighbouring rows read together ----------------------------------------------------
 
@@ -375,51 +254,8 @@ class NumpySource(Source):
         np.maximum.at(hi, of, row + 1)
         return of, (hi - lo) * np.array([a.row_bytes for a in self._arrays], np.int64)[uniq[:, 0]]
 
-    def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
-        """The bytes of ``keys`` (rows of one file: one range of ``sample_ranges``), in that order, from
-        one read over the rows they span, and the file's modification time."""
-        if not keys:
-            return [], 0
-        where = [self._where(k) for k in keys]
-        fi = where[0][0]
-        if any(w[0] != fi for w in where):
-            raise ValueError(f"read_range: {len(keys)} samples from more than one file ({keys[0]!r}...)")
-        lo = min(w[1] for w in where)
-        hi = max(w[1] for w in where) + 1
-        rows = self._rows(fi, lo, hi - lo, f"{len(keys)} samples from {keys[0]!r}")
-        return [rows[w[1] - lo] for w in where], self._mtime(fi, keys[0])
-
     def close(self) -> None:
         self._fds.close()
         self._inflated = None
 
 
-def _resolve(paths) -> tuple[list[str], str]:
-    """The array files (absolute, sorted) and the folder their names are relative to."""
-    if isinstance(paths, (str, os.PathLike)):
-        spec = os.fspath(paths)
-        if os.path.isdir(spec):
-            root = os.path.abspath(spec)
-            found = sorted(os.path.join(root, n) for n in os.listdir(root)
-                           if n.endswith(SUFFIXES) and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
-            if not found:
-                raise EmptySourceError(f"directory {root} holds no .npy or .npz files: point at their directory")
-            return found, root
-        if os.path.isfile(spec):
-            found = [os.path.abspath(spec)]
-        elif globmod.has_magic(spec):
-            found = sorted(os.path.abspath(p) for p in globmod.glob(spec) if os.path.isfile(p))
-            if not found:
-                raise SourceNotFound(f"no array file matches {spec!r}: check the pattern")
-        else:
-            raise SourceNotFound(f"{spec!r} does not exist: check the path (is the file system mounted?)")
-    else:
-        found = sorted(os.path.abspath(os.fspath(p)) for p in paths)
-        if not found:
-            raise ConfigError("the list of array files is empty: give at least one .npy or .npz path")
-        if len(set(found)) != len(found):
-            raise ConfigError("the list of array files names one twice: name each once")
-    bad = [p for p in found if not p.endswith(SUFFIXES)]
-    if bad:
-        raise ConfigError(f"{bad[0]} is not a .npy or .npz file")
-    return found, os.path.commonpath([os.path.dirname(p) for p in found])

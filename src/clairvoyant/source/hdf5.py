@@ -22,18 +22,18 @@ samples differ in dtype or shape.
 
 from __future__ import annotations
 
-import glob as globmod
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
+from ..errors import ConfigError, SampleReadError
 from ..fdcache import FdCache
-from .arrays import ArrayDecoder, ArrayFileError, _NoLabels
-from .base import Source
+from .arrays import ArrayFileError
+from .rows import RowFiles
+from .files import names_files, read_span, resolve_files
 
 __all__ = ["HDF5Source", "is_hdf5_path"]
 
@@ -52,13 +52,7 @@ def _h5py():
 
 def is_hdf5_path(path: str) -> bool:
     """An HDF5 file (by its suffix) or glob, or a directory whose visible entries are all such files."""
-    if path.endswith(SUFFIXES) and (os.path.isfile(path) or globmod.has_magic(path)):
-        return True
-    try:
-        names = [n for n in os.listdir(path) if not n.startswith(".")]
-    except OSError:
-        return False
-    return bool(names) and all(n.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, n)) for n in names)
+    return names_files(path, SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -123,13 +117,13 @@ def _layout(path: str, dataset: str) -> _Layout:
     return _Layout(path, offsets, chunk_rows, dtype.str, sample, row)
 
 
-class HDF5Source(Source):
+class HDF5Source(RowFiles):
     """Samples along the first axis of ``dataset`` in HDF5 files: a file, a directory of them, a
     glob or a list; ``labels``: a dataset of one integer per sample in each file."""
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, max_open: int = MAX_OPEN) -> None:
-        self.paths, root = _resolve(paths)
+        self.paths, root = resolve_files(paths, SUFFIXES, 'HDF5')
         if dataset is None:   # the file's one dataset (besides the labels), if it has one
             h5py = _h5py()
             try:
@@ -145,19 +139,9 @@ class HDF5Source(Source):
             raise ConfigError(f"dataset={dataset!r}: name the dataset that holds the samples, e.g. 'x'")
         self.dataset, self.labels_name, self.max_open = dataset, labels, max_open
         self._files = [_layout(p, dataset) for p in self.paths]
-        first = self._files[0]
-        for lay in self._files[1:]:
-            if (lay.dtype, lay.shape) != (first.dtype, first.shape):
-                raise ConfigError(f"{lay.path} holds samples of {np.dtype(lay.dtype)} {lay.shape}, but {first.path} "
-                                  f"of {np.dtype(first.dtype)} {first.shape}: a source's samples share a dtype and "
-                                  "a shape")
-        self.decoder = ArrayDecoder(first.dtype, first.shape)
-        self._names = [os.path.relpath(p, root).replace(os.sep, "/") for p in self.paths]
-        self._by_name = {n: i for i, n in enumerate(self._names)}
-        self._width = [len(str(max(len(lay.offsets) - 1, 0))) for lay in self._files]
-        self._count = sum(len(lay.offsets) for lay in self._files)
-        if self._count == 0:
-            raise EmptySourceError(f"dataset {dataset!r} of {paths!r} holds no samples")
+        self._layouts = self._files
+        self._name_files(root, [len(lay.offsets) for lay in self._files], [lay.row_bytes for lay in self._files],
+                         f"dataset {dataset!r} of {paths!r}")
         digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
         self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
         self._labels = self._read_labels(labels) if labels is not None else None
@@ -191,54 +175,7 @@ class HDF5Source(Source):
             parts.append(y.astype(np.int64))
         return np.concatenate(parts)
 
-    # -- keys -----------------------------------------------------------------------------------
-
-    def _keys(self) -> Iterator[tuple[str, int, int]]:
-        for fi, (name, lay) in enumerate(zip(self._names, self._files)):
-            w = self._width[fi]
-            for r in range(len(lay.offsets)):
-                yield f"{name}/{r:0{w}d}", fi, r
-
-    def _where(self, key: str) -> tuple[int, int]:
-        name, _, row = key.rpartition("/")
-        fi = self._by_name.get(name)
-        if fi is None or not row.isdigit() or int(row) >= len(self._files[fi].offsets):
-            raise SampleReadError(f"sample {key!r} is not in {self.uri}: the files changed since the manifest was "
-                                  "made; run `clairvoyant index --force` on them, or pass reindex=True")
-        return fi, int(row)
-
-    @property
-    def labels(self):
-        """Each sample's label (-1 for all without ``labels=``)."""
-        if self._labels is None:
-            return _NoLabels()
-        return {key: int(self._labels[i]) for i, (key, _, _) in enumerate(self._keys())}
-
-    def scan(self) -> Iterator[tuple[str, int]]:
-        for key, fi, _ in self._keys():
-            yield key, self._files[fi].row_bytes
-
-    # -- reads ----------------------------------------------------------------------------------
-
-    def read(self, key: str) -> bytes:
-        fi, row = self._where(key)
-        return self._rows(fi, [row], key)[0]
-
-    def read_versioned(self, key: str) -> tuple[bytes, int]:
-        fi, row = self._where(key)
-        return self._rows(fi, [row], key)[0], self._mtime(fi, key)
-
-    def version(self, key: str) -> tuple[int, int]:
-        fi, _ = self._where(key)
-        return self._files[fi].row_bytes, self._mtime(fi, key)
-
-    def _mtime(self, fi: int, key: str) -> int:
-        try:
-            return os.stat(self.paths[fi]).st_mtime_ns
-        except OSError as e:
-            raise SampleReadError(f"sample {key!r}: {self.paths[fi]} is gone or unreadable ({e.strerror or e})") from e
-
-    def _rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
+    def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
         """The bytes of ``rows`` of file ``fi``: those with a place by one pread over their span, the
         others through h5py (one read of the slice they span)."""
         lay = self._files[fi]
@@ -264,26 +201,7 @@ class HDF5Source(Source):
         return out
 
     def _pread(self, fi: int, offset: int, n: int, what: str) -> bytes:
-        path = self.paths[fi]
-        try:
-            fd = self._fds.acquire(fi, path)
-        except OSError as e:
-            raise SampleReadError(f"cannot read sample {what!r} from {path}: {e.strerror or e}") from e
-        try:
-            data = os.pread(fd, n, offset)
-            while len(data) < n:
-                more = os.pread(fd, n - len(data), offset + len(data))
-                if not more:
-                    break
-                data += more
-        except OSError as e:
-            raise SampleReadError(f"cannot read sample {what!r} from {path}: {e.strerror or e}") from e
-        finally:
-            self._fds.release(fi)
-        if len(data) != n:
-            raise SampleReadError(f"sample {what!r}: {path} ends before byte {offset + n}: it was cut or changed "
-                                  "since it was listed; copy it again, or pass reindex=True")
-        return data
+        return read_span(self._fds, fi, self.paths[fi], offset, n, what)
 
     def _dataset(self, fi: int):
         """The dataset of file ``fi``, opened once per process (never a handle of another process)."""
@@ -315,15 +233,6 @@ class HDF5Source(Source):
         np.maximum.at(hi, of, start + size)
         return of, hi - lo
 
-    def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
-        if not keys:
-            return [], 0
-        where = [self._where(k) for k in keys]
-        fi = where[0][0]
-        if any(w[0] != fi for w in where):
-            raise ValueError(f"read_range: {len(keys)} samples from more than one file ({keys[0]!r}...)")
-        return self._rows(fi, [r for _, r in where], f"{len(keys)} samples from {keys[0]!r}"), self._mtime(fi, keys[0])
-
     def close(self) -> None:
         self._fds.close()
         for f in self._h5.values():
@@ -334,28 +243,3 @@ class HDF5Source(Source):
         self._h5 = {}
 
 
-def _resolve(paths) -> tuple[list[str], str]:
-    if isinstance(paths, (str, os.PathLike)):
-        spec = os.fspath(paths)
-        if os.path.isdir(spec):
-            root = os.path.abspath(spec)
-            found = sorted(os.path.join(root, n) for n in os.listdir(root)
-                           if n.endswith(SUFFIXES) and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
-            if not found:
-                raise EmptySourceError(f"directory {root} holds no HDF5 files (.h5, .hdf5): point at their directory")
-            return found, root
-        if os.path.isfile(spec):
-            found = [os.path.abspath(spec)]
-        elif globmod.has_magic(spec):
-            found = sorted(os.path.abspath(p) for p in globmod.glob(spec) if os.path.isfile(p))
-            if not found:
-                raise SourceNotFound(f"no HDF5 file matches {spec!r}: check the pattern")
-        else:
-            raise SourceNotFound(f"{spec!r} does not exist: check the path (is the file system mounted?)")
-    else:
-        found = sorted(os.path.abspath(os.fspath(p)) for p in paths)
-        if not found:
-            raise ConfigError("the list of HDF5 files is empty: give at least one path")
-        if len(set(found)) != len(found):
-            raise ConfigError("the list of HDF5 files names one twice: name each once")
-    return found, os.path.commonpath([os.path.dirname(p) for p in found])

@@ -19,7 +19,6 @@ refused. The CRCs need the ``crc32c`` package (``pip install 'clairvoyant[tfreco
 
 from __future__ import annotations
 
-import glob as globmod
 import hashlib
 import os
 import struct
@@ -27,10 +26,11 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError, SourceNotFound
+from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError
 from ..fdcache import FdCache
-from .arrays import _NoLabels
 from .base import Source
+from .rows import NoLabels
+from .files import names_files, one_file, read_span, resolve_files
 
 __all__ = ["TFRecordSource", "TFRecordError", "parse_example", "is_tfrecord_path"]
 
@@ -62,13 +62,7 @@ def masked_crc(data) -> int:
 
 def is_tfrecord_path(path: str) -> bool:
     """A ``.tfrecord(s)`` file or glob, or a directory whose visible entries are all such files."""
-    if path.endswith(SUFFIXES) and (os.path.isfile(path) or globmod.has_magic(path)):
-        return True
-    try:
-        names = [n for n in os.listdir(path) if not n.startswith(".")]
-    except OSError:
-        return False
-    return bool(names) and all(n.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, n)) for n in names)
+    return names_files(path, SUFFIXES)
 
 
 class TFRecordSource(Source):
@@ -76,7 +70,7 @@ class TFRecordSource(Source):
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  check_crc: bool = True, max_open: int = MAX_OPEN) -> None:
-        self.paths, root = _resolve(paths)
+        self.paths, root = resolve_files(paths, SUFFIXES, 'TFRecord')
         if check_crc and _crc32c() is None:
             raise ConfigError("checking TFRecord CRCs needs the crc32c package: pip install 'clairvoyant[tfrecord]' "
                               "(or pass check_crc=False)")
@@ -101,7 +95,7 @@ class TFRecordSource(Source):
         self.__dict__.update(d)
         self._fds = FdCache(self.max_open)
 
-    labels = property(lambda self: _NoLabels(), doc="-1 for every record (labels are inside the records)")
+    labels = property(lambda self: NoLabels(), doc="-1 for every record (labels are inside the records)")
 
     # -- the walk ---------------------------------------------------------------------------------
 
@@ -150,26 +144,7 @@ class TFRecordSource(Source):
         return fi, int(at)
 
     def _pread(self, fi: int, offset: int, n: int, what: str) -> bytes:
-        path = self.paths[fi]
-        try:
-            fd = self._fds.acquire(fi, path)
-        except OSError as e:
-            raise SampleReadError(f"cannot read sample {what!r} from {path}: {e.strerror or e}") from e
-        try:
-            data = os.pread(fd, n, offset)
-            while len(data) < n:
-                more = os.pread(fd, n - len(data), offset + len(data))
-                if not more:
-                    break
-                data += more
-        except OSError as e:
-            raise SampleReadError(f"cannot read sample {what!r} from {path}: {e.strerror or e}") from e
-        finally:
-            self._fds.release(fi)
-        if len(data) != n:
-            raise SampleReadError(f"sample {what!r}: {path} ends before byte {offset + n}: it was cut or changed "
-                                  "since it was listed; copy it again, or pass reindex=True")
-        return data
+        return read_span(self._fds, fi, self.paths[fi], offset, n, what)
 
     def _unframe(self, buf, at: int, length: int, fi: int, key: str) -> bytes:
         """The data of the record framed at ``buf[at:]``, its framing and CRCs checked."""
@@ -242,10 +217,7 @@ class TFRecordSource(Source):
         each record's framing and CRCs checked."""
         if not keys:
             return [], 0
-        where = [self._where(k) for k in keys]
-        fi = where[0][0]
-        if any(w[0] != fi for w in where):
-            raise ValueError(f"read_range: {len(keys)} samples from more than one file ({keys[0]!r}...)")
+        where, fi = one_file([self._where(k) for k in keys], keys)
         lengths = [self._length(fi, at, k) for (_, at), k in zip(where, keys)]
         lo = min(at for _, at in where)
         hi = max(at + _HEAD.size + n + _FOOT.size for (_, at), n in zip(where, lengths))
@@ -271,31 +243,6 @@ class _Sizes:
         return None if i is None else int(self._m.sizes[i])
 
 
-def _resolve(paths) -> tuple[list[str], str]:
-    if isinstance(paths, (str, os.PathLike)):
-        spec = os.fspath(paths)
-        if os.path.isdir(spec):
-            root = os.path.abspath(spec)
-            found = sorted(os.path.join(root, n) for n in os.listdir(root)
-                           if n.endswith(SUFFIXES) and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
-            if not found:
-                raise EmptySourceError(f"directory {root} holds no .tfrecord files: point at their directory")
-            return found, root
-        if os.path.isfile(spec):
-            found = [os.path.abspath(spec)]
-        elif globmod.has_magic(spec):
-            found = sorted(os.path.abspath(p) for p in globmod.glob(spec) if os.path.isfile(p))
-            if not found:
-                raise SourceNotFound(f"no TFRecord file matches {spec!r}: check the pattern")
-        else:
-            raise SourceNotFound(f"{spec!r} does not exist: check the path (is the file system mounted?)")
-    else:
-        found = sorted(os.path.abspath(os.fspath(p)) for p in paths)
-        if not found:
-            raise ConfigError("the list of TFRecord files is empty: give at least one path")
-        if len(set(found)) != len(found):
-            raise ConfigError("the list of TFRecord files names one twice: name each once")
-    return found, os.path.commonpath([os.path.dirname(p) for p in found])
 
 
 # -- tf.train.Example without TensorFlow ------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""Sources whose files hold their samples as rows (NumPy arrays, HDF5 datasets): the keys, the
+labels and the reads they share, built once.
+
+A sample's key is ``<file>/<row>``, the file named relative to the common folder and the row
+zero-padded so that sorted keys keep each file's rows in order (neighbouring rows then fall in
+one range), or ``<file>`` alone where each file is one sample (``per_file``). Labels, where given,
+are one integer per sample in key order. A subclass lists its files (``_name_files``) and reads
+rows (``_read_rows``); it cuts its own ranges (``sample_ranges``).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, EmptySourceError, SampleReadError
+from .base import Source
+from .files import one_file, unreadable
+
+
+@dataclass(frozen=True)
+class ArrayDecoder:
+    """A sample's bytes back into its array: ``np.frombuffer(b, dtype).reshape(shape)``
+    (read-only: it shares the bytes; the collation copies it into the batch)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return np.frombuffer(data, dtype=np.dtype(self.dtype)).reshape(self.shape)
+
+
+class NoLabels(Mapping):
+    """-1 for every key, without a dict of them (file names are not classes)."""
+
+    def __getitem__(self, key: str) -> int:
+        return -1
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class RowFiles(Source):
+    """Files of rows (module docstring); ``paths``, ``per_file``, ``_labels`` and ``_layouts`` (per
+    file: its ``path``, the sample's ``dtype`` and ``shape``) set by the subclass."""
+
+    paths: list[str]
+    _layouts: Sequence
+    per_file: bool = False
+    _labels: np.ndarray | None = None
+
+    def _name_files(self, root: str, rows: Sequence[int], row_bytes: Sequence[int], what: str) -> None:
+        """Each file's name (relative to ``root``), rows and bytes per row."""
+        first = self._layouts[0]
+        for lay in self._layouts[1:]:
+            if (lay.dtype, lay.shape) != (first.dtype, first.shape):
+                raise ConfigError(f"{lay.path} holds samples of {np.dtype(lay.dtype)} {lay.shape}, but {first.path} "
+                                  f"of {np.dtype(first.dtype)} {first.shape}: a source's samples share a dtype and "
+                                  "a shape")
+        self.decoder = ArrayDecoder(first.dtype, first.shape)
+        self._names = [os.path.relpath(p, root).replace(os.sep, "/") for p in self.paths]
+        self._by_name = {n: i for i, n in enumerate(self._names)}
+        self._file_rows, self._file_row_bytes = [int(r) for r in rows], [int(b) for b in row_bytes]
+        self._width = [len(str(max(r - 1, 0))) for r in self._file_rows]
+        self._count = sum(self._file_rows)
+        if self._count == 0:
+            raise EmptySourceError(f"{what} holds no samples: check the paths")
+
+    @abc.abstractmethod
+    def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
+        """The bytes of ``rows`` of file ``fi`` (read together where they can be)."""
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def _keys(self) -> Iterator[tuple[str, int, int]]:
+        for fi, name in enumerate(self._names):
+            if self.per_file:
+                yield name, fi, 0
+                continue
+            w = self._width[fi]
+            for r in range(self._file_rows[fi]):
+                yield f"{name}/{r:0{w}d}", fi, r
+
+    def _where(self, key: str) -> tuple[int, int]:
+        """``(file, row)`` of sample ``key``."""
+        if self.per_file:
+            fi = self._by_name.get(key)
+            if fi is not None:
+                return fi, 0
+        else:
+            name, _, row = key.rpartition("/")
+            fi = self._by_name.get(name)
+            if fi is not None and row.isdigit() and int(row) < self._file_rows[fi]:
+                return fi, int(row)
+        raise SampleReadError(f"sample {key!r} is not in {self.uri}: the files changed since the manifest was made; "
+                              "run `clairvoyant index --force` on them, or pass reindex=True")
+
+    @property
+    def labels(self) -> Mapping[str, int]:
+        """Each sample's label: the ones given, else -1 for all."""
+        if self._labels is None:
+            return NoLabels()
+        return {key: int(self._labels[i]) for i, (key, _, _) in enumerate(self._keys())}
+
+    # -- the Source interface ---------------------------------------------------------------------
+
+    def scan(self) -> Iterator[tuple[str, int]]:
+        for key, fi, _ in self._keys():
+            yield key, self._file_row_bytes[fi]
+
+    def read(self, key: str) -> bytes:
+        fi, row = self._where(key)
+        return self._read_rows(fi, [row], key)[0]
+
+    def read_versioned(self, key: str) -> tuple[bytes, int]:
+        fi, row = self._where(key)
+        return self._read_rows(fi, [row], key)[0], self._mtime(fi, key)
+
+    def version(self, key: str) -> tuple[int, int]:
+        fi, _ = self._where(key)
+        return self._file_row_bytes[fi], self._mtime(fi, key)
+
+    def _mtime(self, fi: int, key: str) -> int:
+        try:
+            return os.stat(self.paths[fi]).st_mtime_ns
+        except OSError as e:
+            raise unreadable(key, self.paths[fi], e) from e
+
+    def read_range(self, keys: Sequence[str]) -> tuple[list[bytes], int]:
+        """The bytes of ``keys`` (rows of one file: one range of ``sample_ranges``), in that order,
+        read together, and the file's modification time."""
+        if not keys:
+            return [], 0
+        where, fi = one_file([self._where(k) for k in keys], keys)
+        return (self._read_rows(fi, [r for _, r in where], f"{len(keys)} samples from {keys[0]!r}"),
+                self._mtime(fi, keys[0]))
