@@ -126,3 +126,30 @@ def test_samples_lost_after_listing_name_themselves_and_skip_goes_on(tmp_path):
     assert sorted(got[:, 0, 0].astype(int).tolist()) == list(range(35))
     with pytest.raises(SampleReadError):
         _epoch(src, tmp_path / "again")
+
+
+def test_float_targets_travel_with_their_samples_as_fields(tmp_path):
+    """CosmoFlow's four float targets per volume: ``fields=["y"]`` reads them once and hands each
+    sample's with it (the batch's third element), matched to the right sample across shuffled files.
+    Control: without fields a batch has two elements; integer labels refuse float targets."""
+    x = _data(30)
+    d = tmp_path / "h5"
+    d.mkdir()
+    y = np.random.default_rng(9).standard_normal((30, 4)).astype(np.float32)
+    for i, rows in enumerate((slice(0, 12), slice(12, 30))):
+        with h5py.File(d / f"p{i}.h5", "w") as f:
+            f.create_dataset("x", data=x[rows])
+            f.create_dataset("y", data=y[rows])
+    src = HDF5Source(str(d), dataset="x", fields=["y"])
+    with Loader(src, batch_size=4, local_dir=str(tmp_path / "local"), seed=3, num_workers=1, output="numpy") as ld:
+        batches = list(ld)
+    assert all(len(b) == 3 for b in batches)
+    got = np.concatenate([np.asarray(b[0]) for b in batches])
+    targets = np.concatenate([np.asarray(b[2]["y"]) for b in batches])
+    order = got[:, 0, 0].astype(int)
+    assert sorted(order.tolist()) == list(range(30)) and np.array_equal(targets, y[order])
+    with Loader(HDF5Source(str(d), dataset="x"), batch_size=4, local_dir=str(tmp_path / "l2"), num_workers=1,
+                output="numpy") as ld:
+        assert all(len(b) == 2 for b in ld)   # control
+    with pytest.raises(ConfigError, match="pass float or vector targets as fields="):
+        HDF5Source(str(d), dataset="x", labels="y")

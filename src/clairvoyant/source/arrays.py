@@ -142,11 +142,11 @@ class NumpySource(RowFiles):
     """The rows of ``.npy`` files or ``.npz`` members as samples: a file, a directory of them, a
     glob or a list. ``dataset``: the ``.npz`` member holding the samples (needed where a file has
     more than one); ``labels``: an ``.npz`` member, or a ``.npy`` file, of one integer per sample;
-    ``per_file``: each file is one sample."""
+    ``fields``: ``.npz`` members that travel with each sample; ``per_file``: each file is one sample."""
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                 dataset: str | None = None, labels: str | None = None, per_file: bool = False,
-                 max_open: int = MAX_OPEN) -> None:
+                 dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
+                 per_file: bool = False, max_open: int = MAX_OPEN) -> None:
         self.paths, root = resolve_files(paths, SUFFIXES, 'NumPy (.npy, .npz)')
         self.dataset, self.per_file, self.max_open = dataset, bool(per_file), max_open
         self._arrays = [self._open(p) for p in self.paths]
@@ -155,7 +155,8 @@ class NumpySource(RowFiles):
         opts = "&".join(f"{k}={v}" for k, v in (("dataset", dataset), ("per_file", int(self.per_file))) if v)
         digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
         self.uri = f"npy+file://{root}#{digest}" + (f"?{opts}" if opts else "")
-        self._labels = self._read_labels(labels) if labels is not None else None
+        self._labels = self._load_labels(labels) if labels is not None else None
+        self._fields = self._load_fields(fields) if fields else None
         self._fds = FdCache(max_open)
         self._inflated: tuple[tuple[str, str], np.ndarray] | None = None   # a compressed member, whole
 
@@ -186,31 +187,26 @@ class NumpySource(RowFiles):
             raise ConfigError(f"dataset={self.dataset!r} names an .npz member, but {path} is a .npy file")
         return _npy(path, self.per_file)
 
-    def _read_labels(self, labels: str) -> np.ndarray:
-        """One integer per sample, in key order: an ``.npz`` member beside each file's samples, or a
-        ``.npy`` file for the whole source."""
-        if labels.endswith(".npy"):
-            out = np.load(labels, allow_pickle=False)
-            where = labels
-        else:
-            parts = []
-            for a in self._arrays:
-                if not a.path.endswith(".npz"):
-                    raise ConfigError(f"labels={labels!r} names an .npz member, but {a.path} is a .npy file: give a "
-                                      ".npy file of labels instead")
-                with np.load(a.path, allow_pickle=False) as z:
-                    if labels not in z.files:
-                        raise ConfigError(f"{a.path} has no array {labels!r} for labels; it has {sorted(z.files)}")
-                    parts.append(np.asarray(z[labels]).reshape(-1))
-                    if len(parts[-1]) != a.rows:
-                        raise ConfigError(f"labels {labels!r} of {a.path} has {len(parts[-1])} entries for "
-                                          f"{a.rows} samples")
-            out, where = np.concatenate(parts), f"member {labels!r}"
-        out = np.asarray(out).reshape(-1)
-        if len(out) != self._count or not np.issubdtype(out.dtype, np.integer):
-            raise ConfigError(f"labels from {where}: {len(out)} values of {out.dtype} for {self._count} samples; "
-                              "give one integer per sample")
-        return out.astype(np.int64)
+    def _column(self, fi: int, name: str) -> np.ndarray:
+        path = self.paths[fi]
+        if not path.endswith(".npz"):
+            raise ConfigError(f"{name!r} names an .npz member, but {path} is a .npy file: give labels as a .npy "
+                              "file of one integer per sample instead")
+        with np.load(path, allow_pickle=False) as z:
+            if name not in z.files:
+                raise ConfigError(f"{path} has no array {name!r}; it has {sorted(z.files)}")
+            return np.asarray(z[name])
+
+    def _load_labels(self, name: str) -> np.ndarray:
+        """Labels from an ``.npz`` member beside each file's samples, or from a ``.npy`` file of one
+        integer per sample (key order) for the whole source."""
+        if not name.endswith(".npy"):
+            return super()._load_labels(name)
+        y = np.asarray(np.load(name, allow_pickle=False)).reshape(-1)
+        if len(y) != self._count or not np.issubdtype(y.dtype, np.integer):
+            raise ConfigError(f"labels from {name}: {len(y)} values of {y.dtype} for {self._count} samples; give one "
+                              "integer per sample")
+        return y.astype(np.int64)
 
     def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
         """The bytes of ``rows`` of file ``fi``: one read over the rows they span (or the inflated

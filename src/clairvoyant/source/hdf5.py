@@ -119,10 +119,12 @@ def _layout(path: str, dataset: str) -> _Layout:
 
 class HDF5Source(RowFiles):
     """Samples along the first axis of ``dataset`` in HDF5 files: a file, a directory of them, a
-    glob or a list; ``labels``: a dataset of one integer per sample in each file."""
+    glob or a list; ``labels``: a dataset of one integer per sample in each file; ``fields``:
+    datasets beside the samples that travel with each (float targets, masks)."""
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                 dataset: str | None = None, labels: str | None = None, max_open: int = MAX_OPEN) -> None:
+                 dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
+                 max_open: int = MAX_OPEN) -> None:
         self.paths, root = resolve_files(paths, SUFFIXES, 'HDF5')
         if dataset is None:   # the file's one dataset (besides the labels), if it has one
             h5py = _h5py()
@@ -144,7 +146,8 @@ class HDF5Source(RowFiles):
                          f"dataset {dataset!r} of {paths!r}")
         digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
         self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
-        self._labels = self._read_labels(labels) if labels is not None else None
+        self._labels = self._load_labels(labels) if labels is not None else None
+        self._fields = self._load_fields(fields) if fields else None
         self._fds = FdCache(max_open)
         self._h5: dict[int, Any] = {}
         self._pid = os.getpid()
@@ -161,19 +164,13 @@ class HDF5Source(RowFiles):
         self.__dict__.update(d)
         self._fds = FdCache(self.max_open)
 
-    def _read_labels(self, name: str) -> np.ndarray:
-        h5py, parts = _h5py(), []
-        for lay in self._files:
-            with h5py.File(lay.path, "r") as f:
-                ds = f.get(name)
-                if ds is None or not isinstance(ds, h5py.Dataset):
-                    raise ConfigError(f"{lay.path} has no dataset {name!r} for labels; it has {_datasets(f)}")
-                y = np.asarray(ds[()]).reshape(-1)
-            if len(y) != len(lay.offsets) or not np.issubdtype(y.dtype, np.integer):
-                raise ConfigError(f"labels {name!r} of {lay.path}: {len(y)} values of {y.dtype} for "
-                                  f"{len(lay.offsets)} samples; give one integer per sample")
-            parts.append(y.astype(np.int64))
-        return np.concatenate(parts)
+    def _column(self, fi: int, name: str) -> np.ndarray:
+        h5py = _h5py()
+        with h5py.File(self.paths[fi], "r") as f:
+            ds = f.get(name)
+            if ds is None or not isinstance(ds, h5py.Dataset):
+                raise ConfigError(f"{self.paths[fi]} has no dataset {name!r}; it has {_datasets(f)}")
+            return np.asarray(ds[()])
 
     def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
         """The bytes of ``rows`` of file ``fi``: those with a place by one pread over their span, the

@@ -4,7 +4,9 @@ labels and the reads they share, built once.
 A sample's key is ``<file>/<row>``, the file named relative to the common folder and the row
 zero-padded so that sorted keys keep each file's rows in order (neighbouring rows then fall in
 one range), or ``<file>`` alone where each file is one sample (``per_file``). Labels, where given,
-are one integer per sample in key order. A subclass lists its files (``_name_files``) and reads
+are one integer per sample in key order; fields (``fields=``: float targets, masks) are arrays
+beside the samples, a row each, read into memory once and handed with each sample as its third
+element. A subclass lists its files (``_name_files``) and reads
 rows (``_read_rows``); it cuts its own ranges (``sample_ranges``).
 """
 
@@ -49,11 +51,12 @@ class NoLabels(Mapping):
 
 
 class RowFiles(Source):
-    """Files of rows (module docstring); ``paths``, ``per_file``, ``_labels`` and ``_layouts`` (per
-    file: its ``path``, the sample's ``dtype`` and ``shape``) set by the subclass."""
+    """Files of rows (module docstring); ``paths``, ``per_file``, ``_labels``, ``_fields`` and
+    ``_layouts`` (per file: its ``path``, the sample's ``dtype`` and ``shape``) set by the subclass."""
 
     paths: list[str]
     _layouts: Sequence
+    _fields: dict[str, np.ndarray] | None = None
     per_file: bool = False
     _labels: np.ndarray | None = None
 
@@ -71,12 +74,56 @@ class RowFiles(Source):
         self._file_rows, self._file_row_bytes = [int(r) for r in rows], [int(b) for b in row_bytes]
         self._width = [len(str(max(r - 1, 0))) for r in self._file_rows]
         self._count = sum(self._file_rows)
+        self._starts = np.concatenate([[0], np.cumsum(self._file_rows)[:-1]]).astype(np.int64)
         if self._count == 0:
             raise EmptySourceError(f"{what} holds no samples: check the paths")
 
     @abc.abstractmethod
     def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
         """The bytes of ``rows`` of file ``fi`` (read together where they can be)."""
+
+    @abc.abstractmethod
+    def _column(self, fi: int, name: str) -> np.ndarray:
+        """The array ``name`` beside file ``fi``'s samples (a row per sample); ConfigError naming the
+        file and what it has if there is none."""
+
+    def _columns(self, name: str, what: str) -> np.ndarray:
+        """``name`` of every file, in key order, a row per sample (checked)."""
+        parts = []
+        for fi, path in enumerate(self.paths):
+            col = np.asarray(self._column(fi, name))
+            if col.ndim == 0 or len(col) != self._file_rows[fi]:
+                raise ConfigError(f"{what} {name!r} of {path} has {0 if col.ndim == 0 else len(col)} rows for "
+                                  f"{self._file_rows[fi]} samples: give one per sample")
+            parts.append(col)
+        return np.concatenate(parts)
+
+    def _load_labels(self, name: str) -> np.ndarray:
+        """One integer label per sample, from the arrays ``name`` beside the samples."""
+        y = self._columns(name, "labels")
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            raise ConfigError(f"labels {name!r} are {y.dtype} of shape {y.shape[1:]} per sample: labels are one "
+                              "integer per sample; pass float or vector targets as fields= instead")
+        return y.astype(np.int64)
+
+    def _load_fields(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Arrays beside the samples that travel with each (``fields=``: a regression's float targets,
+        a mask), read once into memory: they are small beside the samples."""
+        if isinstance(names, str):
+            names = [names]
+        return {n: self._columns(n, "field") for n in names}
+
+    @property
+    def has_fields(self) -> bool:  # type: ignore[override]
+        return self._fields is not None
+
+    def fields_of(self, key: str) -> dict:
+        """The sample's fields (``fields=``), each its row of the array beside the samples."""
+        if self._fields is None:
+            return {}
+        fi, row = self._where(key)
+        i = self._starts[fi] + row
+        return {n: a[i] for n, a in self._fields.items()}
 
     # -- keys -------------------------------------------------------------------------------------
 
