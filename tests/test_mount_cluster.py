@@ -140,7 +140,9 @@ def test_an_entry_the_home_lost_is_kept_again_at_its_next_read(tmp_path, tree):
         assert wait_until(lambda: ms[0].tiers.find_local(key, len(files[key])) is not None, 10)   # kept
         ms[0].tiers.drop(key)                            # lost behind the policy's back
         assert ms[0].cluster._policy.holds(f)            # control: the policy still counts it
-        for _ in range(3):
+        own_read()   # from the store once more, and kept again (the copy lands after the read)
+        assert wait_until(lambda: ms[0].tiers.find_local(key, len(files[key])) is not None, 10)
+        for _ in range(2):
             own_read()
         s = ms[0].stats()
         assert s.opens_source == 2 and s.opens_local == 2, s   # once more from the store, then the tier
@@ -273,6 +275,40 @@ def test_homes_under_capacity_pressure_evict_and_serve_the_right_bytes(tmp_path,
         finally:
             for m in ms:
                 m.close()
+
+
+def test_a_peers_request_waits_for_the_homes_own_copy_instead_of_reading_the_store(tmp_path, tree):
+    """A peer asks a home for a file the home is copying into its tier right now (its native threads'
+    key lock does not keep the answering thread out: the lock is the process's): the answer waits
+    for that copy and comes from the tier; the store is not read a second time. Control: the answer
+    waited while the copy was under way."""
+    import threading
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    c0, keys = ms[0].cluster, sorted(files)
+    f = next(i for i in range(N) if hash_homes(N, 2)[i] == 0)
+    copying = threading.Event()
+    copying.set()
+    ms[0].controller.copying = lambda i: i == f and copying.is_set()
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("data", c0.serve(f)))
+    try:
+        t.start()
+        time.sleep(0.2)
+        assert t.is_alive()   # control: waiting on the copy
+        data = files[keys[f]]
+        tiers = ms[0].tiers
+        tiers.local.put(keys[f], data, os.stat(os.path.join(src, keys[f])).st_mtime_ns, tiers.local_capacity)
+        copying.clear()       # the copy is published
+        t.join(10)
+        assert got["data"] == data
+        c = c0.counters()
+        assert c.get("served_from_tier", 0) == 1 and c.get("served_from_store", 0) == 0, c
+    finally:
+        copying.clear()
+        for m in ms:
+            m.close()
 
 
 def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):

@@ -46,6 +46,7 @@ from ..plan.unplanned import STORE, HomesLRU, hash_homes
 log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
 ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
+COPY_WAIT = 5.0       # seconds a home's answer waits for its own copy of the file to be published
 CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
 # peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
 # and at thousands of peer reads a second 30 s of them would be gigabytes
@@ -360,6 +361,8 @@ class MountCluster:
         key, size = self._keys[f], int(self._sizes[f])
         tiers = self.mount.tiers
         data = self._from_tier(key, size)
+        if data is None and self._await_copy(f):
+            data = self._from_tier(key, size)   # this home's own copy of it has just been published
         if data is None:
             # hold the key's node-wide lock: the home's own staging of it (from its daemon's read)
             # and this read do not both read the store; whoever comes second finds it
@@ -375,6 +378,19 @@ class MountCluster:
         with self._lock:
             self._c[f"{why}_from_tier"] += 1
         return data
+
+    def _await_copy(self, f: int) -> bool:
+        """Wait (up to COPY_WAIT seconds) while this mount is copying ``f`` into its tier; True if it
+        was. The copy may run on the native threads, whose POSIX lock on the key belongs to this
+        whole process and so does not keep this thread out: without the wait both would read the
+        store."""
+        ctl = self.mount.controller
+        if ctl is None or not ctl.copying(f):
+            return False
+        deadline = time.monotonic() + COPY_WAIT
+        while ctl.copying(f) and time.monotonic() < deadline and not self._closed:
+            time.sleep(0.001)
+        return True
 
     def _from_store(self, f: int, key: str, size: int, why: str) -> bytes | None:
         """``f`` read from the store by its home, kept if the policy says so."""

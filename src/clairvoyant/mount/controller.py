@@ -109,6 +109,11 @@ class Controller:
     def _in_flight(self, i: int | None = None) -> bool:
         return self._copies.in_flight(i)
 
+    def copying(self, i: int) -> bool:
+        """Whether file ``i`` is being copied into the tier now (a cluster home waits for that copy
+        rather than read the store a second time: mount/cluster.py)."""
+        return self._copies.in_flight(i)
+
     def _evict(self, i: int) -> int:
         return self._copies.evict(i)
 
