@@ -153,3 +153,55 @@ def test_rows_cut_after_listing_name_the_sample_and_skip_goes_on(tmp_path):
     assert sorted(got[:, 0, 0].astype(int).tolist()) == list(range(80))
     with pytest.raises(SampleReadError):
         _epoch(src, tmp_path / "again", on_error="raise")
+
+
+def _tree_of_npy(root, n: int = 40) -> np.ndarray:
+    """An ImageFolder-like tree of .npy files, one sample each (classes c0, c1)."""
+    x, _ = _data(n)
+    for i in range(n):
+        d = root / f"c{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        np.save(d / f"s{i:03d}.npy", x[i])
+    return x
+
+
+def test_pack_npz_gives_shards_read_back_by_byte_range_with_the_trees_samples(tmp_path):
+    """`clairvoyant pack --format npz`: a tree of .npy files into .npz shards of stored members (x the
+    samples, y their labels), the same bytes twice over (deterministic), and Loader(DST) gives every
+    sample once with its label, as the tree does. Control: a rerun keeps the shards; a shard size
+    that is smaller gives more shards."""
+    from clairvoyant.pack_arrays import pack_arrays
+
+    x = _tree_of_npy(tmp_path / "tree")
+    a = pack_arrays(str(tmp_path / "tree"), tmp_path / "a", shard_size=10 * x[0].nbytes)
+    b = pack_arrays(str(tmp_path / "tree"), tmp_path / "b", shard_size=10 * x[0].nbytes)
+    assert a.shards == 4 and a.samples == 40
+    for s in sorted(os.listdir(tmp_path / "a")):
+        if s.endswith(".npz"):
+            assert (tmp_path / "a" / s).read_bytes() == (tmp_path / "b" / s).read_bytes()
+            with zipfile.ZipFile(tmp_path / "a" / s) as zf:
+                assert all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
+    again = pack_arrays(str(tmp_path / "tree"), tmp_path / "a", shard_size=10 * x[0].nbytes)
+    assert again.written == 0 and again.kept == 4
+    assert pack_arrays(str(tmp_path / "tree"), tmp_path / "c", shard_size=5 * x[0].nbytes).shards == 8
+    src = as_source(str(tmp_path / "a"))
+    assert isinstance(src, NumpySource) and src.dataset == "x"
+    got, labels = _epoch(str(tmp_path / "a"), tmp_path / "la")
+    order = got[:, 0, 0].astype(int)
+    assert sorted(order.tolist()) == list(range(40)) and np.array_equal(got, x[order])
+    assert np.array_equal(labels, order % 2)   # ImageFolder's classes, from the tree
+    tree_x, tree_y = _epoch(str(tmp_path / "tree"), tmp_path / "lt", decode=lambda b: np.load(__import__("io").BytesIO(b)))
+    assert np.array_equal(tree_x, got) and np.array_equal(tree_y, labels)   # the tree's batches, the same
+
+
+def test_pack_npz_refuses_samples_that_are_not_alike_or_not_arrays(tmp_path):
+    from clairvoyant.pack_arrays import pack_arrays
+
+    _tree_of_npy(tmp_path / "tree", 6)
+    np.save(tmp_path / "tree" / "c0" / "s999.npy", np.zeros((2, 2), np.float64))
+    with pytest.raises(ConfigError, match=r"s999.npy' is float64 \(2, 2\).*share a dtype and a shape"):
+        pack_arrays(str(tmp_path / "tree"), tmp_path / "out")
+    (tmp_path / "t2" / "c0").mkdir(parents=True)
+    (tmp_path / "t2" / "c0" / "a.npy").write_bytes(b"not an array at all")
+    with pytest.raises(ConfigError, match="is not a NumPy array"):
+        pack_arrays(str(tmp_path / "t2"), tmp_path / "out2")

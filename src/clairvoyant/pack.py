@@ -38,8 +38,8 @@ from .units import parse_bytes
 
 STATE = ".clairvoyant-pack.json"
 FORMAT = "clairvoyant-pack"
-_SHARD = re.compile(r"^shard-(\d{6,})\.tar$")
-_TMP = re.compile(r"^\.shard-\d{6,}\.tar\.(\d+)\.tmp$")
+_SHARD = re.compile(r"^shard-(\d{6,})\.(tar|npz)$")         # (pack_arrays.py writes .npz shards)
+_TMP = re.compile(r"^\.shard-\d{6,}\.(tar|npz)\.(\d+)\.tmp$")
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -146,7 +146,7 @@ def _prepare(dst: str, state: dict) -> None:
                           "or new directory")
     for n in names:
         m = _TMP.match(n)
-        if m and (int(m.group(1)) == pid() or not process_alive(int(m.group(1)))):   # ours: an earlier call's
+        if m and (int(m.group(2)) == pid() or not process_alive(int(m.group(2)))):   # ours: an earlier call's
             try:
                 os.unlink(os.path.join(dst, n))
             except FileNotFoundError:

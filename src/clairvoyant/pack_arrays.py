@@ -1,0 +1,122 @@
+"""Pack a tree of ``.npy`` files, one sample each, into NumPy shards (``clairvoyant pack --format npz``).
+
+A shard is an ``.npz`` whose members are stored, not compressed: ``x``, the samples' arrays stacked
+in the manifest's order, and ``y``, their labels (int64, -1 where a sample has none). ``NumpySource``
+then reads each sample by its byte range, one read for many neighbours (``Loader(DST)`` finds the
+pack's members by itself). Every sample must have the first one's dtype and shape; a shard holds as
+many whole samples as ``shard_size`` allows (at least one).
+
+As ``pack.py`` (whose state file and checks this shares): deterministic (the zip's times fixed, the
+same manifest and bytes give the same shards, byte for byte), each shard written under a hidden
+temporary name and renamed once whole, resumable with the same settings. The samples' ``.npy``
+bytes are parsed here without unpickling (object arrays are refused).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from . import manifest as manifest_mod
+from .errors import ConfigError, SourceChanged
+from .fileio import pid
+from .pack import FORMAT, PackResult, _prepare, _write_state
+from .source import as_source
+from .units import parse_bytes
+
+MEMBER, LABELS = "x", "y"
+_EPOCH = (1980, 1, 1, 0, 0, 0)   # every member's time in the zip: the shards do not depend on the clock
+
+
+def shard_name(i: int) -> str:
+    return f"shard-{i:06d}.npz"
+
+
+def _array(key: str, data: bytes) -> np.ndarray:
+    """The array in one sample's ``.npy`` bytes (never unpickled)."""
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as e:
+        raise ConfigError(f"sample {key!r} is not a NumPy array of numbers ({e}): --format npz packs a tree of "
+                          ".npy files, one sample each") from e
+
+
+def _write_shard(final: str, x: np.ndarray, y: np.ndarray) -> None:
+    """``x`` and ``y`` as an ``.npz`` of stored members, under a temporary name, then renamed."""
+    tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{pid()}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+            for name, arr in ((MEMBER, x), (LABELS, y)):
+                info = zipfile.ZipInfo(name + ".npy", date_time=_EPOCH)
+                info.external_attr = 0o644 << 16
+                with zf.open(info, "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def pack_arrays(src: Any, dst: str | os.PathLike[str], *, shard_size: int | str = "256MiB", threads: int = 16,
+                progress: Callable[[int], None] | None = None, reindex: bool = False) -> PackResult:
+    """Write the ``.npy`` samples of ``src`` as ``dst/shard-000000.npz``, ...; ``progress(n)`` as
+    each ``n`` more samples are done."""
+    size = parse_bytes(shard_size, what="shard_size")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ConfigError(f"threads must be an integer >= 1, got {threads!r}")
+    source = as_source(src)
+    man, _ = manifest_mod.obtain(source, reindex=reindex)
+    keys, sizes, labels = list(man.keys), man.sizes.tolist(), man.labels.astype(np.int64)
+    if not keys:
+        raise ConfigError(f"{src!r} holds no samples to pack")
+    first = _array(keys[0], source.read(keys[0]))
+    per = max(1, size // max(1, first.nbytes))
+    plan = [(a, min(a + per, len(keys))) for a in range(0, len(keys), per)]
+    dst = os.path.abspath(os.fspath(dst))
+    state = {"format": FORMAT, "version": 1, "source": source.uri, "fingerprint": man.fingerprint,
+             "samples": len(keys), "shard_size": size, "shards": len(plan), "complete": False,
+             "layout": "npz", "dtype": first.dtype.str, "shape": list(first.shape)}
+    _prepare(dst, state)
+    todo = [(s, a, b) for s, (a, b) in enumerate(plan) if not os.path.exists(os.path.join(dst, shard_name(s)))]
+    if progress is not None and len(todo) < len(plan):
+        progress(len(keys) - sum(b - a for _, a, b in todo))
+    order = (i for _, a, b in todo for i in range(a, b))
+    window: deque = deque()
+    with ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-pack") as pool:
+        try:
+            for s, a, b in todo:
+                x = np.empty((b - a, *first.shape), first.dtype)
+                for i in range(a, b):
+                    while len(window) < 4 * threads and (j := next(order, None)) is not None:
+                        window.append(pool.submit(source.read, keys[j]))
+                    data = window.popleft().result()
+                    if len(data) != sizes[i]:
+                        raise SourceChanged(f"sample {keys[i]!r} is {len(data)} bytes, its manifest says {sizes[i]}: "
+                                            "the source changed since it was indexed; run `clairvoyant index "
+                                            "--force` on it and pack into an empty directory")
+                    arr = _array(keys[i], data)
+                    if arr.dtype != first.dtype or arr.shape != first.shape:
+                        raise ConfigError(f"sample {keys[i]!r} is {arr.dtype} {arr.shape}, but {keys[0]!r} is "
+                                          f"{first.dtype} {first.shape}: an .npz pack's samples share a dtype and a "
+                                          "shape")
+                    x[i - a] = arr
+                    if progress is not None:
+                        progress(1)
+                _write_shard(os.path.join(dst, shard_name(s)), x, labels[a:b])
+        finally:
+            for f in window:
+                f.cancel()
+    _write_state(dst, dict(state, complete=True))
+    total = sum(os.path.getsize(os.path.join(dst, shard_name(s))) for s in range(len(plan)))
+    return PackResult(dst, len(plan), len(todo), len(plan) - len(todo), len(keys), total, None)
