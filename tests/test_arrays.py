@@ -205,3 +205,73 @@ def test_pack_npz_refuses_samples_that_are_not_alike_or_not_arrays(tmp_path):
     (tmp_path / "t2" / "c0" / "a.npy").write_bytes(b"not an array at all")
     with pytest.raises(ConfigError, match="is not a NumPy array"):
         pack_arrays(str(tmp_path / "t2"), tmp_path / "out2")
+
+
+def test_a_rewritten_file_or_other_labels_are_listed_again_not_read_from_an_old_manifest(tmp_path):
+    """The source's identity covers each file's size and time and the options that shape the listing:
+    a file rewritten with more rows is listed again (every row served), and labels asked for after a
+    run without them are served. Control: the same files and options keep their identity."""
+    x, y = _data()
+    path = tmp_path / "run.npz"
+    np.savez(path, x=x[:10], y=y[:10])
+    first = NumpySource(str(path), dataset="x")
+    assert NumpySource(str(path), dataset="x").uri == first.uri   # control
+    got, labels = _epoch(first, tmp_path / "a")
+    assert len(got) == 10 and (labels == -1).all()
+    _, labels = _epoch(NumpySource(str(path), dataset="x", labels="y"), tmp_path / "b")
+    assert sorted(labels.tolist()) == sorted(y[:10].tolist())
+    os.utime(path, ns=(1, 1))
+    np.savez(path, x=x, y=y)
+    got, _ = _epoch(NumpySource(str(path), dataset="x"), tmp_path / "c")
+    assert len(got) == len(x)
+
+
+def test_compressed_members_are_inflated_once_while_they_fit(tmp_path, monkeypatch):
+    """Shuffled reads across three compressed .npz files inflate each member once (kept, least
+    recently read dropped past the bound). Control: with a bound of one byte the members are inflated
+    again and again."""
+    from clairvoyant.source import arrays as arrays_mod
+
+    x, _ = _data(60)
+    for i in range(3):
+        np.savez_compressed(tmp_path / f"p{i}.npz", x=x[20 * i:20 * (i + 1)])
+    loads = []
+    real = np.load
+    monkeypatch.setattr(arrays_mod.np, "load", lambda *a, **k: (loads.append(a[0]), real(*a, **k))[1])
+    for bound, most in ((1 << 30, 3), (1, None)):
+        monkeypatch.setattr(arrays_mod, "INFLATED", bound)
+        loads.clear()
+        src = NumpySource(str(tmp_path), dataset="x")
+        keys = [k for k, _ in src.scan()]
+        order = np.random.default_rng(0).permutation(len(keys))
+        assert all(src.read(keys[i]) == x[i].tobytes() for i in order)
+        if most is not None:
+            assert len(loads) == most
+        else:
+            assert len(loads) > 10   # control
+
+
+def test_structured_and_damaged_array_files_are_refused_by_name(tmp_path):
+    rec = np.zeros(4, dtype=[("a", "<f4"), ("b", "<i4")])
+    np.save(tmp_path / "rec.npy", rec)
+    with pytest.raises(ArrayFileError, match="rec.npy holds records"):
+        NumpySource(str(tmp_path / "rec.npy"))
+    (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(ArrayFileError, match="bad.npz is not a readable .npz"):
+        NumpySource(str(tmp_path / "bad.npz"))
+
+
+def test_pack_npz_of_a_flat_folder_of_npy_files(tmp_path):
+    """A folder of .npy files with no class folders (which as_source would read as rows) packs its
+    files whole. Control: the pack's samples are the files' arrays."""
+    from clairvoyant.pack_arrays import pack_arrays
+
+    x, _ = _data(12)
+    (tmp_path / "flat").mkdir()
+    for i in range(12):
+        np.save(tmp_path / "flat" / f"s{i:02d}.npy", x[i])
+    res = pack_arrays(str(tmp_path / "flat"), tmp_path / "out", shard_size="1MiB")
+    assert res.samples == 12
+    got, _ = _epoch(str(tmp_path / "out"), tmp_path / "l")
+    order = got[:, 0, 0].astype(int)
+    assert sorted(order.tolist()) == list(range(12)) and np.array_equal(got, x[order])

@@ -153,3 +153,20 @@ def test_float_targets_travel_with_their_samples_as_fields(tmp_path):
         assert all(len(b) == 2 for b in ld)   # control
     with pytest.raises(ConfigError, match="pass float or vector targets as fields="):
         HDF5Source(str(d), dataset="x", labels="y")
+
+
+def test_open_hdf5_files_are_bounded_by_max_open(tmp_path):
+    """Compressed datasets are read through h5py; the files it holds open per process stay within
+    ``max_open``, the least recently read closed first. Control: with room for all, all stay open."""
+    x = _data(40)
+    d = tmp_path / "z"
+    d.mkdir()
+    for i in range(5):
+        with h5py.File(d / f"p{i}.h5", "w") as f:
+            f.create_dataset("x", data=x[8 * i:8 * (i + 1)], chunks=(4, 3, 4), compression="gzip")
+    for most, want in ((2, 2), (10, 5)):
+        src = HDF5Source(str(d), dataset="x", max_open=most)
+        keys = [k for k, _ in src.scan()]
+        assert [src.read(k) for k in keys] == [x[i].tobytes() for i in range(40)]
+        assert len(src._h5._items) == want
+        src.close()

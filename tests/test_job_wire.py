@@ -4,6 +4,8 @@ out of band, beside a small record, never as one message of a whole batch's byte
 from __future__ import annotations
 
 import threading
+
+import pytest
 from multiprocessing import Pipe
 
 from clairvoyant.load.worker import Item, Job, recv_job, send_job
@@ -77,3 +79,7 @@ def test_a_job_interrupted_half_way_marks_its_pipe_torn():
     except KeyboardInterrupt:
         pass
     assert cut.sent == 2 and torn(cut)
+    first = Interrupted(0)   # the record itself cut (a large one is two writes)
+    with pytest.raises(KeyboardInterrupt):
+        send_job(first, _job())
+    assert torn(first)

@@ -90,7 +90,9 @@ def test_parse_example_reads_the_features_without_tensorflow():
     assert ex["label"].tolist() == [-5] and ex["label"].dtype == np.int64
     assert ex["w"].tolist() == [0.5, 2.0] and ex["w"].dtype == np.float32
     with pytest.raises(ValueError, match="not a serialized tf.train.Example"):
-        parse_example(b"\x0a\xff")   # control: a length past the end
+        parse_example(b"\x0a\xff")   # a length cut short
+    with pytest.raises(ValueError, match="runs past the message's end"):
+        parse_example(b"\x0a\x05ab")   # a length past the end
 
 
 def test_a_range_read_checks_each_record(tmp_path):

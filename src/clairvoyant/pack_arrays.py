@@ -27,7 +27,7 @@ from . import manifest as manifest_mod
 from .errors import ConfigError, SourceChanged
 from .fileio import pid
 from .pack import FORMAT, PackResult, _prepare, _write_state
-from .source import as_source
+from .source import PosixSource, as_source
 from .units import parse_bytes
 
 MEMBER, LABELS = "x", "y"
@@ -41,10 +41,15 @@ def shard_name(i: int) -> str:
 def _array(key: str, data: bytes) -> np.ndarray:
     """The array in one sample's ``.npy`` bytes (never unpickled)."""
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as e:
-        raise ConfigError(f"sample {key!r} is not a NumPy array of numbers ({e}): --format npz packs a tree of "
-                          ".npy files, one sample each") from e
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, EOFError, OSError) as e:
+        raise ConfigError(f"sample {key!r} is not a NumPy array of numbers ({type(e).__name__}: {e}): --format npz "
+                          "packs a tree of .npy files, one sample each") from e
+    if not isinstance(arr, np.ndarray):   # an .npz: several arrays
+        arr.close()
+        raise ConfigError(f"sample {key!r} is an .npz of several arrays: --format npz packs a tree of .npy files, "
+                          "one sample each")
+    return arr
 
 
 def _write_shard(final: str, x: np.ndarray, y: np.ndarray) -> None:
@@ -75,7 +80,8 @@ def pack_arrays(src: Any, dst: str | os.PathLike[str], *, shard_size: int | str 
     size = parse_bytes(shard_size, what="shard_size")
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ConfigError(f"threads must be an integer >= 1, got {threads!r}")
-    source = as_source(src)
+    # a directory's files whole (as_source would read a folder of .npy files as their rows)
+    source = PosixSource(src) if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) else as_source(src)
     man, _ = manifest_mod.obtain(source, reindex=reindex)
     keys, sizes, labels = list(man.keys), man.sizes.tolist(), man.labels.astype(np.int64)
     if not keys:

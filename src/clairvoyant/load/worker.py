@@ -123,11 +123,11 @@ def send_job(conn: Connection, job: Job | None) -> None:
         job = job._replace(items=[it if it.data is None else it._replace(data=pickle.PickleBuffer(it.data))
                                   for it in job.items])
     record = pickle.dumps(job, protocol=5, buffer_callback=buffers.append)
-    conn.send_bytes(_BUFFERS.pack(len(buffers)) + record)
     try:
+        conn.send_bytes(_BUFFERS.pack(len(buffers)) + record)   # (itself two writes when large)
         for b in buffers:
             conn.send_bytes(b.raw())
-    except BaseException:   # Ctrl-C between two messages: the reader waits for bytes that never come
+    except BaseException:   # Ctrl-C half way: the reader waits for bytes that never come
         _TORN.add(conn)
         raise
 

@@ -7,7 +7,8 @@ and where the data starts. Row ``i`` is then the bytes ``[start + i*r, start + (
 of the dtype and shape ``s`` (:class:`ArrayDecoder`, the source's ``decoder``). An ``.npz`` is a
 zip of ``.npy`` members: a member stored without compression is read the same way (its data's
 place found once from the zip's headers); a compressed member can only be inflated whole, so it
-is read through NumPy once per process and kept while its rows are read. With ``per_file=True``
+is read through NumPy and kept (up to ``INFLATED`` bytes of members per process, the least recently
+read dropped first). With ``per_file=True``
 each file is one sample (its whole array, shape and all).
 
 Keys are ``<file>/<row>``, the row zero-padded so that sorted keys keep the rows' order (and
@@ -23,7 +24,6 @@ shape than the first file's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import zipfile
@@ -35,13 +35,18 @@ import numpy as np
 from ..errors import ConfigError, SampleReadError, SourceError
 from ..fdcache import FdCache
 from .rows import ArrayDecoder, RowFiles
-from .files import names_files, read_span, resolve_files
+from .files import Kept, listed_files, names_files, read_span, resolve_files
 
 __all__ = ["NumpySource", "ArrayDecoder", "ArrayFileError", "is_array_path"]
 
 SUFFIXES = (".npy", ".npz")
 RANGE_SPAN = 8 * 1024 * 1024   # sample_ranges: rows read together in pieces of about this many bytes
 MAX_OPEN = 64
+INFLATED = 1 << 30             # bytes of inflated compressed members a process keeps at most
+
+
+def _inflated() -> Kept:
+    return Kept(INFLATED, weigh=lambda a: a.nbytes)
 _LOCAL_HEADER = 30             # a zip local file header's fixed part
 
 
@@ -91,6 +96,9 @@ def _header(f, where: str) -> tuple[np.dtype, tuple[int, ...], bool]:
     except (ValueError, EOFError) as e:
         raise ArrayFileError(f"{where} is not a NumPy array ({e}): give .npy files or .npz members written "
                              "by numpy.save / numpy.savez") from e
+    if dtype.names is not None:
+        raise ArrayFileError(f"{where} holds records (a structured dtype, {dtype}): give an array of plain numbers, "
+                             "one per field, or the fields as arrays of their own")
     if dtype.hasobject:
         raise ArrayFileError(f"{where} holds Python objects (dtype {dtype}): reading them would unpickle, which "
                              "clairvoyant never does; save the data as a numeric array")
@@ -169,12 +177,12 @@ class NumpySource(RowFiles):
         self._layouts = self._arrays
         self._name_files(root, [a.rows for a in self._arrays], [a.row_bytes for a in self._arrays], f"{paths!r}")
         opts = "&".join(f"{k}={v}" for k, v in (("dataset", dataset), ("per_file", int(self.per_file))) if v)
-        digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
+        digest, self._mtimes = listed_files(self.paths, dataset, labels, self.per_file)
         self.uri = f"npy+file://{root}#{digest}" + (f"?{opts}" if opts else "")
         self._labels = self._load_labels(labels) if labels is not None else None
         self._fields = self._load_fields(fields) if fields else None
         self._fds = FdCache(max_open)
-        self._inflated: tuple[tuple[str, str], np.ndarray] | None = None   # a compressed member, whole
+        self._inflated = _inflated()   # compressed members, whole, kept while their rows are read
 
     def __repr__(self) -> str:
         return f"NumpySource({self.uri!r}, {len(self.paths)} files, {self._count} samples)"
@@ -186,14 +194,17 @@ class NumpySource(RowFiles):
 
     def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
-        self._fds = FdCache(self.max_open)
+        self._fds, self._inflated = FdCache(self.max_open), _inflated()
 
     def _open(self, path: str) -> _Array:
         if path.endswith(".npz"):
             member = self.dataset
             if member is None:
-                with zipfile.ZipFile(path) as zf:
-                    names = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+                try:
+                    with zipfile.ZipFile(path) as zf:
+                        names = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+                except (zipfile.BadZipFile, OSError) as e:
+                    raise ArrayFileError(f"{path} is not a readable .npz ({e}): copy it again") from e
                 if len(names) != 1:
                     raise ConfigError(f"{path} holds {len(names)} arrays {sorted(names)}: pass dataset= the one "
                                       "holding the samples")
@@ -236,17 +247,17 @@ class NumpySource(RowFiles):
         return [bytes(view[(r - lo) * n:(r - lo + 1) * n]) for r in rows]
 
     def _inflate(self, a: _Array, what: str) -> Any:
-        """A compressed member's rows, read through NumPy once and kept while they are read."""
-        key = (a.path, a.member)
-        if self._inflated is None or self._inflated[0] != key:
+        """A compressed member's rows, inflated through NumPy once and kept (up to INFLATED bytes of
+        members per process, the least recently read dropped first)."""
+        def load() -> np.ndarray:
             try:
                 with np.load(a.path, allow_pickle=False) as z:
                     arr = np.ascontiguousarray(z[a.member])
             except (OSError, ValueError, zipfile.BadZipFile) as e:
                 raise SampleReadError(f"sample {what!r}: cannot read member {a.member!r} of {a.path} ({e}); copy "
                                       "the file again") from e
-            self._inflated = (key, arr.reshape(a.rows, -1).view(np.uint8))
-        return self._inflated[1]
+            return arr.reshape(a.rows, -1).view(np.uint8)
+        return self._inflated.get((a.path, a.member), load)
 
     # -- ranges: neighbouring rows read together ----------------------------------------------------
 
@@ -268,6 +279,6 @@ class NumpySource(RowFiles):
 
     def close(self) -> None:
         self._fds.close()
-        self._inflated = None
+        self._inflated.clear()
 
 

@@ -5,8 +5,11 @@ on the list)."""
 from __future__ import annotations
 
 import glob as globmod
+import hashlib
 import os
-from typing import Sequence
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Sequence
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
 from ..fdcache import FdCache
@@ -105,3 +108,54 @@ def one_file(where: list[tuple[int, int]], keys: Sequence[str]) -> tuple[list[tu
     if any(w[0] != fi for w in where):
         raise ValueError(f"read_range: {len(keys)} samples from more than one file ({keys[0]!r}...)")
     return where, fi
+
+
+def listed_files(paths: list[str], *options: object) -> tuple[str, list[int]]:
+    """A digest of the files as they are now (each path, size and modification time) and of the
+    ``options`` that shape the listing (a dataset, the labels' name), for the source's uri: a file
+    rewritten, or other options, make another uri, so a saved manifest of the old listing is never
+    used for it; and each file's modification time (ns), the version its samples are staged with."""
+    h, mtimes = hashlib.sha1(), []
+    for p in paths:
+        st = os.stat(p)
+        mtimes.append(st.st_mtime_ns)
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    h.update(repr(options).encode())
+    return h.hexdigest()[:16], mtimes
+
+
+class Kept:
+    """A few costly objects a process keeps (inflated ``.npz`` members, open HDF5 files): made on
+    first use under one lock, the least recently used dropped (``drop``) once their ``weigh``
+    adds up to more than ``most``, none carried across a fork (the child makes its own)."""
+
+    def __init__(self, most: int, weigh: Callable[[Any], int] = lambda v: 1,
+                 drop: Callable[[Any], None] = lambda v: None) -> None:
+        self.most, self._weigh, self._drop = most, weigh, drop
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._weight, self._pid = 0, os.getpid()
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._pid != os.getpid():   # a forked child: the parent's objects are not its own
+                self._items, self._weight, self._pid = OrderedDict(), 0, os.getpid()
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+                return value
+            value = make()
+            self._items[key] = value
+            self._weight += self._weigh(value)
+            while self._weight > self.most and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._weight -= self._weigh(old)
+                self._drop(old)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            items, self._items, self._weight = list(self._items.values()), OrderedDict(), 0
+        if self._pid == os.getpid():
+            for v in items:
+                self._drop(v)

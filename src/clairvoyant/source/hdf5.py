@@ -22,10 +22,9 @@ samples differ in dtype or shape.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from ..errors import ConfigError, SampleReadError
 from ..fdcache import FdCache
 from .arrays import ArrayFileError
 from .rows import RowFiles
-from .files import names_files, read_span, resolve_files
+from .files import Kept, listed_files, names_files, read_span, resolve_files
 
 __all__ = ["HDF5Source", "is_hdf5_path"]
 
@@ -68,6 +67,13 @@ class _Layout:
     row_bytes: int
 
 
+def _close(f) -> None:
+    try:
+        f.close()
+    except Exception:   # a handle of a file already gone
+        pass
+
+
 def _datasets(f) -> list[str]:
     h5py, names = _h5py(), []
     f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
@@ -88,6 +94,9 @@ def _layout(path: str, dataset: str) -> _Layout:
         if not isinstance(ds, h5py.Dataset):
             raise ConfigError(f"{dataset!r} in {path} is a group, not a dataset; its datasets: {_datasets(ds)}")
         dtype = ds.dtype
+        if dtype.names is not None:
+            raise ArrayFileError(f"dataset {dataset!r} of {path} holds records (a compound type, {dtype}): give a "
+                                 "dataset of plain numbers, or each field as a dataset of its own")
         if dtype.hasobject or h5py.check_dtype(vlen=dtype) is not None:
             raise ArrayFileError(f"dataset {dataset!r} of {path} holds variable-length data or objects ({dtype}): "
                                  "give a dataset of fixed-size numbers")
@@ -144,25 +153,24 @@ class HDF5Source(RowFiles):
         self._layouts = self._files
         self._name_files(root, [len(lay.offsets) for lay in self._files], [lay.row_bytes for lay in self._files],
                          f"dataset {dataset!r} of {paths!r}")
-        digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
+        digest, self._mtimes = listed_files(self.paths, dataset, labels)
         self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
         self._labels = self._load_labels(labels) if labels is not None else None
         self._fields = self._load_fields(fields) if fields else None
         self._fds = FdCache(max_open)
-        self._h5: dict[int, Any] = {}
-        self._pid = os.getpid()
+        self._h5 = Kept(max_open, drop=_close)
 
     def __repr__(self) -> str:
         return f"HDF5Source({self.uri!r}, {len(self.paths)} files, {self._count} samples)"
 
     def __getstate__(self) -> dict:
         d = self.__dict__.copy()
-        d["_fds"], d["_h5"] = None, {}
+        d["_fds"], d["_h5"] = None, None
         return d
 
     def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
-        self._fds = FdCache(self.max_open)
+        self._fds, self._h5 = FdCache(self.max_open), Kept(self.max_open, drop=_close)
 
     def _column(self, fi: int, name: str) -> np.ndarray:
         h5py = _h5py()
@@ -201,12 +209,9 @@ class HDF5Source(RowFiles):
         return read_span(self._fds, fi, self.paths[fi], offset, n, what)
 
     def _dataset(self, fi: int):
-        """The dataset of file ``fi``, opened once per process (never a handle of another process)."""
-        if self._pid != os.getpid():
-            self._h5, self._pid = {}, os.getpid()
-        f = self._h5.get(fi)
-        if f is None:
-            f = self._h5[fi] = _h5py().File(self.paths[fi], "r")
+        """The dataset of file ``fi``, its file opened once per process (never another process's
+        handle) and kept among at most ``max_open``."""
+        f = self._h5.get(fi, lambda: _h5py().File(self.paths[fi], "r"))
         return f[self.dataset]
 
     # -- ranges ---------------------------------------------------------------------------------
@@ -232,11 +237,6 @@ class HDF5Source(RowFiles):
 
     def close(self) -> None:
         self._fds.close()
-        for f in self._h5.values():
-            try:
-                f.close()
-            except Exception:   # a handle of a file already gone
-                pass
-        self._h5 = {}
+        self._h5.clear()
 
 

@@ -55,6 +55,7 @@ class RowFiles(Source):
     ``_layouts`` (per file: its ``path``, the sample's ``dtype`` and ``shape``) set by the subclass."""
 
     paths: list[str]
+    _mtimes: list[int]         # each file's modification time when listed (files.listed_files)
     _layouts: Sequence
     _fields: dict[str, np.ndarray] | None = None
     per_file: bool = False
@@ -169,7 +170,7 @@ class RowFiles(Source):
 
     def read_versioned(self, key: str) -> tuple[bytes, int]:
         fi, row = self._where(key)
-        return self._read_rows(fi, [row], key)[0], self._mtime(fi, key)
+        return self._read_rows(fi, [row], key)[0], self._mtimes[fi]   # the version listed
 
     def version(self, key: str) -> tuple[int, int]:
         fi, _ = self._where(key)
@@ -188,4 +189,4 @@ class RowFiles(Source):
             return [], 0
         where, fi = one_file([self._where(k) for k in keys], keys)
         return (self._read_rows(fi, [r for _, r in where], f"{len(keys)} samples from {keys[0]!r}"),
-                self._mtime(fi, keys[0]))
+                self._mtimes[fi])

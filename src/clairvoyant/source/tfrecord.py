@@ -19,7 +19,7 @@ refused. The CRCs need the ``crc32c`` package (``pip install 'clairvoyant[tfreco
 
 from __future__ import annotations
 
-import hashlib
+import bisect
 import os
 import struct
 from typing import Any, Iterator, Sequence
@@ -30,7 +30,7 @@ from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError
 from ..fdcache import FdCache
 from .base import Source
 from .rows import NoLabels
-from .files import names_files, one_file, read_span, resolve_files
+from .files import listed_files, names_files, one_file, read_span, resolve_files
 
 __all__ = ["TFRecordSource", "TFRecordError", "parse_example", "is_tfrecord_path"]
 
@@ -78,7 +78,7 @@ class TFRecordSource(Source):
         self._names = [os.path.relpath(p, root).replace(os.sep, "/") for p in self.paths]
         self._by_name = {n: i for i, n in enumerate(self._names)}
         self._width = [len(str(max(os.path.getsize(p), 1))) for p in self.paths]
-        digest = hashlib.sha1("\0".join(self.paths).encode()).hexdigest()[:16]
+        digest, self._mtimes = listed_files(self.paths)
         self.uri = f"tfrecord+file://{root}#{digest}"
         self._fds = FdCache(max_open)
 
@@ -183,7 +183,7 @@ class TFRecordSource(Source):
 
     def read_versioned(self, key: str) -> tuple[bytes, int]:
         fi, _ = self._where(key)
-        return self.read(key), self._mtime(fi, key)
+        return self.read(key), self._mtimes[fi]   # the version listed (a rewrite is another uri)
 
     def version(self, key: str) -> tuple[int, int]:
         fi, at = self._where(key)
@@ -223,20 +223,25 @@ class TFRecordSource(Source):
         hi = max(at + _HEAD.size + n + _FOOT.size for (_, at), n in zip(where, lengths))
         buf = memoryview(self._pread(fi, lo, hi - lo, f"{len(keys)} samples from {keys[0]!r}"))
         return [self._unframe(buf, at - lo, n, fi, k) for (_, at), n, k in zip(where, lengths, keys)], \
-            self._mtime(fi, keys[0])
+            self._mtimes[fi]
 
     def close(self) -> None:
         self._fds.close()
 
 
 class _Sizes:
-    """A manifest's sizes by key (looked up as needed, not copied into a dict)."""
+    """A manifest's sizes by key: found by bisection over its sorted keys (no dict of 1 M strings)."""
 
     def __init__(self, manifest: Any) -> None:
         self._m = manifest
-        self._i: dict[str, int] | None = None
 
     def get(self, key: str) -> int | None:
+        keys = self._m.keys
+        i = bisect.bisect_left(keys, key)
+        return int(self._m.sizes[i]) if i < len(keys) and keys[i] == key else None
+
+
+def get(self, key: str) -> int | None:
         if self._i is None:
             self._i = {k: i for i, k in enumerate(self._m.keys)}
         i = self._i.get(key)
@@ -267,11 +272,13 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, Any]]:
         num, wire = tag >> 3, tag & 7
         if wire == 0:
             value, at = _varint(buf, at)
-        elif wire == 2:
-            n, at = _varint(buf, at)
-            value, at = buf[at:at + n], at + n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
+        elif wire in (1, 2, 5):
+            if wire == 2:
+                n, at = _varint(buf, at)
+            else:
+                n = 8 if wire == 1 else 4
+            if at + n > len(buf):
+                raise ValueError(f"a field of {n} bytes at byte {at} runs past the message's end ({len(buf)})")
             value, at = buf[at:at + n], at + n
         else:
             raise ValueError(f"protobuf wire type {wire} is not used by tf.train.Example")
