@@ -170,3 +170,27 @@ def test_open_hdf5_files_are_bounded_by_max_open(tmp_path):
         assert [src.read(k) for k in keys] == [x[i].tobytes() for i in range(40)]
         assert len(src._h5._items) == want
         src.close()
+
+
+def test_one_volume_per_file_with_its_parameters_as_fields(tmp_path):
+    """CosmoFlow's own layout: each file one volume (``full``) and its four parameters (``unitPar``):
+    ``per_file=True`` makes each file one sample, its parameters its field. Control: without
+    per_file the volume's first axis would be taken for samples."""
+    d = tmp_path / "univ"
+    d.mkdir()
+    vols = [np.full((4, 4, 4, 2), i, np.int16) for i in range(9)]
+    pars = [np.arange(4, dtype=np.float32) + i for i in range(9)]
+    for i in range(9):
+        with h5py.File(d / f"u{i}.h5", "w") as f:
+            f.create_dataset("full", data=vols[i], **({"compression": "gzip"} if i % 2 else {}))
+            f.create_dataset("unitPar", data=pars[i])
+    src = HDF5Source(str(d), dataset="full", fields=["unitPar"], per_file=True)
+    assert len(list(src.scan())) == 9
+    with Loader(src, batch_size=3, local_dir=str(tmp_path / "local"), num_workers=1, output="numpy") as ld:
+        batches = list(ld)
+    x = np.concatenate([np.asarray(b[0]) for b in batches])
+    p = np.concatenate([np.asarray(b[2]["unitPar"]) for b in batches])
+    assert x.shape == (9, 4, 4, 4, 2)
+    ids = x[:, 0, 0, 0, 0].astype(int)
+    assert sorted(ids.tolist()) == list(range(9)) and np.array_equal(p, np.stack(pars)[ids])
+    assert len(list(HDF5Source(str(d), dataset="full").scan())) == 36   # control: rows of each volume

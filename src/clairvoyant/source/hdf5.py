@@ -80,7 +80,7 @@ def _datasets(f) -> list[str]:
     return sorted(names)
 
 
-def _layout(path: str, dataset: str) -> _Layout:
+def _layout(path: str, dataset: str, per_file: bool = False) -> _Layout:
     h5py = _h5py()
     try:
         f = h5py.File(path, "r")
@@ -100,18 +100,20 @@ def _layout(path: str, dataset: str) -> _Layout:
         if dtype.hasobject or h5py.check_dtype(vlen=dtype) is not None:
             raise ArrayFileError(f"dataset {dataset!r} of {path} holds variable-length data or objects ({dtype}): "
                                  "give a dataset of fixed-size numbers")
-        if len(ds.shape) == 0:
-            raise ArrayFileError(f"dataset {dataset!r} of {path} is a single value: give one with a sample per row")
-        n, sample = int(ds.shape[0]), tuple(int(x) for x in ds.shape[1:])
+        if len(ds.shape) == 0 and not per_file:
+            raise ArrayFileError(f"dataset {dataset!r} of {path} is a single value: give one with a sample per row, "
+                                 "or per_file=True")
+        shape = tuple(int(x) for x in ds.shape)
+        n, sample = (1, shape) if per_file else (shape[0], shape[1:])
         row = int(dtype.itemsize * int(np.prod(sample, dtype=np.int64)))
         offsets = np.full(n, -1, np.int64)
         plist = ds.id.get_create_plist()
-        chunk_rows = int(ds.chunks[0]) if ds.chunks else max(1, RANGE_SPAN // max(row, 1))
+        chunk_rows = 1 if per_file else int(ds.chunks[0]) if ds.chunks else max(1, RANGE_SPAN // max(row, 1))
         if ds.chunks is None:
             at = ds.id.get_offset()
             if at is not None:   # None: nothing written (fill values): through h5py
                 offsets[:] = at + np.arange(n, dtype=np.int64) * row
-        elif plist.get_nfilters() == 0 and tuple(ds.chunks[1:]) == sample:
+        elif not per_file and plist.get_nfilters() == 0 and tuple(ds.chunks[1:]) == sample:
             k = int(ds.chunks[0])
             for c in range(ds.id.get_num_chunks()):
                 info = ds.id.get_chunk_info(c)
@@ -129,11 +131,12 @@ def _layout(path: str, dataset: str) -> _Layout:
 class HDF5Source(RowFiles):
     """Samples along the first axis of ``dataset`` in HDF5 files: a file, a directory of them, a
     glob or a list; ``labels``: a dataset of one integer per sample in each file; ``fields``:
-    datasets beside the samples that travel with each (float targets, masks)."""
+    datasets beside the samples that travel with each (float targets, masks); ``per_file``: each
+    file is one sample (its whole dataset; a field or label is then the file's whole array)."""
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
-                 max_open: int = MAX_OPEN) -> None:
+                 per_file: bool = False, max_open: int = MAX_OPEN) -> None:
         self.paths, root = resolve_files(paths, SUFFIXES, 'HDF5')
         if dataset is None:   # the file's one dataset (besides the labels), if it has one
             h5py = _h5py()
@@ -149,11 +152,12 @@ class HDF5Source(RowFiles):
         if not isinstance(dataset, str) or not dataset:
             raise ConfigError(f"dataset={dataset!r}: name the dataset that holds the samples, e.g. 'x'")
         self.dataset, self.labels_name, self.max_open = dataset, labels, max_open
-        self._files = [_layout(p, dataset) for p in self.paths]
+        self.per_file = bool(per_file)
+        self._files = [_layout(p, dataset, self.per_file) for p in self.paths]
         self._layouts = self._files
         self._name_files(root, [len(lay.offsets) for lay in self._files], [lay.row_bytes for lay in self._files],
                          f"dataset {dataset!r} of {paths!r}")
-        digest, self._mtimes = listed_files(self.paths, dataset, labels)
+        digest, self._mtimes = listed_files(self.paths, dataset, labels, self.per_file)
         self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
         self._labels = self._load_labels(labels) if labels is not None else None
         self._fields = self._load_fields(fields) if fields else None
@@ -197,7 +201,8 @@ class HDF5Source(RowFiles):
         if rest:
             lo, hi = min(rows[i] for i in rest), max(rows[i] for i in rest) + 1
             try:
-                block = np.ascontiguousarray(self._dataset(fi)[lo:hi])
+                ds = self._dataset(fi)
+                block = np.ascontiguousarray(ds[()][None] if self.per_file else ds[lo:hi])
             except (OSError, ValueError, KeyError) as e:
                 raise SampleReadError(f"cannot read sample {what!r} from {lay.path} through h5py ({e}); check the "
                                       "file") from e

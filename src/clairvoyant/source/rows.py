@@ -93,6 +93,8 @@ class RowFiles(Source):
         parts = []
         for fi, path in enumerate(self.paths):
             col = np.asarray(self._column(fi, name))
+            if self.per_file:   # the file is the sample: its whole array is the sample's
+                col = col[None]
             if col.ndim == 0 or len(col) != self._file_rows[fi]:
                 raise ConfigError(f"{what} {name!r} of {path} has {0 if col.ndim == 0 else len(col)} rows for "
                                   f"{self._file_rows[fi]} samples: give one per sample")
