@@ -20,6 +20,8 @@ shared file system an open costs milliseconds, so one thread would be slow.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import re
@@ -27,7 +29,7 @@ import tarfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import manifest as manifest_mod
 from .errors import ConfigError, SourceChanged
@@ -160,6 +162,40 @@ def _write_state(dst: str, state: dict) -> None:
                      lambda fd: write_all(fd, data))
 
 
+def start(dst: str, state: dict, plan: list[tuple[int, int]], name: Callable[[int], str], samples: int,
+          progress: Callable[[int], None] | None) -> list[tuple[int, int, int]]:
+    """Check and claim DST for the pack ``state`` describes; the shards still to write, as
+    ``(shard, first sample, end)`` (those complete from an earlier run are told to ``progress``)."""
+    _prepare(dst, state)
+    todo = [(s, a, b) for s, (a, b) in enumerate(plan) if not os.path.exists(os.path.join(dst, name(s)))]
+    if progress is not None and len(todo) < len(plan):
+        progress(samples - sum(b - a for _, a, b in todo))
+    return todo
+
+
+def read_in_order(source: Any, keys: list[str], sizes: list[int], todo: list[tuple[int, int, int]],
+                  threads: int) -> Iterator[tuple[int, bytes]]:
+    """``(i, bytes)`` of every sample of the shards ``todo``, in order, read on ``threads`` threads a
+    bounded number ahead (on a shared file system an open costs milliseconds); a size other than
+    the manifest's is SourceChanged. Close it (``contextlib.closing``) to stop the reads early."""
+    order = (i for _, a, b in todo for i in range(a, b))
+    window: deque = deque()
+    with ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-pack") as pool:
+        try:
+            for i in (i for _, a, b in todo for i in range(a, b)):
+                while len(window) < 4 * threads and (j := next(order, None)) is not None:
+                    window.append(pool.submit(source.read, keys[j]))
+                data = window.popleft().result()
+                if len(data) != sizes[i]:
+                    raise SourceChanged(f"sample {keys[i]!r} is {len(data)} bytes, its manifest says {sizes[i]}: the "
+                                        "source changed since it was indexed; run `clairvoyant index --force` on it "
+                                        "and pack into an empty directory")
+                yield i, data
+        finally:
+            for f in window:
+                f.cancel()
+
+
 class _ShardWriter:
     """A tar written to a hidden temporary name, renamed to ``final`` once whole and synced. The
     members are written as they come (header, data, padding to a block), then two zero blocks."""
@@ -218,32 +254,16 @@ def pack(src: Any, dst: str | os.PathLike[str], *, shard_size: int | str = "256M
     dst = os.path.abspath(os.fspath(dst))
     state = {"format": FORMAT, "version": 1, "source": source.uri, "fingerprint": man.fingerprint,
              "samples": len(keys), "shard_size": size, "shards": len(plan), "complete": False}
-    _prepare(dst, state)
-    todo = [(s, a, b) for s, (a, b) in enumerate(plan) if not os.path.exists(os.path.join(dst, shard_name(s)))]
-    if progress is not None and len(todo) < len(plan):
-        progress(len(keys) - sum(b - a for _, a, b in todo))
-    order = (i for _, a, b in todo for i in range(a, b))
-    window: deque = deque()
-    with ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-pack") as pool:
-        try:
-            for s, a, b in todo:
-                with _ShardWriter(os.path.join(dst, shard_name(s))) as w:
-                    for i in range(a, b):
-                        while len(window) < 4 * threads and (j := next(order, None)) is not None:
-                            window.append(pool.submit(source.read, keys[j]))
-                        data = window.popleft().result()
-                        if len(data) != sizes[i]:
-                            raise SourceChanged(f"sample {keys[i]!r} is {len(data)} bytes, its manifest says "
-                                                f"{sizes[i]}: the source changed since it was indexed; run "
-                                                "`clairvoyant index --force` on it and pack into an empty directory")
-                        w.add(names[i], data)
-                        if labels[i] >= 0:
-                            w.add(split_member(names[i])[0] + ".cls", str(labels[i]).encode())
-                        if progress is not None:
-                            progress(1)
-        finally:
-            for f in window:
-                f.cancel()
+    todo = start(dst, state, plan, shard_name, len(keys), progress)
+    with contextlib.closing(read_in_order(source, keys, sizes, todo, threads)) as samples:
+        for s, a, b in todo:
+            with _ShardWriter(os.path.join(dst, shard_name(s))) as w:
+                for i, data in itertools.islice(samples, b - a):
+                    w.add(names[i], data)
+                    if labels[i] >= 0:
+                        w.add(split_member(names[i])[0] + ".cls", str(labels[i]).encode())
+                    if progress is not None:
+                        progress(1)
     _write_state(dst, dict(state, complete=True))
     total = sum(os.path.getsize(os.path.join(dst, shard_name(s))) for s in range(len(plan)))
     return PackResult(dst, len(plan), len(todo), len(plan) - len(todo), len(keys), total, data_key)

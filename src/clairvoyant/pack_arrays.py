@@ -14,19 +14,19 @@ bytes are parsed here without unpickling (object arrays are refused).
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import os
 import zipfile
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
 
 from . import manifest as manifest_mod
-from .errors import ConfigError, SourceChanged
+from .errors import ConfigError
 from .fileio import pid
-from .pack import FORMAT, PackResult, _prepare, _write_state
+from .pack import FORMAT, PackResult, _write_state, read_in_order, start
 from .source import PosixSource, as_source
 from .units import parse_bytes
 
@@ -93,36 +93,20 @@ def pack_arrays(src: Any, dst: str | os.PathLike[str], *, shard_size: int | str 
     state = {"format": FORMAT, "version": 1, "source": source.uri, "fingerprint": man.fingerprint,
              "samples": len(keys), "shard_size": size, "shards": len(plan), "complete": False,
              "layout": "npz", "dtype": first.dtype.str, "shape": list(first.shape)}
-    _prepare(dst, state)
-    todo = [(s, a, b) for s, (a, b) in enumerate(plan) if not os.path.exists(os.path.join(dst, shard_name(s)))]
-    if progress is not None and len(todo) < len(plan):
-        progress(len(keys) - sum(b - a for _, a, b in todo))
-    order = (i for _, a, b in todo for i in range(a, b))
-    window: deque = deque()
-    with ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-pack") as pool:
-        try:
-            for s, a, b in todo:
-                x = np.empty((b - a, *first.shape), first.dtype)
-                for i in range(a, b):
-                    while len(window) < 4 * threads and (j := next(order, None)) is not None:
-                        window.append(pool.submit(source.read, keys[j]))
-                    data = window.popleft().result()
-                    if len(data) != sizes[i]:
-                        raise SourceChanged(f"sample {keys[i]!r} is {len(data)} bytes, its manifest says {sizes[i]}: "
-                                            "the source changed since it was indexed; run `clairvoyant index "
-                                            "--force` on it and pack into an empty directory")
-                    arr = _array(keys[i], data)
-                    if arr.dtype != first.dtype or arr.shape != first.shape:
-                        raise ConfigError(f"sample {keys[i]!r} is {arr.dtype} {arr.shape}, but {keys[0]!r} is "
-                                          f"{first.dtype} {first.shape}: an .npz pack's samples share a dtype and a "
-                                          "shape")
-                    x[i - a] = arr
-                    if progress is not None:
-                        progress(1)
-                _write_shard(os.path.join(dst, shard_name(s)), x, labels[a:b])
-        finally:
-            for f in window:
-                f.cancel()
+    todo = start(dst, state, plan, shard_name, len(keys), progress)
+    with contextlib.closing(read_in_order(source, keys, sizes, todo, threads)) as samples:
+        for s, a, b in todo:
+            x = np.empty((b - a, *first.shape), first.dtype)
+            for i, data in itertools.islice(samples, b - a):
+                arr = _array(keys[i], data)
+                if arr.dtype != first.dtype or arr.shape != first.shape:
+                    raise ConfigError(f"sample {keys[i]!r} is {arr.dtype} {arr.shape}, but {keys[0]!r} is "
+                                      f"{first.dtype} {first.shape}: an .npz pack's samples share a dtype and a "
+                                      "shape")
+                x[i - a] = arr
+                if progress is not None:
+                    progress(1)
+            _write_shard(os.path.join(dst, shard_name(s)), x, labels[a:b])
     _write_state(dst, dict(state, complete=True))
     total = sum(os.path.getsize(os.path.join(dst, shard_name(s))) for s in range(len(plan)))
     return PackResult(dst, len(plan), len(todo), len(plan) - len(todo), len(keys), total, None)
