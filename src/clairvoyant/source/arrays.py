@@ -33,7 +33,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ConfigError, SampleReadError, SourceError
-from ..fdcache import FdCache
 from .rows import ArrayDecoder, RowFiles
 from .files import Kept, listed_files, names_files, read_span, resolve_files
 
@@ -43,10 +42,6 @@ SUFFIXES = (".npy", ".npz")
 RANGE_SPAN = 8 * 1024 * 1024   # sample_ranges: rows read together in pieces of about this many bytes
 MAX_OPEN = 64
 INFLATED = 1 << 30             # bytes of inflated compressed members a process keeps at most
-
-
-def _inflated() -> Kept:
-    return Kept(INFLATED, weigh=lambda a: a.nbytes)
 _LOCAL_HEADER = 30             # a zip local file header's fixed part
 
 
@@ -181,20 +176,16 @@ class NumpySource(RowFiles):
         self.uri = f"npy+file://{root}#{digest}" + (f"?{opts}" if opts else "")
         self._labels = self._load_labels(labels) if labels is not None else None
         self._fields = self._load_fields(fields) if fields else None
-        self._fds = FdCache(max_open)
-        self._inflated = _inflated()   # compressed members, whole, kept while their rows are read
+        self._own()
 
     def __repr__(self) -> str:
         return f"NumpySource({self.uri!r}, {len(self.paths)} files, {self._count} samples)"
 
-    def __getstate__(self) -> dict:
-        d = self.__dict__.copy()
-        d["_fds"], d["_inflated"] = None, None
-        return d
+    _OWN = ("_fds", "_inflated")
 
-    def __setstate__(self, d: dict) -> None:
-        self.__dict__.update(d)
-        self._fds, self._inflated = FdCache(self.max_open), _inflated()
+    def _own(self) -> None:
+        super()._own()
+        self._inflated = Kept(INFLATED, weigh=lambda a: a.nbytes)   # compressed members, whole
 
     def _open(self, path: str) -> _Array:
         if path.endswith(".npz"):
@@ -278,7 +269,7 @@ class NumpySource(RowFiles):
         return of, (hi - lo) * np.array([a.row_bytes for a in self._arrays], np.int64)[uniq[:, 0]]
 
     def close(self) -> None:
-        self._fds.close()
+        super().close()
         self._inflated.clear()
 
 

@@ -28,9 +28,11 @@ def names_files(path: str, suffixes: tuple[str, ...]) -> bool:
 
 
 def resolve_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], suffixes: tuple[str, ...],
-                  what: str) -> tuple[list[str], str]:
+                  what: str, *, any_suffix: bool = False, hint: str = "") -> tuple[list[str], str]:
     """The files ``paths`` names (a file, a directory of files with ``suffixes``, a glob or a list),
-    absolute and sorted, and the folder their names are relative to; ``what`` names the kind in errors."""
+    absolute and sorted, and the folder their names are relative to; ``what`` names the kind in errors,
+    ``hint`` ends the error for a directory without any. ``any_suffix``: a file, glob or list named
+    explicitly may have another suffix (only a directory is filtered by ``suffixes``)."""
     if isinstance(paths, (str, os.PathLike)):
         spec = os.fspath(paths)
         if os.path.isdir(spec):
@@ -39,7 +41,7 @@ def resolve_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str
                            if n.endswith(suffixes) and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
             if not found:
                 raise EmptySourceError(f"directory {root} holds no {what} files ({', '.join(suffixes)}): point at "
-                                       "their directory")
+                                       f"their directory{hint}")
             return found, root
         if os.path.isfile(spec):
             found = [os.path.abspath(spec)]
@@ -55,7 +57,7 @@ def resolve_files(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str
             raise ConfigError(f"the list of {what} files is empty: give at least one path")
         if len(set(found)) != len(found):
             raise ConfigError(f"the list of {what} files names one twice: name each once")
-    bad = [p for p in found if not p.endswith(suffixes)]
+    bad = [] if any_suffix else [p for p in found if not p.endswith(suffixes)]
     if bad:
         raise ConfigError(f"{bad[0]} is not a {what} file ({', '.join(suffixes)})")
     return found, os.path.commonpath([os.path.dirname(p) for p in found])

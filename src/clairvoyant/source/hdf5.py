@@ -29,7 +29,6 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError, SampleReadError
-from ..fdcache import FdCache
 from .arrays import ArrayFileError
 from .rows import RowFiles
 from .files import Kept, listed_files, names_files, read_span, resolve_files
@@ -161,20 +160,16 @@ class HDF5Source(RowFiles):
         self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
         self._labels = self._load_labels(labels) if labels is not None else None
         self._fields = self._load_fields(fields) if fields else None
-        self._fds = FdCache(max_open)
-        self._h5 = Kept(max_open, drop=_close)
+        self._own()
 
     def __repr__(self) -> str:
         return f"HDF5Source({self.uri!r}, {len(self.paths)} files, {self._count} samples)"
 
-    def __getstate__(self) -> dict:
-        d = self.__dict__.copy()
-        d["_fds"], d["_h5"] = None, None
-        return d
+    _OWN = ("_fds", "_h5")
 
-    def __setstate__(self, d: dict) -> None:
-        self.__dict__.update(d)
-        self._fds, self._h5 = FdCache(self.max_open), Kept(self.max_open, drop=_close)
+    def _own(self) -> None:
+        super()._own()
+        self._h5 = Kept(self.max_open, drop=_close)   # open files, for what is read through h5py
 
     def _column(self, fi: int, name: str) -> np.ndarray:
         h5py = _h5py()
@@ -241,7 +236,7 @@ class HDF5Source(RowFiles):
         return of, hi - lo
 
     def close(self) -> None:
-        self._fds.close()
+        super().close()
         self._h5.clear()
 
 

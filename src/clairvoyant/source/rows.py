@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError
 from .base import Source
+from ..fdcache import FdCache
 from .files import one_file, unreadable
 
 
@@ -78,6 +79,28 @@ class RowFiles(Source):
         self._starts = np.concatenate([[0], np.cumsum(self._file_rows)[:-1]]).astype(np.int64)
         if self._count == 0:
             raise EmptySourceError(f"{what} holds no samples: check the paths")
+
+    #: attributes that belong to one process (descriptors, caches): never pickled, made anew by ``_own``
+    _OWN: tuple[str, ...] = ("_fds",)
+
+    def _own(self) -> None:
+        """This process's descriptors (and a subclass's caches), at construction and in a process
+        that unpickles the source."""
+        self._fds = FdCache(self.max_open)
+
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        for name in self._OWN:
+            d.pop(name, None)
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._own()
+
+    def close(self) -> None:
+        """Close this process's descriptors (they reopen on the next read)."""
+        self._fds.close()
 
     @abc.abstractmethod
     def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:

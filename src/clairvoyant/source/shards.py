@@ -33,6 +33,7 @@ from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFo
 from ..fdcache import FdCache
 from . import tarindex
 from .base import Source
+from .files import names_files, resolve_files
 from .tarindex import ShardError, ShardIndex, index_path, split_member
 
 __all__ = ["TarShardSource", "ShardError", "split_member", "is_shard_dir"]
@@ -321,40 +322,16 @@ class TarShardSource(Source):
 
 
 def _resolve(shards) -> tuple[list[str], str]:
-    """The shard paths (absolute, sorted) and the source's uri."""
-    if isinstance(shards, (str, os.PathLike)):
-        spec = os.fspath(shards)
-        if os.path.isdir(spec):
-            root = os.path.abspath(spec)
-            paths = sorted(os.path.join(root, n) for n in os.listdir(root)
-                           if n.endswith(".tar") and not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
-            if not paths:
-                raise EmptySourceError(f"directory {root} holds no .tar shards: point at the directory of the "
-                                       "shards, or make them with `clairvoyant pack`")
-            return paths, "tar+file://" + root
-        if os.path.isfile(spec):
-            return [os.path.abspath(spec)], "tar+file://" + os.path.abspath(spec)
-        if globmod.has_magic(spec):
-            paths = sorted(os.path.abspath(p) for p in globmod.glob(spec) if os.path.isfile(p))
-            if not paths:
-                raise SourceNotFound(f"no shard matches {spec!r}: check the pattern")
-        else:
-            raise SourceNotFound(f"shards {spec!r} do not exist: check the path (is the file system mounted?)")
-    else:
-        paths = sorted(os.path.abspath(os.fspath(p)) for p in shards)
-        if not paths:
-            raise ConfigError("the list of shards is empty: give at least one .tar path")
-        if len(set(paths)) != len(paths):
-            raise ConfigError("the list of shards names a shard twice: name each once")
-    common = os.path.commonpath([os.path.dirname(p) for p in paths])
+    """The shard paths (absolute, sorted) and the source's uri: the directory's, the one shard's, or
+    the shards' common folder with a digest of their paths."""
+    paths, root = resolve_files(shards, (".tar",), "tar shard", any_suffix=True,
+                                hint=", or make them with `clairvoyant pack`")
+    if isinstance(shards, (str, os.PathLike)) and not globmod.has_magic(os.fspath(shards)):
+        return paths, "tar+file://" + (root if os.path.isdir(os.fspath(shards)) else paths[0])
     digest = hashlib.sha1("\0".join(paths).encode()).hexdigest()[:16]
-    return paths, f"tar+file://{common}#{digest}"
+    return paths, f"tar+file://{root}#{digest}"
 
 
 def is_shard_dir(path: str) -> bool:
     """A directory whose visible entries are all ``.tar`` files (at least one)."""
-    try:
-        names = [n for n in os.listdir(path) if not n.startswith(".")]
-    except OSError:
-        return False
-    return bool(names) and all(n.endswith(".tar") and os.path.isfile(os.path.join(path, n)) for n in names)
+    return os.path.isdir(path) and names_files(path, (".tar",))
