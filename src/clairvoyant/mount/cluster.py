@@ -42,6 +42,7 @@ from ..cache.entry import CorruptEntry, entry_size, unseal
 from ..cache.extents import read_entry
 from ..errors import ConfigError
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
+from .cluster_orders import CONTROL, HOMES
 
 log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
@@ -162,9 +163,17 @@ class MountCluster:
         self.node, self.nodes = int(link.node), int(link.nodes)
         m = mount.manifest
         self._keys, self._sizes = m.keys, np.asarray(m.sizes, np.int64)
-        self.homes = hash_homes(len(self._keys), self.nodes)
-        entries = self._sizes + entry_size(0)
-        self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, entries)
+        self.hashed_homes = hash_homes(len(self._keys), self.nodes)
+        self.homes = self.hashed_homes
+        self.basis = -1   # the epoch the planned homes came from (mount/cluster_plan.py); -1: hashed
+        self.sizes = self._sizes
+        self.entry_sizes = self._sizes + entry_size(0)
+        self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
+        # with samplers: this node's part of the epoch's cluster plan (None: recency, as without one)
+        self._duty = None
+        self._read_seen: set[int] = set()   # own files the daemon read since the plan began
+        self._offers: dict[int, bytes] = {}        # epoch -> this node's orders, for its peers
+        self._residents: dict[int, dict] = {}      # epoch -> the residents offered with them
         self._lock = threading.Lock()    # the policy, the counters, the peer files
         self._serving = 0                # peers' requests being answered (close waits for them)
         self._served = threading.Condition(self._lock)
@@ -217,6 +226,16 @@ class MountCluster:
         with self._lock:
             if self._closed:
                 return
+            duty = self._duty
+            if not ahead and duty is not None and f in duty.store:   # the plan: its home does not hold it
+                self._c["plan_store"] += 1
+                miss = True
+            else:
+                miss = False
+        if miss:
+            self._miss(f)
+            return
+        with self._lock:
             if f in self._asked:   # fetched ahead right now: the daemon waits on that fetch
                 if not ahead:
                     self._waited.add(f)
@@ -342,12 +361,19 @@ class MountCluster:
         """A peer asks for file ``f`` of this home: from the tier, or read from the store now and
         kept by the policy. None: not this node's, or the store failed (the peer reads it), or
         closing (``close`` waits for the answers under way, so none touches a closed tier)."""
+        if f >= HOMES:
+            return self._control(f)
         with self._lock:
             if self._closed:
                 return None
             self._serving += 1
         try:
-            return self._get(f, "served")
+            data = self._get(f, "served")
+            duty = self._duty
+            if data is not None and duty is not None and f in duty.cut_on_serve:   # the epoch's only read
+                duty.cut_on_serve.discard(f)
+                self.evict(f)
+            return data
         finally:
             with self._lock:
                 self._serving -= 1
@@ -363,6 +389,11 @@ class MountCluster:
         data = self._from_tier(key, size)
         if data is None and self._await_copy(f):
             data = self._from_tier(key, size)   # this home's own copy of it has just been published
+        duty = self._duty
+        if data is None and why == "served" and duty is not None and not duty.keep.get(f, False):
+            with self._lock:   # the plan does not keep it here: the peer reads the store itself
+                self._c["served_absent"] += 1
+            return None
         if data is None:
             # hold the key's node-wide lock: the home's own staging of it (from its daemon's read)
             # and this read do not both read the store; whoever comes second finds it
@@ -415,10 +446,23 @@ class MountCluster:
     def read_own(self, f: int, from_store: bool) -> bool:
         """This node's own read of its file ``f``: recent now; True if a copy read from the store
         is to be kept (the caller stages it)."""
+        if self._duty is not None:
+            with self._lock:
+                self._read_seen.add(f)
         return self._decide(f, not from_store)
 
+    def was_read(self, f: int) -> bool:
+        """Whether this node's daemon read its file ``f`` since the plan began."""
+        with self._lock:
+            return f in self._read_seen
+
     def _decide(self, f: int, present: bool) -> bool:
-        """Ask the policy about a read of ``f`` at its home; carry out its evictions."""
+        """Ask the policy about a read of ``f`` at its home; carry out its evictions. With a plan,
+        it decides: a copy read from the store is kept where the plan keeps it after this node's
+        read, and evictions are the plan's (mount/cluster_plan.py)."""
+        duty = self._duty
+        if duty is not None:
+            return not present and duty.keep.get(f, False)
         with self._lock:
             gone: list[int] = []
             if present and not self._policy.holds(f):   # in the tier, unknown to the policy (an earlier
@@ -447,6 +491,128 @@ class MountCluster:
             return unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
         except (FileNotFoundError, CorruptEntry):
             return None
+
+    # -- with samplers: the cluster plan (mount/cluster_plan.py, mount/cluster_orders.py) -------
+
+    def residents_for(self, epoch: int, make: Callable[[], dict]) -> dict:
+        """The residents this node offers with its orders of ``epoch``: made at the first offer of
+        the epoch and kept, so that a second offer (more ranks published) plans from the same."""
+        with self._lock:
+            got = self._residents.get(epoch)
+        if got is None:
+            got = make()
+            with self._lock:
+                got = self._residents.setdefault(epoch, got)
+                for e in [e for e in self._residents if e < epoch - 2]:
+                    del self._residents[e]
+        return got
+
+    def offer(self, orders) -> None:
+        """This node's orders of an epoch, for its peers to gather (replacing an earlier offer)."""
+        from .cluster_orders import encode
+        blob = encode(orders)
+        with self._lock:
+            self._offers[orders.epoch] = blob
+            for e in [e for e in self._offers if e < orders.epoch - 2]:
+                del self._offers[e]
+
+    def _control(self, number: int) -> bytes | None:
+        """A peer's request past the files: this node's offered orders or its homes."""
+        from .cluster_orders import homes_answer, length_answer
+        if number == HOMES:
+            return None if self.basis < 0 else homes_answer(self.homes, self.basis)
+        epoch, body = divmod(number - CONTROL, 2)
+        with self._lock:
+            blob = self._offers.get(epoch)
+        return blob if body else length_answer(blob)
+
+    def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
+        try:
+            return self.link.fetch(peer, number, size, self.ask_timeout)
+        except Exception as e:   # a peer that is gone: not offered
+            log.debug("clairvoyant: asking node %d for %d failed: %s", peer, number, e)
+            return None
+
+    def settle_homes(self, orders: list, compute: Callable[[], np.ndarray]) -> bool:
+        """The homes of the plan: this node's if it has planned before and no peer planned from
+        an earlier epoch; else the earliest peer's (asked of it); else computed now (``compute``),
+        as every node that gathered these orders computes them. False: a peer's could not be had."""
+        from .cluster_orders import homes_of
+        bases = [(o.basis, o.node) for o in orders if o.basis >= 0 and o.node != self.node]
+        first = min(bases, default=None)
+        if self.basis >= 0 and (first is None or first[0] >= self.basis):
+            return True
+        if first is not None:
+            got = homes_of(self.fetch_control(first[1], HOMES, 8 + 4 * len(self._keys)), len(self._keys))
+            if got is None or got[0].max(initial=0) >= self.nodes:
+                return False
+            self._use_homes(*got)
+            return True
+        self._use_homes(np.asarray(compute(), np.int32), orders[0].epoch)
+        return True
+
+    def _use_homes(self, homes: np.ndarray, basis: int) -> None:
+        """Plan with ``homes`` from now on; the daemon asks by them too (its homes file, mapped)."""
+        homes = np.ascontiguousarray(homes, np.int32)
+        path = getattr(self.mount, "homes_path", None)
+        if path:
+            with open(path, "r+b") as f:
+                os.pwrite(f.fileno(), homes.astype("<u4").tobytes(), 0)
+        with self._lock:
+            self.homes, self.basis = homes, int(basis)
+            self._c["homes_from_epoch"] = int(basis)
+
+    def follow_plan(self, duty) -> None:
+        """This node's part of an epoch's plan from now on (``Duty``), or None: recency again
+        (a policy made anew from the tier, with the homes of now)."""
+        from ..cache.node import residents
+        with self._lock:
+            self._duty = duty
+            self._read_seen = set()
+            if duty is not None:
+                self._c["plans"] += 1
+                return
+        held = residents(self.mount.manifest, self.mount.tiers.local.entries(), self.entry_sizes)
+        policy = HomesLRU(self.homes, [int(self.mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
+        for f in sorted(held):
+            if self.owns(f):
+                policy.read(self.node, f)
+        with self._lock:
+            self._policy = policy
+
+    def between_plans(self) -> None:
+        """While the next epoch's plan is made: the last plan's keeps stand, but an ask goes to the
+        file's home (the last plan's reads from the store are not this epoch's)."""
+        from .cluster_plan import Duty
+        with self._lock:
+            if self._duty is not None:
+                self._duty = Duty(self._duty.keep, frozenset())
+
+    def stage_own(self, f: int) -> None:
+        """Read this home's file ``f`` from the store and keep it, ahead of its read (on the ahead
+        pool; nothing if it is there or under way)."""
+        self.ahead(f)
+
+    def evict(self, f: int) -> int:
+        """Delete this node's entry of ``f`` (the plan's cut): the bytes freed."""
+        try:
+            freed = self.mount.tiers.drop(self._keys[f])
+        except Exception as e:
+            log.warning("clairvoyant: cannot evict %s: %s", self._keys[f], e)
+            return 0
+        if freed:
+            with self._lock:
+                self._c["evicted"] += 1
+        return freed
+
+    def used(self) -> int:
+        """Bytes in this node's tier (those reserved for copies under way included)."""
+        return self.mount.tiers.local.ledger.read()[0]
+
+    def count(self, **amounts: float) -> None:
+        with self._lock:
+            for k, v in amounts.items():
+                self._c[k] += v
 
     # -- the rest ------------------------------------------------------------------------------
 

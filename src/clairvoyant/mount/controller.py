@@ -48,6 +48,7 @@ from .numbering import OrderNumbers, plan_key
 from .opens import Opens
 from .orders import WATCH_EVERY, published, read_order
 from .cluster_ahead import ClusterAhead
+from .cluster_plan import ClusterWalk
 from .walk import Parts, Walk, settle
 
 log = logging.getLogger("clairvoyant")
@@ -225,10 +226,17 @@ class Controller:
         if not self._sampler.is_set():
             self._opens.stand_down()   # a sampler says what comes next: no more guessing from the opens
         numbers = [self._orders.of(cur[r]) for r in sorted(cur)]
-        if self.m.cluster is not None:   # a cluster's node: its reads made ready where the cluster keeps them
-            ahead = ClusterAhead(self.m.cluster, cur, key, numbers, self._parts)
-            ahead.run()
-            if not ahead.current:
+        if self.m.cluster is not None:   # a cluster's node: the cluster plan, from every node's orders
+            walk = ClusterWalk(self.m.cluster, cur, key, numbers, self._parts)
+            if walk.make_plan():
+                walk.run()
+            elif walk.current and not self._stop.is_set():   # not every node's orders: recency, reads ahead
+                log.info("clairvoyant mount: not every node's orders of epoch %d came; this node keeps its "
+                         "files by recency this epoch", walk.epoch)
+                self.m.cluster.follow_plan(None)
+                walk = ClusterAhead(self.m.cluster, cur, key, numbers, self._parts)
+                walk.run()
+            if not walk.current:
                 self._plan_key = None
             return
         walk = Walk(cur, key, numbers, self._parts)

@@ -201,7 +201,7 @@ class Mount:
             if cluster is not None:   # each file's home: asked of it when absent here (mount/cluster.py)
                 if not stage:
                     raise ConfigError("a mount in a cluster stages (its home files): stage=False does not go with it")
-                homes_path = os.path.join(work, "homes")
+                homes_path = self.homes_path = os.path.join(work, "homes")   # rewritten by a cluster plan
                 hash_homes(len(self.manifest), int(cluster.nodes)).astype("<u4").tofile(homes_path)
                 homes_args = [f"--homes={homes_path}", f"--node={int(cluster.node)}", f"--ask-wait={ASK_WAIT_MS}"]
             if stage:   # the reports of first reads are for the staging: none without it

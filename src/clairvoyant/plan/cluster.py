@@ -49,7 +49,7 @@ from .residency import EpochResidency, first_positions, group_positions, next_us
 from .residents import ClusterResidents, Residents
 from .sequence import Interleaved, epoch_sequence
 
-__all__ = ["home_nodes", "plan_cluster_epoch", "ClusterEpoch", "NodeView", "ClusterSummary"]
+__all__ = ["home_nodes", "first_readers", "plan_cluster_epoch", "plan_cluster_sequence", "ClusterEpoch", "NodeView", "ClusterSummary"]
 
 
 def _full_rem(per_rank: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
@@ -276,6 +276,60 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
                      epoch_sequence(num_samples, epoch=epoch + 1, world_size=world, **kw).samples)
         hit, keep, late, drops, afters = _plan_homes_py(seq, following, home, sizes, caps, held, layout, use_c)
     del following
+    return _epoch_of(epoch, position, layout, batch_size, seq, home, sizes, hit, keep, late, drops, afters)
+
+
+def first_readers(sequence: Interleaved, layout: NodeLayout, fallback: np.ndarray) -> np.ndarray:
+    """int32 per sample: the node whose rank makes the first access to it in ``sequence`` (an
+    epoch's cluster sequence, ranks placed by their global number), ``fallback[s]`` for a sample
+    it leaves out: the homes of ``home_nodes`` for a sequence given by its accesses (the mount's
+    published orders) rather than by seed and epoch."""
+    home = np.asarray(fallback, np.int32).copy()
+    samples = np.asarray(sequence.samples, np.int64)
+    if len(samples):
+        first = np.unique(samples, return_index=True)[1]
+        rank, _ = sequence.rank_and_step(first)
+        home[samples[first]] = layout.node_of_rank()[rank]
+    return home
+
+
+def plan_cluster_sequence(sequence: Interleaved, following: np.ndarray, *, home: np.ndarray, layout: NodeLayout,
+                          capacities: int | Sequence[int], sizes: np.ndarray,
+                          residents: Sequence[Mapping[int, int]] | None = None, epoch: int = 0,
+                          batch_size: int = 1, use_c: bool = True) -> ClusterEpoch:
+    """The cluster plan of one epoch given by its accesses: ``sequence``, every rank's batches
+    interleaved (ranks placed by their global number in ``layout``), ``following`` the next
+    epoch's cluster sequence (its samples; empty: unknown or none). The same decisions as
+    ``plan_cluster_epoch`` (each home's farthest next use over every node's accesses, a miss
+    admitted only at the home's own read), for orders that are not clairvoyant's arithmetic ones
+    (the mount's, published by its samplers and exchanged between the nodes). ``batch_size``:
+    accesses per step of a rank as ``sequence`` counts them (its steps, for the late drops)."""
+    nodes = layout.num_nodes
+    caps = [int(capacities)] * nodes if np.ndim(capacities) == 0 else [int(c) for c in capacities]
+    sizes = np.ascontiguousarray(np.asarray(sizes, np.int64))
+    n = len(sizes)
+    if len(caps) != nodes or min(caps) < 0:
+        raise ConfigError(f"give one capacity >= 0 per node ({nodes} nodes), got {capacities!r}")
+    if sequence.lengths.shape[1] != layout.world_size:
+        raise ConfigError(f"the sequence interleaves {sequence.lengths.shape[1]} ranks, the layout has "
+                          f"{layout.world_size}: give every rank's accesses")
+    home = np.ascontiguousarray(home, dtype=home.dtype if home.dtype in (np.int16, np.int32) else np.int32)
+    if home.shape != (n,) or (n and (home.min() < 0 or home.max() >= nodes)):
+        raise ConfigError(f"home must give each of the {n} samples a node in [0, {nodes})")
+    following = np.asarray(following, np.int64)
+    for name, a in (("sequence", np.asarray(sequence.samples)), ("following", following)):
+        if len(a) and (int(a.min()) < 0 or int(a.max()) >= n):
+            raise ConfigError(f"the {name} names samples outside [0, {n})")
+    held = ClusterResidents.of([{}] * nodes if residents is None else residents)
+    if len(held) != nodes:
+        raise ConfigError(f"residents holds {len(held)} tiers for {nodes} nodes: give one dict per node")
+    hit, keep, late, drops, afters = _plan_homes_py(sequence, following, home, sizes, caps, held, layout, use_c)
+    return _epoch_of(epoch, 0, layout, batch_size, sequence, home, sizes, hit, keep, late, drops, afters)
+
+
+def _epoch_of(epoch, position, layout, batch_size, seq, home, sizes, hit, keep, late, drops, afters) -> ClusterEpoch:
+    """The ``ClusterEpoch`` of the homes' decisions: the late drops gathered per home, by step."""
+    nodes, samples = layout.num_nodes, seq.samples
     late_pos = np.flatnonzero(late & 1)
     late_samples = samples[late_pos].astype(np.int64)
     owner = home[late_samples]
