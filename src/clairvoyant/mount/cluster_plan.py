@@ -110,7 +110,7 @@ class ClusterWalk:
             return True
         return False
 
-    def make_plan(self, wait: float = GATHER_WAIT) -> bool:
+    def make_plan(self, wait: float | None = None) -> bool:
         """Offer this node's orders, gather every node's, fix the homes if none are, and plan."""
         cl = self._cl
         m = cl.mount
@@ -122,7 +122,8 @@ class ClusterWalk:
         cl.offer(mine)
         cl.between_plans()
         t0 = time.monotonic()
-        orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, wait)
+        orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved,
+                        GATHER_WAIT if wait is None else wait)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
             return False
