@@ -12,11 +12,14 @@ unread). With ``--no-sampler`` the DataLoaders shuffle on their own (PyTorch's D
 the mount sees only opens, and caches what was read in first-open order), the other configuration
 the issue names; the plan's figure is then that of clairvoyant's orders, for scale. With
 ``--cluster`` the 4 mounts are started as one MPI job (``mpirun -n 4 clairvoyant mount --cluster``):
-each file kept at its home node, read from there by the others (issue 23).
+each file kept at its home node, read from there by the others (issue 23); with samplers the nodes
+exchange their orders and run the Loader's cluster plan, and the run prints what
+``clairvoyant simulate``'s ``cluster`` policy predicts (``cluster-lru`` without a sampler).
 
     python benchmarks/mount_capacity.py                        # 3,200 files, 4 epochs, 30%
     python benchmarks/mount_capacity.py --no-sampler
     python benchmarks/mount_capacity.py --no-sampler --cluster   # issue 23: the 4 mounts as one cache
+    python benchmarks/mount_capacity.py --cluster --capacity 15%   # with samplers: the cluster plan
     python benchmarks/mount_capacity.py --images 160 --epochs 2 --json   # a smoke run
 
 The 2 cores are shared by 4 mounts and 4 DataLoaders: the counts, not the times, are the result.
@@ -95,6 +98,19 @@ def plan_misses(manifest, epochs: int, capacity: int) -> int:
     return total
 
 
+def simulated_per_file(manifest, epochs: int, capacity: int, policy: str) -> float:
+    """Store reads per file that ``clairvoyant simulate``'s ``policy`` predicts for this job (the
+    same sizes, capacity and seed; a step per index, as the mount interleaves its ranks)."""
+    from clairvoyant.cache.entry import entry_size
+    from clairvoyant.sim import Hardware, Job
+    from clairvoyant.sim.policies import make_policy
+
+    sizes = np.asarray(manifest.sizes, np.int64)
+    job = Job(nodes=NODES, gpus=1, batch_size=1, step_time=0.0, epochs=epochs, seed=0)
+    runs = make_policy(policy, job, sizes, Hardware(local_capacity=capacity), overhead=entry_size(0)).epochs()
+    return round(sum(int(t.store_n.sum()) for t in runs) / len(sizes), 3)
+
+
 def run(args: argparse.Namespace) -> dict:
     from clairvoyant.fusebase import mounted
     from clairvoyant.manifest import obtain
@@ -149,7 +165,11 @@ def run(args: argparse.Namespace) -> dict:
                 st = d.get("staging", {})
                 out["nodes"].append({k: st.get(k) for k in ("staged", "evicted", "evicted_unread", "kept_reads")}
                                     | {k: d.get(k) for k in ("opens_local", "opens_source", "opens_peer", "asks",
-                                                             "ask_timeouts")})
+                                                             "ask_timeouts")}
+                                | {k: round(v, 2) for k, v in st.get("cluster", {}).items()
+                                   if k in ("plans", "gather_seconds", "plan_store", "served_absent",
+                                            "served_from_store", "ahead_from_store", "evicted", "taken_over",
+                                            "served_not_home", "plan_store", "served_absent")})
             manifest, _ = obtain(as_source(store.path))
             capacity = json.loads(subprocess.run([cv, "mount", "--stats", "--json", mnts[0]], capture_output=True,
                                                  text=True, check=True).stdout).get("capacity")
@@ -170,6 +190,9 @@ def run(args: argparse.Namespace) -> dict:
         capacity = capacity_mod.resolve(args.capacity, what="local_capacity", dataset_bytes=int(entry.sum()),
                                         largest_entry=int(entry.max()), default=lambda: 0).nbytes
     out["plan_misses"] = plan_misses(manifest, args.epochs, int(capacity))
+    if args.cluster:   # what the simulator predicts: the cluster plan with samplers, recency without
+        out["simulated_policy"] = "cluster-lru" if args.no_sampler else "cluster"
+        out["simulated_per_file"] = simulated_per_file(manifest, args.epochs, int(capacity), out["simulated_policy"])
     out["store_opens_per_file"] = round(out["store_opens"] / args.images, 3)
     out["plan_per_file"] = round(out["plan_misses"] / args.images, 3)
     out["ratio_to_plan"] = round(out["store_opens"] / max(1, out["plan_misses"]), 3)
@@ -201,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'clairvoyant sampler' if res['sampler'] else 'programs shuffle on their own'}: "
           f"store opened {res['store_opens_per_file']} times per file over the job; the Loader's plan of the "
           f"same sequences {res['plan_per_file']} ({res['ratio_to_plan']}x the plan); {res['seconds']} s")
+    if "simulated_per_file" in res:
+        print(f"  clairvoyant simulate's {res['simulated_policy']} policy predicts {res['simulated_per_file']} per file")
     for i, n in enumerate(res["nodes"]):
         print(f"  node {i}: {n}")
     return 0

@@ -342,8 +342,12 @@ class MountCluster:
         with self._lock:
             self._c["ahead"] += 1
 
-    def _own_ahead(self, f: int) -> None:
+    def _own_ahead(self, f: int, still: Callable[[], bool] | None = None) -> None:
         try:
+            if still is not None and not still():
+                with self._lock:
+                    self._c["ahead_too_late"] += 1
+                return
             self._get(f, "ahead")   # from the store, kept by the policy (a read of it, as a peer's would be)
         except Exception as e:
             log.warning("clairvoyant: staging %s ahead failed (%s: %s); it is read when asked",
@@ -382,8 +386,14 @@ class MountCluster:
     def _get(self, f: int, why: str) -> bytes | None:
         """``f``'s bytes at its home, from the tier or the store (counted ``<why>_from_tier`` or
         ``<why>_from_store``: ``served`` for a peer, ``ahead`` for this node's coming read)."""
-        if self._closed or not 0 <= f < len(self._keys) or not self.owns(f):
+        if self._closed or not 0 <= f < len(self._keys):
             return None
+        if not self.owns(f):   # held here from before the homes changed (a plan's first): from the tier only
+            data = self._from_tier(self._keys[f], int(self._sizes[f])) if why == "served" else None
+            if data is not None:
+                with self._lock:
+                    self._c["served_not_home"] += 1
+            return data
         key, size = self._keys[f], int(self._sizes[f])
         tiers = self.mount.tiers
         data = self._from_tier(key, size)
@@ -588,10 +598,54 @@ class MountCluster:
             if self._duty is not None:
                 self._duty = Duty(self._duty.keep, frozenset())
 
-    def stage_own(self, f: int) -> None:
+    def take_over(self, f: int, holder: int) -> None:
+        """This home's file ``f``, read before the nodes planned together and kept by ``holder``
+        (its hashed home then): fetched from there and kept here, as the plan counts it (on the
+        ahead pool; nothing if it is here, or the holder does not answer with it: it is read from
+        the store at its next read, as the plan then says)."""
+        if holder == self.node or self.mount.tiers.find_local(self._keys[f], int(self._sizes[f])) is not None:
+            return
+        with self._lock:
+            if self._closed or f in self._asked:
+                return
+            self._asked.add(f)
+        try:
+            self._ahead_pool.submit(self._take_over, f, holder)
+        except RuntimeError:
+            with self._lock:
+                self._asked.discard(f)
+
+    def _take_over(self, f: int, holder: int) -> None:
+        try:
+            key, size = self._keys[f], int(self._sizes[f])
+            data = self.link.fetch(holder, f, size, self.ask_timeout)
+            if data is not None and not self._closed:
+                if self.mount.tiers.local.put(key, data, 0, self.mount.tiers.local_capacity) is not None:
+                    with self._lock:
+                        self._c["taken_over"] += 1
+        except Exception as e:
+            log.warning("clairvoyant: taking %s over from node %d failed (%s: %s); it is read when asked",
+                        self._keys[f], holder, type(e).__name__, e)
+        finally:
+            with self._lock:
+                self._asked.discard(f)
+
+    def stage_own(self, f: int, still: Callable[[], bool] | None = None) -> None:
         """Read this home's file ``f`` from the store and keep it, ahead of its read (on the ahead
-        pool; nothing if it is there or under way)."""
-        self.ahead(f)
+        pool; nothing if it is there or under way, or if ``still()`` says no when its turn comes:
+        its reader reads it by then, and its copy is kept from that read)."""
+        key, size = self._keys[f], int(self._sizes[f])
+        if not self.owns(f) or self.mount.tiers.find_local(key, size) is not None:
+            return
+        with self._lock:
+            if self._closed or f in self._asked:
+                return
+            self._asked.add(f)
+        try:
+            self._ahead_pool.submit(self._own_ahead, f, still)
+        except RuntimeError:
+            with self._lock:
+                self._asked.discard(f)
 
     def evict(self, f: int) -> int:
         """Delete this node's entry of ``f`` (the plan's cut): the bytes freed."""

@@ -7,15 +7,17 @@ order of the epoch, every tier's capacity and residents, and plans the whole clu
 - **the cluster sequence**: every rank's indices interleaved index by index, ranks by their global
   number (plan/sequence.py ``interleave``; a node's own part is the sequence its walk follows);
 - **the homes**: a file's home is the node that reads it first in the first epoch the nodes plan
-  together (``first_readers``; a file that epoch leaves out keeps its hashed home), fixed for the
-  job: a node that joins later takes them from a peer (``HOMES``). The daemon learns them from
-  the homes file it maps;
+  together (``first_readers``; a file that epoch leaves out keeps its hashed home), or the node
+  whose tier holds it then (read before that plan: the samplers of the nodes start at different
+  times), fixed for the job: a node that joins later takes them from a peer (``HOMES``). The
+  daemon learns them from the homes file it maps;
 - **each home keeps its files by farthest next use** over every node's reads, looking into the
   next epoch, a miss kept only where the home itself reads it (``plan_cluster_sequence``).
 
 This node then carries out its part (``NodeView``), ahead of its ranks' reported progress:
 
-- at the start, the residents the plan lets go are deleted;
+- at the start, the residents the plan lets go are deleted; at the first plan, its own files that
+  its readers read before it (kept then by their hashed homes) are fetched from there and kept;
 - its own files that the plan keeps at their read are read from the store and kept, ``WINDOW``
   files ahead, within the tier's capacity (staging waits for room the readers free);
 - the files it will read from a peer's tier are fetched from there ahead, into the handoff
@@ -80,12 +82,18 @@ def cluster_plan(orders: list[NodeOrders], homes: np.ndarray, sizes: np.ndarray)
 
 
 def plan_homes(orders: list[NodeOrders], fallback: np.ndarray) -> np.ndarray:
-    """The homes the nodes fix from these orders (their first readers, ``fallback`` for the rest)."""
+    """The homes the nodes fix from these orders: a file a tier holds already stays there (read
+    before the nodes first planned together: kept by its hashed home, or read by the node itself);
+    any other, its first reader in the epoch; ``fallback`` for the rest."""
     ranks = {r: x for o in orders for r, x in o.ranks.items()}
     world = sorted(ranks)
     layout = NodeLayout(tuple(tuple(sorted(o.ranks)) for o in orders))
     seq = interleave([ranks[r].files for r in world], [ranks[r].counts for r in world])
-    return first_readers(seq, layout, fallback)
+    homes = first_readers(seq, layout, fallback)
+    for o in reversed(orders):   # (a file two tiers hold: the lower node's)
+        held = np.fromiter(o.residents, np.int64, len(o.residents))
+        homes[held[(held >= 0) & (held < len(homes))]] = o.node
+    return homes
 
 
 class ClusterWalk:
@@ -100,6 +108,7 @@ class ClusterWalk:
         self._world = int(cur[self._ranks[0]].world_size)
         self._numbers = dict(zip(self._ranks, numbers))
         self.plan: ClusterEpoch | None = None
+        self.handed = 0   # the slowest rank's progress at the last look
 
     def _moved(self) -> bool:
         p = self._p
@@ -162,11 +171,15 @@ class ClusterWalk:
         fetch = np.flatnonzero(v.peer >= 0)            # read from a peer's tier
         cuts = np.flatnonzero(own & v.hit & ~v.keep)   # deleted after this node's read
         late = v.late_drops[~v.late_once] if len(v.late_drops) else np.zeros((0, 2), np.int64)
+        if cl.basis == self._epoch:   # the first plan: files read before it were kept by their hashed homes
+            handed = self._handed()
+            for i in stage[steps[stage] < handed].tolist():
+                cl.take_over(int(f[i]), int(cl.hashed_homes[f[i]]))
         staged_at: dict[int, int] = {}   # file -> the step of its latest staging issued
         s = fe = c = lt = 0
         capacity = int(cl.mount.tiers.local_capacity)
         while not self._moved():
-            handed = self._handed()
+            handed = self.handed = self._handed()
             # deletions first: what the readers are LAG past (unless staged again for a later read)
             while c < len(cuts) and steps[cuts[c]] < handed:
                 g = int(f[cuts[c]])
@@ -186,10 +199,13 @@ class ClusterWalk:
                 fe += 1
             while s < len(stage) and stage[s] < ahead:
                 g = int(f[stage[s]])
+                if steps[stage[s]] < handed:   # handed out already: its reader reads it from the store
+                    s += 1                     # now, and its copy is kept from there (read_own)
+                    continue
                 if cl.used() + entry_size(int(cl.sizes[g])) > capacity:
                     break   # the readers free room as they go (the plan fits the tier at each read)
-                staged_at[g] = int(steps[stage[s]])
-                cl.stage_own(g)
+                staged_at[g] = step = int(steps[stage[s]])
+                cl.stage_own(g, lambda step=step: step >= self.handed)
                 s += 1
             p.counters.set(frontier=int(max(stage[s - 1] if s else 0, fetch[fe - 1] if fe else 0)),
                            consumed=int(min(handed, 1 << 40)))
