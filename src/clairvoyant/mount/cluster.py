@@ -1,9 +1,12 @@
 """MECHANISM: the mounts of several nodes as one cache (``clairvoyant mount --cluster``).
 
-Each node's mount runs a :class:`MountCluster` beside its controller. Every file has a home node
-(``plan.unplanned.hash_homes``: computed alike on every node, nothing exchanged); only the home keeps
-it. What is kept and what goes is ``plan.unplanned.HomesLRU``'s decision (the program shuffles on
-its own: the mount learns its reads as they come); this module carries it out:
+Each node's mount runs a :class:`MountCluster` beside its controller. Every file has a home node;
+only the home keeps it. Without samplers the homes are hashed (``plan.unplanned.hash_homes``:
+computed alike on every node, nothing exchanged) and what is kept and what goes is
+``plan.unplanned.HomesLRU``'s decision (the program shuffles on its own: the mount learns its reads
+as they come). With samplers the nodes plan together (mount/cluster_plan.py): the homes are the
+plan's, and the plan's part for this node (``follow_plan``: a ``Duty``) decides what a home keeps,
+what it serves, and which asks go to the store at once. This module carries either out:
 
 - **A read of another node's file.** The daemon (``mountfs.c``, ``--homes``) finds it absent from
   this node's tier and asks (an ``EVENT_ASK`` on its events pipe). :meth:`ask` fetches it from the

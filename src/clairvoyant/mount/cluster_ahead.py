@@ -1,4 +1,6 @@
-"""MECHANISM: with samplers, a node of a cluster of mounts fetches its coming reads ahead.
+"""MECHANISM: with samplers but without every node's orders, a cluster node fetches its coming reads ahead.
+
+The fallback of mount/cluster_plan.py, for an epoch whose orders did not come from every node.
 
 The node's samplers publish their orders (mount/orders.py); merged into the node's sequence as
 the Loader merges its ranks' batches (plan/sequence.py ``interleave``), they say which files the
@@ -8,7 +10,7 @@ its tier is read from the store and kept (the home's policy decides, plan/unplan
 node's file is fetched from its home into the handoff directory, where the daemon's ask then finds
 it at once. So the store is read once per file across the cluster while the homes have room, and
 the readers wait neither for the store nor for a peer. (The homes are the hashed ones of a cluster
-without samplers, not the Loader's cluster plan: a node knows only its own samplers' orders.)
+without samplers, or the plan's once the nodes planned together; files are kept by recency.)
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 With a clairvoyant sampler a node's mount knows every coming read of its node and runs the
 Loader's node plan (farthest next use, ``plan/ahead.py`` over ``plan/residency.py``'s rule); a
-cluster of mounts with samplers keeps ``HomesLRU``'s hashed homes and recency and fetches each
-node's coming reads ahead (mount/cluster_ahead.py), not the Loader's cluster plan
-(``plan/cluster.py``), which needs every node's orders. A program that shuffles on its own tells
+cluster of mounts with samplers exchanges the nodes' orders and runs the Loader's cluster plan
+(``plan/cluster.py``, mount/cluster_plan.py). A program that shuffles on its own tells
 the mount nothing ahead: it sees each read as it comes, and that is all an unmodified program
 allows. Two policies decide from the reads alone:
 

@@ -23,9 +23,9 @@ the simulator cannot drift from it:
   shuffled order it does not apply. With a sampler the mount runs ``node``'s plan;
 - ``cluster-lru``: ``clairvoyant mount --cluster`` without a sampler: each file's home keeps it,
   read from the store by the home, least recently read across the cluster evicted first
-  (``plan.unplanned.HomesLRU``). With samplers the cluster of mounts fetches each node's coming
-  reads ahead with the same hashed homes and the same recency rule: its store reads are these,
-  not ``cluster``'s (the Loader's cluster plan, which the mount does not run);
+  (``plan.unplanned.HomesLRU``). With samplers the cluster of mounts runs ``cluster``'s plan
+  (the nodes exchange their orders: mount/cluster_plan.py), with a step per index: checked
+  against 4 mounts in ``benchmarks/mount_capacity.py --cluster`` (docs/benchmarks.md);
 - ``no-io``: nothing is read: the lower bound.
 
 Only the public signatures of ``plan/`` are used; ``node_tier_epoch`` runs
