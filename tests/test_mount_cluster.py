@@ -731,3 +731,63 @@ def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
     assert res[0]["link"] == [0, 2] and res[2]["link"] == [1, 2]
     assert res[0]["store"] + res[2]["store"] == N, res
     assert res[0]["opens_peer"] + res[2]["opens_peer"] > 0, res
+
+
+@needs_mpirun
+def test_the_ranks_of_a_job_with_samplers_run_the_cluster_plan_over_mpi(tmp_path, tree):
+    """The same 4-rank job of 2 nodes, each rank's sampler publishing its quarter of two shuffled
+    epochs to its node's mount: the two mounts exchange their ranks' orders over MPI (2 ranks a
+    node) and plan together; over both epochs the store is read once per file (epoch 0 by each
+    file's first reader, its home), every byte right, and epoch 1 reads the other node's files
+    from its tier. Control: both nodes planned both epochs from homes fixed in epoch 0, and the
+    asks the plan sends to the store are none (room for the data set)."""
+    src, files = tree
+    token = f"cvms{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    work.mkdir()
+    for n in range(2):
+        (work / f"mnt{n}").mkdir()
+    script = os.path.join(os.path.dirname(__file__), "mpi_mount_cluster_script.py")
+    rc, out, err = launch([sys.executable, script, src, str(work), token, "samplers"], token, n=4, timeout=100,
+                          env=NO_SM)
+    res = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in work.glob("rank-*.json")}
+    assert rc == 0 and len(res) == 4, (rc, err[-3000:])
+    for r, o in res.items():
+        assert "error" not in o, o["error"]
+        assert o["bad"] == [] and o["read"] > 0, o
+    assert res[0]["store"] + res[2]["store"] == N, res
+    assert res[0]["opens_peer"] + res[2]["opens_peer"] > 0, res
+    for r in (0, 2):
+        c = res[r]["cluster"]
+        assert c.get("plans") == 2 and c.get("homes_from_epoch") == 0 and c.get("plan_store", 0) == 0, c
+
+
+def test_a_node_without_homes_takes_the_earliest_peers_and_tells_its_daemon(tmp_path, tree):
+    """Node 0 planned from epoch 0 (its homes: every file at node 1, say); node 1 joins at epoch
+    3 with none: it takes node 0's homes over the link instead of computing its own, and the homes
+    file its daemon maps says so (a read of a file there asks node 1 itself: none go to node 0).
+    Control: with no peer's homes to take, node 1 computes them (the function given is called)."""
+    import numpy as np
+
+    from clairvoyant.mount.cluster_orders import NodeOrders
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2)
+    try:
+        a, b = ms[0].cluster, ms[1].cluster
+        a._use_homes(np.ones(N, np.int32), 0)
+        called = []
+        orders = [NodeOrders(0, 3, 2, 1, {}, basis=0), NodeOrders(1, 3, 2, 1, {}, basis=-1)]
+        assert b.settle_homes(orders, lambda: called.append(1) or np.zeros(N, np.int32))
+        assert called == [] and b.basis == 0 and (b.homes == 1).all()
+        daemon = np.fromfile(ms[1].homes_path, "<u4")
+        assert (daemon == 1).all()
+        assert _read_all(ms[1], files) == [] and ms[1].stats().asks == 0   # all its own now
+        fresh = [NodeOrders(0, 3, 2, 1, {}, basis=-1), NodeOrders(1, 3, 2, 1, {}, basis=-1)]
+        assert a.settle_homes(fresh, lambda: called.append(1) or np.zeros(N, np.int32)) and called == []
+        a.basis = -1   # control: nobody has homes
+        assert a.settle_homes(fresh, lambda: called.append(1) or np.zeros(N, np.int32)) and called == [1]
+        assert a.basis == 3 and (a.homes == 0).all()
+    finally:
+        for m in ms:
+            m.close()

@@ -51,6 +51,7 @@ log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
 ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
 COPY_WAIT = 5.0       # seconds a home's answer waits for its own copy of the file to be published
+CONTROL_WAIT = 5.0   # seconds a request for a peer's orders or homes may take
 CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
 # peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
 # and at thousands of peer reads a second 30 s of them would be gigabytes
@@ -540,8 +541,9 @@ class MountCluster:
         return blob if body else length_answer(blob)
 
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
-        try:
-            return self.link.fetch(peer, number, size, self.ask_timeout)
+        """A peer's answer to a request past the files (its orders, its homes), or None."""
+        try:   # (a node's orders can be megabytes: more time than a file's ask)
+            return self.link.fetch(peer, number, size, max(self.ask_timeout, CONTROL_WAIT))
         except Exception as e:   # a peer that is gone: not offered
             log.debug("clairvoyant: asking node %d for %d failed: %s", peer, number, e)
             return None
