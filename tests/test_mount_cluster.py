@@ -600,27 +600,53 @@ def test_a_node_whose_peers_send_no_orders_keeps_by_recency_and_fetches_ahead(tm
 
 
 def test_orders_exchanged_between_nodes_are_checked_not_trusted():
-    """A node's orders survive their encoding; a truncated, padded or foreign blob is refused with
-    a ValueError (treated as not offered), never read past its end."""
+    """A node's orders survive their encoding; a truncated, padded or foreign blob, one whose JSON
+    is deep or not numbers, one naming files outside the listing or negative counts, is refused
+    with a ValueError (treated as not offered), never read past its end; homes of another
+    listing or out of range are refused too."""
+    import json
+    import struct
+
     import numpy as np
 
-    from clairvoyant.mount.cluster_orders import NodeOrders, decode, encode
+    from clairvoyant.mount.cluster_orders import MAGIC, VERSION, NodeOrders, decode, encode, homes_answer, homes_of
     from clairvoyant.mount.numbering import Numbered
 
     a = np.arange(10, dtype=np.int64)
-    o = NodeOrders(1, 3, 2, 12345, {1: Numbered(a, np.ones(10, np.int64), a[::-1].copy(), np.ones(10, np.int64))},
-                   {4: 100, 7: 200}, basis=0)
-    back = decode(encode(o))
-    assert (back.node, back.epoch, back.world_size, back.capacity, back.residents, back.basis) == (1, 3, 2, 12345,
-                                                                                                  {4: 100, 7: 200}, 0)
+    ones = np.ones(10, np.int64)
+    o = NodeOrders(1, 3, 2, 12345, {1: Numbered(a, ones, a[::-1].copy(), ones)}, {4: 100, 7: 200}, basis=0,
+                   homes_digest=77)
+    back = decode(encode(o), 10)
+    assert (back.node, back.epoch, back.world_size, back.capacity, back.residents, back.basis,
+            back.homes_digest) == (1, 3, 2, 12345, {4: 100, 7: 200}, 0, 77)
     assert (back.ranks[1].next_files == a[::-1]).all()
     blob = encode(o)
+    with pytest.raises(ValueError, match="outside"):
+        decode(blob, 9)   # file 9 is not in a listing of 9
     for bad in (blob[:-8], blob + b"\0" * 8, b"CVPEERQ1" + blob[8:], blob[:10]):
         with pytest.raises(ValueError):
-            decode(bad)
-    wrong = encode(NodeOrders(1, 3, 2, 1, {1: Numbered(a, np.full(10, 5, np.int64), a, np.ones(10, np.int64))}))
-    with pytest.raises(ValueError, match="counts more files"):
-        decode(wrong)
+            decode(bad, 10)
+
+    def raw(desc: str, tail: bytes = b"") -> bytes:
+        text = desc.encode()
+        return struct.pack("<8sII", MAGIC, VERSION, len(text)) + text + tail
+
+    n = struct.unpack_from("<I", blob, 12)[0]
+    good, tail = json.loads(blob[16:16 + n]), blob[16 + n:]
+    assert decode(raw(json.dumps(good), tail), 10).residents == {4: 100, 7: 200}   # control: rebuilt whole
+    for desc in ("[" * 100000, json.dumps(dict(good, node=float("inf"))), json.dumps(dict(good, epoch=1.5)),
+                 json.dumps(dict(good, ranks=[5])), json.dumps(dict(good, capacity=-1))):
+        with pytest.raises(ValueError):
+            decode(raw(desc, tail), 10)
+    for wrong in (Numbered(a, np.full(10, 5, np.int64), a, ones), Numbered(a, ones, a, -ones),
+                  Numbered(a - 3, ones, a, ones)):
+        with pytest.raises(ValueError):
+            decode(encode(NodeOrders(1, 3, 2, 1, {1: wrong})), 10)
+    with pytest.raises(ValueError):
+        decode(encode(NodeOrders(1, 3, 2, 1, {1: Numbered(a, ones, a, ones)}, {-1: 5})), 10)
+    assert (homes_of(homes_answer(np.array([0, 1, 1]), 2), 3)[0] == [0, 1, 1]).all()   # control
+    assert homes_of(homes_answer(np.array([0, 1, 1]), 2), 4) is None
+    assert homes_of(homes_answer(np.array([0, 2**31, 1], np.uint32), 2), 3) is None
 
 
 @needs_ulfm
@@ -765,8 +791,9 @@ def test_the_ranks_of_a_job_with_samplers_run_the_cluster_plan_over_mpi(tmp_path
 def test_a_node_without_homes_takes_the_earliest_peers_and_tells_its_daemon(tmp_path, tree):
     """Node 0 planned from epoch 0 (its homes: every file at node 1, say); node 1 joins at epoch
     3 with none: it takes node 0's homes over the link instead of computing its own, and the homes
-    file its daemon maps says so (a read of a file there asks node 1 itself: none go to node 0).
-    Control: with no peer's homes to take, node 1 computes them (the function given is called)."""
+    file its daemon maps says so (a read of a file there asks node 1 itself: none go to node 0);
+    a mount started again on node 1's tier finds them there. Control: with no node's homes to
+    take, the homes are computed (the function given is called)."""
     import numpy as np
 
     from clairvoyant.mount.cluster_orders import NodeOrders
@@ -775,19 +802,34 @@ def test_a_node_without_homes_takes_the_earliest_peers_and_tells_its_daemon(tmp_
     ms = _mounts(tmp_path, src, 2)
     try:
         a, b = ms[0].cluster, ms[1].cluster
-        a._use_homes(np.ones(N, np.int32), 0)
+        a.use_homes(np.ones(N, np.int32), 0)
         called = []
-        orders = [NodeOrders(0, 3, 2, 1, {}, basis=0), NodeOrders(1, 3, 2, 1, {}, basis=-1)]
-        assert b.settle_homes(orders, lambda: called.append(1) or np.zeros(N, np.int32))
-        assert called == [] and b.basis == 0 and (b.homes == 1).all()
-        daemon = np.fromfile(ms[1].homes_path, "<u4")
-        assert (daemon == 1).all()
+
+        def compute():
+            called.append(1)
+            return np.zeros(N, np.int32)
+
+        orders = [NodeOrders(0, 3, 2, 1, {}, basis=0, homes_digest=a.homes_digest()), NodeOrders(1, 3, 2, 1, {})]
+        homes, basis = b.settle_homes(orders, compute)
+        assert called == [] and basis == 0 and (homes == 1).all()
+        b.use_homes(homes, basis)
+        assert (np.fromfile(ms[1].homes_path, "<u4") == 1).all()   # what the daemon maps
         assert _read_all(ms[1], files) == [] and ms[1].stats().asks == 0   # all its own now
-        fresh = [NodeOrders(0, 3, 2, 1, {}, basis=-1), NodeOrders(1, 3, 2, 1, {}, basis=-1)]
-        assert a.settle_homes(fresh, lambda: called.append(1) or np.zeros(N, np.int32)) and called == []
-        a.basis = -1   # control: nobody has homes
-        assert a.settle_homes(fresh, lambda: called.append(1) or np.zeros(N, np.int32)) and called == [1]
-        assert a.basis == 3 and (a.homes == 0).all()
+        assert a.settle_homes(orders, compute)[1] == 0 and called == []   # its own: nothing asked
+        fresh = [NodeOrders(0, 3, 2, 1, {}), NodeOrders(1, 3, 2, 1, {})]
+        homes, basis = b.settle_homes(fresh, compute)   # control: nobody has homes
+        assert called == [1] and basis == 3 and (homes == 0).all()
+        bad = [NodeOrders(0, 3, 2, 1, {}, basis=0, homes_digest=1), NodeOrders(1, 3, 2, 1, {})]
+        a.basis = -1
+        assert b.settle_homes(bad, compute) is None   # node 0 has none to give: no plan from a guess
     finally:
-        for m in ms:
+        for m in ms[:1]:
             m.close()
+    ms[1].close()
+    again = Mount(src, str(tmp_path / "mnt1"), local_dir=str(tmp_path / "local1"), local_capacity="60%",
+                  stage_threads=2, cluster=LoopbackLink({}, 1, 2))
+    try:
+        assert again.cluster.basis == 0 and (again.cluster.homes == 1).all()
+        assert (np.fromfile(again.homes_path, "<u4") == 1).all()
+    finally:
+        again.close()

@@ -51,11 +51,13 @@ log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
 ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
 COPY_WAIT = 5.0       # seconds a home's answer waits for its own copy of the file to be published
-CONTROL_WAIT = 5.0   # seconds a request for a peer's orders or homes may take
+CONTROL_WAIT = 2.0   # seconds a request for a peer's orders or homes may take (one that times out
+                     # passes the peer over for 5x that: less than GATHER_WAIT, so a gather can end)
 CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
 # peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
 # and at thousands of peer reads a second 30 s of them would be gigabytes
 PEER_FILES_BYTES = 256 << 20
+HOMES_FILE = "cluster-homes"   # beside the tier: the planned homes, for a mount started again
 KEEP_PEER_FILES = 30.0   # seconds a peer's bytes stay in the handoff directory (fetched ahead, or
                          # later parts of the file)
 
@@ -170,6 +172,13 @@ class MountCluster:
         self.hashed_homes = hash_homes(len(self._keys), self.nodes)
         self.homes = self.hashed_homes
         self.basis = -1   # the epoch the planned homes came from (mount/cluster_plan.py); -1: hashed
+        kept = _load_homes(os.path.join(mount.tiers.local.root, HOMES_FILE), len(self._keys), self.nodes)
+        if kept is not None:   # planned by an earlier session of this job's mounts: its tier holds by them
+            self.homes, self.basis = kept
+            path = getattr(mount, "homes_path", None)
+            if path:
+                with open(path, "r+b") as f:
+                    os.pwrite(f.fileno(), self.homes.astype("<u4").tobytes(), 0)
         self.sizes = self._sizes
         self.entry_sizes = self._sizes + entry_size(0)
         self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
@@ -177,7 +186,9 @@ class MountCluster:
         self._duty = None
         self._read_seen: set[int] = set()   # own files the daemon read since the plan began
         self._offers: dict[int, bytes] = {}        # epoch -> this node's orders, for its peers
-        self._residents: dict[int, dict] = {}      # epoch -> the residents offered with them
+        self._residents: dict[int, tuple] = {}     # epoch -> (rank -> stamp, the residents offered)
+        self._digest: tuple | None = None          # (homes, their digest)
+        self._staging_bytes = 0                    # entries of stagings ahead under way (not yet in the ledger)
         self._lock = threading.Lock()    # the policy, the counters, the peer files
         self._serving = 0                # peers' requests being answered (close waits for them)
         self._served = threading.Condition(self._lock)
@@ -346,7 +357,7 @@ class MountCluster:
         with self._lock:
             self._c["ahead"] += 1
 
-    def _own_ahead(self, f: int, still: Callable[[], bool] | None = None) -> None:
+    def _own_ahead(self, f: int, still: Callable[[], bool] | None = None, reserved: int = 0) -> None:
         try:
             if still is not None and not still():
                 with self._lock:
@@ -359,6 +370,7 @@ class MountCluster:
         finally:
             with self._lock:
                 self._asked.discard(f)
+                self._staging_bytes -= reserved
 
     # -- this node is the home ------------------------------------------------------------------
 
@@ -508,18 +520,24 @@ class MountCluster:
 
     # -- with samplers: the cluster plan (mount/cluster_plan.py, mount/cluster_orders.py) -------
 
-    def residents_for(self, epoch: int, make: Callable[[], dict]) -> dict:
-        """The residents this node offers with its orders of ``epoch``: made at the first offer of
-        the epoch and kept, so that a second offer (more ranks published) plans from the same."""
+    def residents_for(self, epoch: int, stamps: dict[int, int], make: Callable[[], dict]) -> dict:
+        """The residents this node offers with its orders of ``epoch`` (``stamps``: each rank's
+        publication): made at the first offer of the epoch and kept, so that a second offer (more
+        ranks published) plans from the same; made anew where a rank published the epoch again
+        (a run resumed at it)."""
         with self._lock:
             got = self._residents.get(epoch)
-        if got is None:
-            got = make()
-            with self._lock:
-                got = self._residents.setdefault(epoch, got)
-                for e in [e for e in self._residents if e < epoch - 2]:
-                    del self._residents[e]
-        return got
+            if got is not None and any(got[0].get(r, s) != s for r, s in stamps.items()):
+                got = None
+            if got is not None:
+                got[0].update(stamps)
+                return got[1]
+        held = make()
+        with self._lock:
+            self._residents[epoch] = (dict(stamps), held)
+            for e in [e for e in self._residents if e < epoch - 2]:
+                del self._residents[e]
+        return held
 
     def offer(self, orders) -> None:
         """This node's orders of an epoch, for its peers to gather (replacing an earlier offer)."""
@@ -530,14 +548,21 @@ class MountCluster:
             for e in [e for e in self._offers if e < orders.epoch - 2]:
                 del self._offers[e]
 
+    def withdraw(self, epoch: int) -> None:
+        """Offer no orders of ``epoch`` any more (this node runs it without the plan: a node that
+        gathers them later must not plan with it)."""
+        with self._lock:
+            self._offers.pop(epoch, None)
+
     def _control(self, number: int) -> bytes | None:
         """A peer's request past the files: this node's offered orders or its homes."""
         from .cluster_orders import homes_answer, length_answer
-        if number == HOMES:
-            return None if self.basis < 0 else homes_answer(self.homes, self.basis)
-        epoch, body = divmod(number - CONTROL, 2)
         with self._lock:
+            homes, basis = self.homes, self.basis
+            epoch, body = divmod(number - CONTROL, 2)
             blob = self._offers.get(epoch)
+        if number == HOMES:
+            return None if basis < 0 else homes_answer(homes, basis)
         return blob if body else length_answer(blob)
 
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
@@ -548,34 +573,56 @@ class MountCluster:
             log.debug("clairvoyant: asking node %d for %d failed: %s", peer, number, e)
             return None
 
-    def settle_homes(self, orders: list, compute: Callable[[], np.ndarray]) -> bool:
-        """The homes of the plan: this node's if it has planned before and no peer planned from
-        an earlier epoch; else the earliest peer's (asked of it); else computed now (``compute``),
-        as every node that gathered these orders computes them. False: a peer's could not be had."""
+    def settle_homes(self, orders: list, compute: Callable[[], np.ndarray]) -> tuple[np.ndarray, int] | None:
+        """The homes to plan with and the epoch they came from: those of the node that planned
+        from the earliest epoch (the lowest node among equals: every node that gathered these
+        orders picks the same), this node's own if they are the same, else asked of that node;
+        computed now (``compute``) where no node has planned. None: a peer's could not be had.
+        (Not used until ``use_homes``.)"""
         from .cluster_orders import homes_of
-        bases = [(o.basis, o.node) for o in orders if o.basis >= 0 and o.node != self.node]
+        bases = [(o.basis, o.node, o.homes_digest) for o in orders if o.basis >= 0]
         first = min(bases, default=None)
-        if self.basis >= 0 and (first is None or first[0] >= self.basis):
-            return True
+        if first is not None and self.basis == first[0] and self.homes_digest() == first[2]:
+            return self.homes, self.basis
         if first is not None:
             got = homes_of(self.fetch_control(first[1], HOMES, 8 + 4 * len(self._keys)), len(self._keys))
-            if got is None or got[0].max(initial=0) >= self.nodes:
-                return False
-            self._use_homes(*got)
-            return True
-        self._use_homes(np.asarray(compute(), np.int32), orders[0].epoch)
-        return True
+            if got is None or got[0].max(initial=0) >= self.nodes or got[1] != first[0]:
+                return None
+            return got
+        return np.asarray(compute(), np.int32), int(orders[0].epoch)
 
-    def _use_homes(self, homes: np.ndarray, basis: int) -> None:
-        """Plan with ``homes`` from now on; the daemon asks by them too (its homes file, mapped)."""
+    def use_homes(self, homes: np.ndarray, basis: int) -> None:
+        """Plan with ``homes`` from now on; the daemon asks by them too (its homes file, mapped),
+        and a mount started again later finds them beside its tier (``HOMES_FILE``)."""
         homes = np.ascontiguousarray(homes, np.int32)
+        if basis == self.basis and homes is self.homes:
+            return
         path = getattr(self.mount, "homes_path", None)
         if path:
             with open(path, "r+b") as f:
                 os.pwrite(f.fileno(), homes.astype("<u4").tobytes(), 0)
+        try:
+            _save_homes(self._homes_file(), homes, basis, self.nodes)
+        except OSError as e:
+            log.warning("clairvoyant: cannot keep the cluster's homes beside the tier (%s); a restarted mount "
+                        "takes them from a peer", e)
         with self._lock:
             self.homes, self.basis = homes, int(basis)
             self._c["homes_from_epoch"] = int(basis)
+
+    def homes_digest(self) -> int:
+        """xxh3-64 of the homes this node plans with (offered with its orders)."""
+        from .cluster_orders import homes_digest
+        with self._lock:
+            homes, digest = self.homes, self._digest
+        if digest is None or digest[0] is not homes:
+            digest = (homes, homes_digest(homes))
+            with self._lock:
+                self._digest = digest
+        return digest[1]
+
+    def _homes_file(self) -> str:
+        return os.path.join(self.mount.tiers.local.root, HOMES_FILE)
 
     def follow_plan(self, duty) -> None:
         """This node's part of an epoch's plan from now on (``Duty``), or None: recency again
@@ -625,7 +672,10 @@ class MountCluster:
             key, size = self._keys[f], int(self._sizes[f])
             data = self.link.fetch(holder, f, size, self.ask_timeout)
             if data is not None and not self._closed:
-                if self.mount.tiers.local.put(key, data, 0, self.mount.tiers.local_capacity) is not None:
+                v = self.mount.source.version(key)   # (one metadata request: a restarted mount checks it)
+                if v is None or v[0] != size:
+                    return
+                if self.mount.tiers.local.put(key, data, v[1], self.mount.tiers.local_capacity) is not None:
                     with self._lock:
                         self._c["taken_over"] += 1
         except Exception as e:
@@ -638,19 +688,23 @@ class MountCluster:
     def stage_own(self, f: int, still: Callable[[], bool] | None = None) -> None:
         """Read this home's file ``f`` from the store and keep it, ahead of its read (on the ahead
         pool; nothing if it is there or under way, or if ``still()`` says no when its turn comes:
-        its reader reads it by then, and its copy is kept from that read)."""
+        its reader reads it by then, and its copy is kept from that read). Its entry counts in
+        ``used`` from now on."""
         key, size = self._keys[f], int(self._sizes[f])
         if not self.owns(f) or self.mount.tiers.find_local(key, size) is not None:
             return
+        n = entry_size(size)
         with self._lock:
             if self._closed or f in self._asked:
                 return
             self._asked.add(f)
+            self._staging_bytes += n
         try:
-            self._ahead_pool.submit(self._own_ahead, f, still)
+            self._ahead_pool.submit(self._own_ahead, f, still, n)
         except RuntimeError:
             with self._lock:
                 self._asked.discard(f)
+                self._staging_bytes -= n
 
     def evict(self, f: int) -> int:
         """Delete this node's entry of ``f`` (the plan's cut): the bytes freed."""
@@ -665,8 +719,11 @@ class MountCluster:
         return freed
 
     def used(self) -> int:
-        """Bytes in this node's tier (those reserved for copies under way included)."""
-        return self.mount.tiers.local.ledger.read()[0]
+        """Bytes in this node's tier, those reserved for copies under way and those of stagings
+        ahead under way included."""
+        with self._lock:
+            staging = self._staging_bytes
+        return self.mount.tiers.local.ledger.read()[0] + staging
 
     def count(self, **amounts: float) -> None:
         with self._lock:
@@ -703,3 +760,27 @@ class MountCluster:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _save_homes(path: str, homes: np.ndarray, basis: int, nodes: int) -> None:
+    """The planned homes beside the tier (a header of basis, nodes and files, then 4 bytes per
+    file), written whole under a temporary name and renamed."""
+    from .listing import publish_bytes
+    head = np.array([int(basis), int(nodes), len(homes)], "<i8").tobytes()
+    publish_bytes(path, head + np.asarray(homes, "<u4").tobytes())
+
+
+def _load_homes(path: str, num_files: int, nodes: int) -> tuple[np.ndarray, int] | None:
+    """``(homes, basis)`` kept by ``_save_homes`` for this many files and nodes, else None."""
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError:
+        return None
+    if len(blob) != 24 + 4 * num_files:
+        return None
+    basis, n, files = np.frombuffer(blob, "<i8", 3).tolist()
+    homes = np.frombuffer(blob, "<u4", num_files, 24)
+    if n != nodes or files != num_files or basis < 0 or (num_files and int(homes.max()) >= nodes):
+        return None
+    return homes.astype(np.int32), int(basis)

@@ -8,29 +8,34 @@ The blob is made once per epoch and set of ranks (the residents are those of its
 so that every node that gathers the same ranks plans from the same bytes.
 
 The blobs travel over the cluster's link as requests for numbers past every file number
-(``CONTROL``): ``CONTROL + 2e`` answers 8 bytes, the length of the node's blob of epoch ``e`` (0:
-none yet), ``CONTROL + 2e + 1`` the blob. ``HOMES`` answers the homes a node plans with (8 bytes,
+(``CONTROL``): ``CONTROL + 2e`` answers 16 bytes, the length of the node's blob of epoch ``e`` (0:
+none yet) and its xxh3-64 (a gatherer fetches a blob again only when these change), ``CONTROL +
+2e + 1`` the blob. ``HOMES`` answers the homes a node plans with (8 bytes,
 the epoch they came from, then 4 per file). The format is a fixed header, a JSON description and
 little-endian int64 arrays; nothing is pickled. A blob that does not parse is refused (treated as
-not offered), never trusted.
+not offered), never trusted: every file number, count and size is checked against the listing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import xxhash
 
 from .numbering import Numbered
 
+log = logging.getLogger("clairvoyant")
 CONTROL = 1 << 40        # request numbers from here on are not files
 HOMES = CONTROL - 1      # the homes a node plans with
 MAGIC, VERSION = b"CVNORDR1", 1
 _HEAD = struct.Struct("<8sII")   # magic, version, length of the JSON description
+LENGTH = 16              # bytes of the answer to a request for a blob's length
 GATHER_WAIT = 20.0       # seconds a node waits for every node's orders of an epoch before it plans alone
 GATHER_EVERY = 0.02      # seconds between its rounds of asking
 _ARRAYS = ("files", "counts", "next_files", "next_counts")
@@ -49,6 +54,7 @@ class NodeOrders:
     ranks: dict[int, Numbered]
     residents: dict[int, int] = field(default_factory=dict)
     basis: int = -1
+    homes_digest: int = 0   # xxh3-64 of the homes it plans with (where basis >= 0)
 
 
 def orders_number(epoch: int, body: bool) -> int:
@@ -66,14 +72,24 @@ def encode(o: NodeOrders) -> bytes:
     res = sorted(o.residents.items())
     arrays += [np.array([k for k, _ in res], "<i8"), np.array([v for _, v in res], "<i8")]
     desc = {"node": int(o.node), "epoch": int(o.epoch), "world_size": int(o.world_size),
-            "capacity": int(o.capacity), "basis": int(o.basis), "ranks": ranks,
+            "capacity": int(o.capacity), "basis": int(o.basis), "homes": int(o.homes_digest), "ranks": ranks,
             "lengths": [int(len(a)) for a in arrays]}
     text = json.dumps(desc, separators=(",", ":")).encode()
     return _HEAD.pack(MAGIC, VERSION, len(text)) + text + b"".join(a.tobytes() for a in arrays)
 
 
-def decode(blob: bytes) -> NodeOrders:
-    """A blob back (ValueError naming what is wrong, for one that is not one of this version)."""
+def decode(blob: bytes, num_files: int) -> NodeOrders:
+    """A blob back, of a listing of ``num_files`` files (ValueError naming what is wrong, for one
+    that is not one of this version, or names files, counts or sizes that cannot be)."""
+    try:
+        return _decode(blob, num_files)
+    except ValueError:
+        raise
+    except Exception as e:   # (deep or odd JSON: RecursionError, OverflowError, ...)
+        raise ValueError(f"a node's orders that do not parse: {type(e).__name__}: {e}") from e
+
+
+def _decode(blob: bytes, num_files: int) -> NodeOrders:
     if len(blob) < _HEAD.size:
         raise ValueError(f"a node's orders of {len(blob)} bytes: shorter than the header")
     magic, version, n = _HEAD.unpack_from(blob)
@@ -81,11 +97,18 @@ def decode(blob: bytes) -> NodeOrders:
         raise ValueError(f"not a node's orders of version {VERSION} ({magic!r}, {version})")
     try:
         desc = json.loads(blob[_HEAD.size:_HEAD.size + n])
-        ranks, lengths = [int(r) for r in desc["ranks"]], [int(x) for x in desc["lengths"]]
-        node, epoch, world = int(desc["node"]), int(desc["epoch"]), int(desc["world_size"])
-        capacity, basis = int(desc["capacity"]), int(desc["basis"])
+        ints = [desc[k] for k in ("node", "epoch", "world_size", "capacity", "basis", "homes")] + desc["ranks"] \
+            + desc["lengths"]
+        if not all(type(x) is int for x in ints):
+            raise TypeError("a number that is not a whole number")
+        ranks, lengths = list(desc["ranks"]), list(desc["lengths"])
+        node, epoch, world = desc["node"], desc["epoch"], desc["world_size"]
+        capacity, basis, digest = desc["capacity"], desc["basis"], desc["homes"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"a node's orders with a bad description: {e}") from e
+    if len(set(ranks)) != len(ranks) or min(ranks, default=0) < 0 or any(r >= world for r in ranks) \
+            or min(node, epoch, capacity) < 0 or basis < -1:
+        raise ValueError(f"a node's orders with ranks {ranks[:8]} of a world of {world}, node {node}, epoch {epoch}")
     if len(lengths) != len(_ARRAYS) * len(ranks) + 2 or min(lengths, default=0) < 0:
         raise ValueError(f"a node's orders with {len(lengths)} arrays for {len(ranks)} ranks")
     at = _HEAD.size + n
@@ -98,16 +121,27 @@ def decode(blob: bytes) -> NodeOrders:
     per = len(_ARRAYS)
     numbered = {r: Numbered(*arrays[per * i:per * i + per]) for i, r in enumerate(ranks)}
     for r, x in numbered.items():
-        if len(x.counts) and int(x.counts.min()) < 0 or int(x.counts.sum()) > len(x.files) \
-                or int(x.next_counts.sum()) > len(x.next_files):
-            raise ValueError(f"rank {r}'s order counts more files than it lists")
-    residents = dict(zip(arrays[-2].tolist(), arrays[-1].tolist()))
-    return NodeOrders(node, epoch, world, capacity, numbered, residents, basis)
+        for counts, files in ((x.counts, x.files), (x.next_counts, x.next_files)):
+            if int(counts.min(initial=0)) < 0 or int(counts.sum()) > len(files):
+                raise ValueError(f"rank {r}'s order counts more files than it lists")
+            if len(files) and (int(files.min()) < 0 or int(files.max()) >= num_files):
+                raise ValueError(f"rank {r}'s order names files outside the {num_files} listed")
+    keys, sizes = arrays[-2], arrays[-1]
+    if len(keys) and (int(keys.min()) < 0 or int(keys.max()) >= num_files or int(sizes.min()) < 0):
+        raise ValueError(f"a node's residents name files outside the {num_files} listed")
+    residents = dict(zip(keys.tolist(), sizes.tolist()))
+    return NodeOrders(node, epoch, world, capacity, numbered, residents, basis, digest)
 
 
 def length_answer(blob: bytes | None) -> bytes:
-    """The 8-byte answer to a request for a blob's length (0: none yet)."""
-    return (0 if blob is None else len(blob)).to_bytes(8, "little")
+    """The answer to a request for a blob's length: its length (0: none yet) and xxh3-64."""
+    if blob is None:
+        return bytes(LENGTH)
+    return len(blob).to_bytes(8, "little") + xxhash.xxh3_64_intdigest(blob).to_bytes(8, "little")
+
+
+def homes_digest(homes: np.ndarray) -> int:
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(homes, "<u4").tobytes())
 
 
 def homes_answer(homes: np.ndarray, basis: int) -> bytes:
@@ -119,24 +153,36 @@ def homes_of(answer: bytes | None, num_files: int) -> tuple[np.ndarray, int] | N
     if answer is None or len(answer) != 8 + 4 * num_files:
         return None
     basis = int.from_bytes(answer[:8], "little", signed=True)
-    return np.frombuffer(answer, "<u4", num_files, 8).astype(np.int32), basis
+    homes = np.frombuffer(answer, "<u4", num_files, 8)
+    if basis < 0 or (num_files and int(homes.max()) >= 2**31):
+        return None
+    return homes.astype(np.int32), basis
 
 
 def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int, epoch: int, mine: NodeOrders,
-           stop: Callable[[], bool], wait: float = GATHER_WAIT) -> list[NodeOrders] | None:
+           stop: Callable[[], bool], num_files: int, wait: float = GATHER_WAIT) -> list[NodeOrders] | None:
     """Every node's orders of ``epoch`` (``mine`` for this node), asked of each peer through
     ``fetch(peer, number, size)`` round after round until the nodes' ranks together are every rank
     of the world once; None if that does not happen within ``wait`` seconds (a peer that is gone,
-    or whose samplers are on another epoch), or at ``stop()``."""
+    or whose samplers are on another epoch), or at ``stop()``. Each round asks each peer for its
+    blob's length and checksum, and for the blob only when those changed (its samplers may publish
+    more ranks)."""
     got: dict[int, NodeOrders] = {node: mine}
+    seen: dict[int, bytes] = {}
     deadline = time.monotonic() + wait
     while True:
         for peer in range(nodes):
             if peer == node:
                 continue
-            o = _ask(fetch, peer, epoch)
+            if stop():
+                return None
+            head = fetch(peer, orders_number(epoch, False), LENGTH)
+            n = 0 if head is None else int.from_bytes(head[:8], "little")
+            if not n or seen.get(peer) == head:
+                continue
+            o = _body(fetch, peer, epoch, n, num_files)
             if o is not None and o.node == peer and o.epoch == epoch:
-                got[peer] = o   # (asked again each round: its samplers may publish more ranks)
+                got[peer], seen[peer] = o, head
         if len(got) == nodes:
             ranks = [r for o in got.values() for r in o.ranks]
             worlds = {o.world_size for o in got.values()}
@@ -147,15 +193,12 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
         time.sleep(GATHER_EVERY)
 
 
-def _ask(fetch, peer: int, epoch: int) -> NodeOrders | None:
-    size = fetch(peer, orders_number(epoch, False), 8)
-    n = 0 if size is None else int.from_bytes(size, "little")
-    if not n:
-        return None
+def _body(fetch, peer: int, epoch: int, n: int, num_files: int) -> NodeOrders | None:
     blob = fetch(peer, orders_number(epoch, True), n)   # (None if it changed in between: asked again)
     if blob is None:
         return None
     try:
-        return decode(blob)
-    except ValueError:
+        return decode(blob, num_files)
+    except ValueError as e:
+        log.warning("clairvoyant: node %d's orders of epoch %d refused: %s", peer, epoch, e)
         return None

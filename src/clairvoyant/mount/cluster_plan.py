@@ -107,6 +107,8 @@ class ClusterWalk:
         self.epoch = self._epoch = int(cur[self._ranks[0]].epoch)
         self._world = int(cur[self._ranks[0]].world_size)
         self._numbers = dict(zip(self._ranks, numbers))
+        self._cur = cur
+        self._snapshot: dict[int, int] = {}
         self.plan: ClusterEpoch | None = None
         self.handed = 0   # the slowest rank's progress at the last look
 
@@ -124,21 +126,24 @@ class ClusterWalk:
         cl = self._cl
         m = cl.mount
         sizes = cl.entry_sizes
-        held = cl.residents_for(self._epoch,
-                                lambda: residents(m.manifest, m.tiers.local.entries(), sizes))
+        stamps = {r: int(self._cur[r].stamp) for r in self._ranks}
+        held = cl.residents_for(self._epoch, stamps, lambda: residents(m.manifest, m.tiers.local.entries(), sizes))
+        self._snapshot = held
         mine = NodeOrders(cl.node, self._epoch, self._world, int(m.tiers.local_capacity), self._numbers, held,
-                          cl.basis)
+                          cl.basis, cl.homes_digest() if cl.basis >= 0 else 0)
         cl.offer(mine)
         cl.between_plans()
         t0 = time.monotonic()
-        orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved,
+        orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
                         GATHER_WAIT if wait is None else wait)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
             return False
-        if not cl.settle_homes(orders, lambda: plan_homes(orders, cl.hashed_homes)):
+        homes = cl.settle_homes(orders, lambda: plan_homes(orders, cl.hashed_homes))
+        if homes is None:
             return False
-        self.plan = cluster_plan(orders, cl.homes, sizes)
+        self.plan = cluster_plan(orders, homes[0], sizes)   # (a ConfigError leaves the homes as they were)
+        cl.use_homes(*homes)
         return True
 
     # -- carried out ----------------------------------------------------------------------------
@@ -152,25 +157,37 @@ class ClusterWalk:
         return min(at) if at else 0
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.handed = 1 << 62   # stagings still queued from this walk are too late now
+
+    def _run(self) -> None:
         assert self.plan is not None
         cl, p = self._cl, self._p
         v = self.plan.for_node(cl.node)
         f = v.samples
         own = self.plan.home[f] == cl.node
-        keep = {}
-        for i in np.flatnonzero(own).tolist():
-            keep[int(f[i])] = bool(v.keep[i])
+        keep: dict[int, bool] = {}
+        for i in np.flatnonzero(own).tolist():   # (a file read twice by the node: kept if either read keeps it)
+            keep[int(f[i])] = keep.get(int(f[i]), False) or bool(v.keep[i])
         store = frozenset(f[~own & (v.peer < 0)].tolist())
-        once = v.late_drops[v.late_once, 1] if len(v.late_drops) else np.zeros(0, np.int64)
+        once = v.late_drops[v.late_once, 1] if len(v.late_drops) else np.zeros(0, np.int64)   # (also by LAG)
         cl.follow_plan(Duty(keep, store, set(once.tolist())))
         p.counters.new_plan(epoch=self._epoch, ranks=len(self._ranks), sequence=len(f), following=0)
         for g in v.drop_at_start.tolist():
             cl.evict(int(g))
-        steps = v.step.astype(np.int64)               # per own access: its index among its rank's
         stage = np.flatnonzero(own & v.keep & ~v.hit)  # read from the store and kept here
+        if cl.basis != self._epoch:   # kept since the snapshot the plan started from: the plan does not
+            wanted = set(f[stage].tolist())   # count them; they go unless it stages them this epoch
+            m = cl.mount
+            now = residents(m.manifest, m.tiers.local.entries(), cl.entry_sizes)
+            for g in now.keys() - self._snapshot.keys() - wanted:
+                cl.evict(int(g))
+        steps = v.step.astype(np.int64)               # per own access: its index among its rank's
         fetch = np.flatnonzero(v.peer >= 0)            # read from a peer's tier
         cuts = np.flatnonzero(own & v.hit & ~v.keep)   # deleted after this node's read
-        late = v.late_drops[~v.late_once] if len(v.late_drops) else np.zeros((0, 2), np.int64)
+        late = v.late_drops if len(v.late_drops) else np.zeros((0, 2), np.int64)
         if cl.basis == self._epoch:   # the first plan: files read before it were kept by their hashed homes
             handed = self._handed()
             for i in stage[steps[stage] < handed].tolist():
@@ -195,7 +212,8 @@ class ClusterWalk:
                 lt += 1
             ahead = np.searchsorted(steps, handed + WINDOW // max(1, len(self._ranks)), side="left")
             while fe < len(fetch) and fetch[fe] < ahead:
-                cl.ask(int(f[fetch[fe]]), ahead=True)
+                if steps[fetch[fe]] >= handed:   # (one handed out already: its reader asks for it now)
+                    cl.ask(int(f[fetch[fe]]), ahead=True)
                 fe += 1
             while s < len(stage) and stage[s] < ahead:
                 g = int(f[stage[s]])

@@ -228,11 +228,18 @@ class Controller:
         numbers = [self._orders.of(cur[r]) for r in sorted(cur)]
         if self.m.cluster is not None:   # a cluster's node: the cluster plan, from every node's orders
             walk = ClusterWalk(self.m.cluster, cur, key, numbers, self._parts)
-            if walk.make_plan():
+            try:
+                planned = walk.make_plan()
+            except Exception as e:   # (a peer's orders that plan to nothing sound): recency this epoch
+                log.warning("clairvoyant mount: the cluster plan of epoch %d failed (%s: %s)", walk.epoch,
+                            type(e).__name__, e)
+                planned = False
+            if planned:
                 walk.run()
             elif walk.current and not self._stop.is_set():   # not every node's orders: recency, reads ahead
                 log.info("clairvoyant mount: not every node's orders of epoch %d came; this node keeps its "
                          "files by recency this epoch", walk.epoch)
+                self.m.cluster.withdraw(walk.epoch)   # a node that gathers later must not plan with this one
                 self.m.cluster.follow_plan(None)
                 walk = ClusterAhead(self.m.cluster, cur, key, numbers, self._parts)
                 walk.run()
