@@ -1,10 +1,18 @@
 """The format of one cached sample: its bytes, then a 32-byte trailer.
 
-The trailer holds a magic tag, the xxh3-64 checksum of the bytes (taken when
-the sample was staged, verified on every read: about 2 us per 100 KB), the
-source file's modification time in ns and the size, so a changed source is
-recognised and a corrupt or truncated entry is never served. The trailer is
+The trailer holds a magic tag, the xxh3-64 checksum of the sample's bytes (taken
+when the sample was staged, verified on every read: about 2 us per 100 KB), the
+source file's modification time in ns and the sample's size, so a changed source
+is recognised and a corrupt or truncated entry is never served. The trailer is
 written with the bytes in one atomic publish, so an entry is whole or absent.
+
+The magic says how the bytes are stored: ``CVENTRY1`` as they are (the entry is
+the size plus 32 bytes: what the mount's daemon and the C stager take, and
+nothing else), ``CVENTRZ1`` compressed with zstd, ``CVENTRD1`` with zlib
+(compressed staging, ``Loader(compress=...)``: the entry is shorter than the
+sample). A compressed entry is inflated within the sample's size, never further,
+and its checksum is the inflated bytes', so a damaged one is refused as any
+other is.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from .extents import read_at, read_entry
 
 TRAILER = struct.Struct("<8sQqQ")
 MAGIC = b"CVENTRY1"
+ZSTD, ZLIB = b"CVENTRZ1", b"CVENTRD1"   # a compressed entry (cache/codec.py)
 
 
 def entry_size(size: int) -> int:
@@ -31,7 +40,12 @@ def seal(data: bytes | memoryview, mtime_ns: int) -> bytes:
 
 
 def unseal(blob: bytes, size: int, where: str) -> bytes:
-    """The sample's bytes from a whole entry, checked; CorruptEntry if anything is off."""
+    """The sample's bytes from a whole entry, checked (and inflated, if it is stored compressed);
+    CorruptEntry if anything is off."""
+    if len(blob) != entry_size(size) and len(blob) >= TRAILER.size:
+        magic = bytes(blob[len(blob) - TRAILER.size:len(blob) - TRAILER.size + 8])
+        if magic in (ZSTD, ZLIB):
+            return _inflated(blob, magic, size, where)
     if len(blob) != entry_size(size):
         raise CorruptEntry(f"cached entry {where} is {len(blob)} bytes, expected {entry_size(size)}: truncated")
     magic, checksum, _, n = TRAILER.unpack_from(blob, size)
@@ -41,6 +55,36 @@ def unseal(blob: bytes, size: int, where: str) -> bytes:
     if xxhash.xxh3_64_intdigest(data) != checksum:
         raise CorruptEntry(f"cached entry {where} fails its checksum")
     return data
+
+
+def _inflated(blob: bytes, magic: bytes, size: int, where: str) -> bytes:
+    from .codec import inflate
+    _, checksum, _, n = TRAILER.unpack_from(blob, len(blob) - TRAILER.size)
+    if n != size or len(blob) - TRAILER.size >= size:
+        raise CorruptEntry(f"cached entry {where} is a compressed entry of {n} bytes, expected {size}")
+    try:
+        data = inflate(magic, memoryview(blob)[:len(blob) - TRAILER.size], size)
+    except Exception as e:   # (the codec's own errors: a damaged stream)
+        raise CorruptEntry(f"cached entry {where} does not inflate: {type(e).__name__}: {e}") from None
+    if len(data) != size or xxhash.xxh3_64_intdigest(data) != checksum:
+        raise CorruptEntry(f"cached entry {where} fails its checksum")
+    return data
+
+
+def holds(loc, size: int) -> bool:
+    """Whether the entry at ``loc`` (an extents.Loc) is one of a ``size``-byte sample: as it is
+    (its length says so), or compressed (its trailer says so: one read of 32 bytes)."""
+    if loc.length == entry_size(size):
+        return True
+    if loc.length >= entry_size(size) or loc.length <= TRAILER.size:
+        return False
+    t = _trailer(loc)
+    return t is not None and t[2] == size
+
+
+def compressed(magic: bytes) -> bool:
+    """Whether an entry with this trailer magic stores its sample compressed."""
+    return magic in (ZSTD, ZLIB)
 
 
 def _trailer(loc) -> tuple[int, int, int] | None:
@@ -55,7 +99,8 @@ def _trailer(loc) -> tuple[int, int, int] | None:
     if len(raw) < TRAILER.size:
         return None
     magic, checksum, mtime_ns, n = TRAILER.unpack(raw)
-    if magic != MAGIC or n != loc.length - TRAILER.size:
+    stored = loc.length - TRAILER.size
+    if not ((magic == MAGIC and n == stored) or (compressed(magic) and stored < n)):
         return None
     return checksum, mtime_ns, n
 
@@ -81,8 +126,9 @@ def check_entry(loc) -> str | None:
         return f"unreadable: {e.strerror or e}"
     if len(blob) < TRAILER.size:
         return "truncated"
+    magic, _, _, n = TRAILER.unpack_from(blob, len(blob) - TRAILER.size)
     try:
-        unseal(blob, loc.length - TRAILER.size, f"{loc.path}@{loc.offset}")
+        unseal(blob, n if compressed(magic) else loc.length - TRAILER.size, f"{loc.path}@{loc.offset}")
     except CorruptEntry as e:
         return str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
     return None

@@ -30,7 +30,8 @@ import weakref
 from ..errors import CacheError, LocalDirNotWritable
 from . import crashpoints
 from . import publish as _publish
-from .entry import entry_size, seal
+from .codec import Codec, entry_parts
+from .entry import entry_size, holds
 from ..fdcache import FdCache
 from .extents import EXTENT_BYTES, Index, IndexFull, Loc, aligned, key_digest, punch
 from .ledger import Ledger
@@ -72,6 +73,7 @@ class LocalStore:
     def __init__(self, local_dir: str, source_uri: str, entries: bool = True, expected: int = 0) -> None:
         """``entries=False``: only the ledger and locks (the RAM window, whose bytes stay in memory).
         ``expected``: about how many samples the source has (sizes the index)."""
+        self.codec: Codec | None = None   # compressed staging (cache/codec.py): set by the Loader
         self.local_dir = prepare_root(local_dir)
         self.root = source_root(self.local_dir, source_uri)
         self.ext_dir = os.path.join(self.root, "ext")
@@ -140,7 +142,7 @@ class LocalStore:
             self._threads.release(off)
             raise
         loc = self.find(key)
-        present = loc is not None and loc.length == entry_size(size)
+        present = loc is not None and holds(loc, size)
         if present:
             self.release(key)
         return present
@@ -159,17 +161,27 @@ class LocalStore:
             return None
         return self.put_reserved(key, data, mtime_ns)
 
-    def put_reserved(self, key: str, data: bytes, mtime_ns: int) -> Loc:
+    def put_reserved(self, key: str, data: bytes, mtime_ns: int, reserved: int | None = None,
+                     capacity: int = 0) -> Loc | None:
         """Publish ``data`` as the entry of ``key``, its bytes already reserved in the ledger (given
-        back if the publish fails: LocalStorageFull when the device is full)."""
-        n = entry_size(len(data))
+        back if the publish fails: LocalStorageFull when the device is full). With a ``codec``
+        the entry may be stored compressed: what it did not take of the reservation goes back.
+        ``reserved``: the bytes reserved for it if not its whole entry (compressed staging reserves
+        what the plan counts): an entry that takes more reserves the rest within ``capacity``, or
+        is not published (None, its reservation given back)."""
+        n = entry_size(len(data)) if reserved is None else int(reserved)
         crashpoints.reached("reserved")
-        trailer = seal(data, mtime_ns)
+        payload, trailer = entry_parts(data, mtime_ns, self.codec)
+        m = len(payload) + len(trailer)
+        if m > n and not self.ledger.reserve(m - n, capacity):
+            self.ledger.give_back(n)
+            return None
+        n = max(n, m)
         ext = None
         try:
-            ext, offset = self._append.write(data, trailer)
+            ext, offset = self._append.write(payload, trailer)
             crashpoints.reached("tmp_written")
-            old = self.index.publish(key_digest(key), ext.n, offset, n)
+            old = self.index.publish(key_digest(key), ext.n, offset, m)
         except BaseException as e:
             self.ledger.give_back(n)
             if ext is not None:
@@ -182,11 +194,13 @@ class LocalStore:
                 raise _publish.local_error(e, self.root, key) from e
             raise
         self._append.done(ext)
+        if m < n:
+            self.ledger.give_back(n - m)
         if old is not None:   # a replaced entry (its key's lock was not held): free its place
             self._free(*old, False)
             self.ledger.give_back(old[2])
         crashpoints.reached("published")
-        return Loc(self.extent_path(ext.n), offset, n)
+        return Loc(self.extent_path(ext.n), offset, m)
 
     def put_many_reserved(self, items: list[tuple[str, bytes]], mtime_ns: int) -> list[Loc | None]:
         """``put_reserved`` for several entries (``(key, bytes)``, their bytes reserved in the
@@ -198,10 +212,14 @@ class LocalStore:
         key = items[0][0] if items else ""
         try:
             for key, data in items:
+                payload, trailer = entry_parts(data, mtime_ns, self.codec)
+                m = len(payload) + len(trailer)
+                ext, offset = self._append.reserve(m)
+                placed.append((key, ext, offset, m))
                 n = entry_size(len(data))
-                ext, offset = self._append.reserve(n)
-                placed.append((key, ext, offset, n))
-                _publish.write_at(ext.fd, data, seal(data, mtime_ns), offset)
+                if m < n:   # (stored compressed: the rest of its reservation goes back)
+                    self.ledger.give_back(n - m)
+                _publish.write_at(ext.fd, payload, trailer, offset)
         except BaseException as e:
             for _, ext, offset, n in placed:
                 self.abandon(ext, offset, n)   # (gives its reservation back)

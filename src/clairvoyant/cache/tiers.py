@@ -26,11 +26,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import math
 import time
 from typing import Callable, NamedTuple
 
 from ..errors import CacheError
-from .entry import entry_size, read_trailer
+from .entry import entry_size, holds, read_trailer
 from .extents import Loc
 from .local import LocalStore, remove_tree
 from .session import Session
@@ -94,6 +95,7 @@ class Tiers:
                  ram_capacity: int, source, direct: bool = True) -> None:
         """``direct``: a miss to keep goes straight to the local tier (when the whole data set fits);
         else it waits in the RAM window and moves down after its access, when the plan counted it in."""
+        self.compress_ratio = 1.0   # raw / stored, where the local tier compresses (cache/codec.py)
         self.local = local
         self.direct = direct
         self.local_capacity, self.ram_capacity = int(local_capacity), int(ram_capacity)
@@ -147,8 +149,8 @@ class Tiers:
                 return None
             time.sleep(0.002)
         loc, stamp = got
-        if loc.length != entry_size(size):
-            return None
+        if loc.length != entry_size(size) and (self.local.codec is None or not holds(loc, size)):
+            return None   # (a compressed entry is looked for only where this tier compresses)
         if stamp == self.local.session or self._version is None:
             return loc   # written or checked in this session, from the source as it is now
         recorded = read_trailer(loc)
@@ -173,6 +175,7 @@ class Tiers:
         was not fetched). To keep: straight down first where the plan allows it; else the RAM
         window first, and down only if the window is full."""
         n = entry_size(size)
+        nl = n if self.local.codec is None else self.stored_size(size)   # (compressed: what the plan counts)
         order = ((LOCAL, RAM) if self.direct else (RAM, LOCAL)) if keep else (RAM,)
         for tier in order:
             if tier == RAM:
@@ -180,9 +183,9 @@ class Tiers:
                     data, mtime_ns = self._fetch_into(self.ram.ledger, n, fetch)
                     self.counters.add("staged_ram")
                     return Placement(RAM, None, True, data, mtime_ns)
-            elif self.local.ledger.reserve(n, self.local_capacity - self._owed_bytes):   # owed moves first
-                data, mtime_ns = self._fetch_into(self.local.ledger, n, fetch)
-                path = self._publish_local(key, data, mtime_ns)
+            elif self.local.ledger.reserve(nl, self.local_capacity - self._owed_bytes):   # owed moves first
+                data, mtime_ns = self._fetch_into(self.local.ledger, nl, fetch)
+                path = self._publish_local(key, data, mtime_ns, nl)
                 if path is not None:
                     self.counters.add("staged_local")
                     return Placement(LOCAL, path, True)
@@ -267,12 +270,19 @@ class Tiers:
         self.counters.add("bypassed")
         return Placement(SOURCE, None, True, data, mtime_ns)
 
-    def _publish_local(self, key: str, data: bytes, mtime_ns: int) -> Loc | None:
+    def stored_size(self, size: int) -> int:
+        """What the local tier reserves for a ``size``-byte sample: its entry, or where the tier
+        compresses, the entry the plan counts at the measured ratio (plan/compression.py)."""
+        if self.local.codec is None or self.compress_ratio <= 1.0:
+            return entry_size(size)
+        return math.ceil(size / self.compress_ratio) + entry_size(0)   # (as plan/compression.py's stored_sizes)
+
+    def _publish_local(self, key: str, data: bytes, mtime_ns: int, reserved: int | None = None) -> Loc | None:
         """Publish reserved bytes in the local tier; None (reservation given back) if the device
-        refuses them."""
+        refuses them, or a compressed entry larger than ``reserved`` finds no room for the rest."""
         store = self.local
         try:
-            return store.put_reserved(key, data, mtime_ns)
+            return store.put_reserved(key, data, mtime_ns, reserved, self.local_capacity - self._owed_bytes)
         except CacheError as e:   # the device is full (or failing): read the source instead
             self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples that do "
                             "not fit are read from the source until there is room again")

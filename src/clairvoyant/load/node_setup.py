@@ -48,7 +48,8 @@ class NodeSetup:
     tiers: Tiers
     topology: NodeLayout
     capacities: dict[str, int]
-    _entry_sizes: np.ndarray
+    _entry_sizes: np.ndarray       # what the plan counts per sample
+    _raw_entry_sizes: np.ndarray   # an entry of the sample as it is (the capacity is a share of these)
     _config: PlanConfig
     _cluster: Cluster | None
     _local_world_size: int | None
@@ -62,7 +63,7 @@ class NodeSetup:
     _ranges: RangeReader | bool | None
 
     def _open_tiers(self, local_dir, ram_dir, local_capacity, ram_capacity) -> Tiers:
-        node = open_tiers(self.source, self._entry_sizes, local_dir=local_dir, local_capacity=local_capacity,
+        node = open_tiers(self.source, self._raw_entry_sizes, local_dir=local_dir, local_capacity=local_capacity,
                           ram_dir=ram_dir, ram_capacity=ram_capacity, direct=self._direct)
         self.capacities = {"local": node.local, "ram": node.ram}
         log.info("clairvoyant: local tier %s holds up to %s; RAM tier %s up to %s", node.tiers.local.root,
@@ -139,6 +140,8 @@ class NodeSetup:
         the node start from the same picture), as manifest index -> entry bytes."""
         entries = self.tiers.inventory if not self._inventory_used else self.tiers.local.entries()
         self._inventory_used = True
+        if self.tiers.local.codec is not None:   # entries stored compressed: any length up to the raw one,
+            return residents(self.manifest, entries, self._entry_sizes, self._raw_entry_sizes)   # as planned
         return residents(self.manifest, entries, self._entry_sizes)
 
     def _plan(self, position: int) -> RankEpochPlan:
@@ -170,6 +173,12 @@ class NodeSetup:
                 if found is not None:
                     self._ranges = RangeReader(Ranges(of=found[0], nbytes=found[1]), self.source.read_range)
         return self._ranges or None
+
+    def _compress_sample(self) -> list[bytes]:
+        """A few samples read from the source, for the choice of compressed staging."""
+        from ..plan.compression import sample_indices
+        keys = self.manifest.keys
+        return [self.source.read(keys[i]) for i in sample_indices(len(self.manifest))]
 
     def _serve(self, index: int) -> bytes | None:
         """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry."""

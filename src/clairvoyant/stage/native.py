@@ -12,7 +12,8 @@ raise the typed error naming the sample: errors are worded in one place.
 
 Where it applies is decided once, by ``applies``: the native engine is built, the source reads
 a key as the plain file ``root/key`` (``native_reads``: not a charged or remote store), misses
-to keep go straight to the local tier, and no node-wide deadline gate orders the ranks' work.
+to keep go straight to the local tier, no node-wide deadline gate orders the ranks' work, and the
+tier does not compress what it keeps (the native engine writes entries as they are).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def applies(source, tiers: Tiers, gated: bool) -> bool:
     ``CLAIRVOYANT_NATIVE_STAGE=0`` keeps them on the Python threads (for a comparison, or a fault
     of the native engine)."""
     return (native_files.available() and os.environ.get("CLAIRVOYANT_NATIVE_STAGE", "1") != "0"
-            and source.native_reads and tiers.direct and not gated)
+            and source.native_reads and tiers.direct and not gated
+            and tiers.local.codec is None)   # (compressed staging: the Python threads compress)
 
 
 class NativeRoute:

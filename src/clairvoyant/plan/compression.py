@@ -1,0 +1,37 @@
+"""POLICY, pure: whether compressed staging pays, and what the plan counts for a compressed entry.
+
+Compressing what is staged lets a tier hold more of the data set (JPEGs and other compressed media:
+no gain; float or integer fields: often 1.5-3x), at the CPU cost of compressing each staged sample
+once and inflating it at each read from the tier. ``pays`` keeps compression where a measured
+sample of the data set shrinks by ``MIN_RATIO`` or more. The plan then counts each sample's entry
+as its size over the measured ratio (``stored_sizes``): where the ratio over-promises for some
+samples, the tier's ledger, which counts the bytes written, stays the bound (a sample that does
+not fit is read from the source, as ever).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_RATIO = 1.15   # "auto" compresses where a measured sample shrinks by 15% or more
+SAMPLE = 16        # samples "auto" measures (spread over the data set)
+
+
+def pays(raw: int, stored: int) -> bool:
+    """Whether a measured sample of ``raw`` bytes, ``stored`` once compressed, is worth compressing."""
+    return stored > 0 and raw / stored >= MIN_RATIO
+
+
+def stored_sizes(sizes: np.ndarray, ratio: float, trailer: int) -> np.ndarray:
+    """What the plan counts per sample: its size over ``ratio`` (rounded up), plus the trailer."""
+    sizes = np.asarray(sizes)
+    if ratio <= 1.0:
+        return sizes + sizes.dtype.type(trailer)
+    return (np.ceil(sizes.astype(np.float64) / ratio).astype(sizes.dtype) + sizes.dtype.type(trailer))
+
+
+def sample_indices(num_samples: int, k: int = SAMPLE) -> list[int]:
+    """``k`` samples spread evenly over the data set (the same on every rank)."""
+    if num_samples <= 0:
+        return []
+    return sorted({int(i) for i in np.linspace(0, num_samples - 1, min(k, num_samples))})
