@@ -89,6 +89,7 @@ def _print_experiment(args: argparse.Namespace, experiment, summary: dict, key: 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from ..plan.budget import loading_budget
+    from ..plan.compression import raw_capacity
     from ..units import format_bytes, parse_bytes
 
     sample = dataset = None
@@ -105,7 +106,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         dataset = float(parse_bytes(args.dataset_size, what="--dataset-size"))
     b = loading_budget(batch_size=args.batch_size, step_time=args.step_time, sample_bytes=sample,
                        gpus_per_node=args.gpus, nodes=args.nodes, experiments=args.experiments,
-                       dataset_bytes=dataset, local_capacity=parse_bytes(args.local_capacity, what="--local-capacity"),
+                       dataset_bytes=dataset,
+                       local_capacity=raw_capacity(parse_bytes(args.local_capacity, what="--local-capacity"),
+                                                   args.compress_ratio),
                        ram_capacity=parse_bytes(args.ram_capacity, what="--ram-capacity"))
     sim = None
     if args.simulate:   # what-ifs through the simulator (cli/simulate.py)
@@ -272,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--experiments", type=int, default=1, help="concurrent jobs sharing the storage")
     pl.add_argument("--dataset-size", help="data set size, e.g. 140GB, for the cache hit rate")
     pl.add_argument("--local-capacity", default="0", help="node-local SSD for the cache, e.g. 400GiB")
+    pl.add_argument("--compress-ratio", type=float, default=1.0,
+                    help="compressed staging (Loader(compress=...)): the data set's raw bytes over the stored ones, "
+                    "e.g. 2.2; the local tier holds that many times its size (default 1: none)")
     pl.add_argument("--ram-capacity", default="0", help="RAM for the staging window, e.g. 32GiB (not a cache: "
                     "it does not raise the hit rate)")
     pl.add_argument("--simulate", action="store_true", help="also simulate the job (clairvoyant simulate): "

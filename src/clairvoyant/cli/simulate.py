@@ -102,7 +102,10 @@ def build(args: argparse.Namespace):
 
     local = args.local_capacity or (NOPFS_NODE["local_capacity"] if preset else "900GB")
     ram = args.ram_capacity or (NOPFS_NODE["ram_capacity"] if preset else "5GB")
-    hw = Hardware(store=_store(args, float(sizes.mean())), local_capacity=capacity(local, "--local-capacity"),
+    from ..plan.compression import raw_capacity
+    ratio = getattr(args, "compress_ratio", 1.0)
+    hw = Hardware(store=_store(args, float(sizes.mean())),
+                  local_capacity=raw_capacity(capacity(local, "--local-capacity"), ratio),
                   window=capacity(ram, "--ram-capacity"),
                   ssd_bandwidth=_rate(args.ssd_bandwidth, "--ssd-bandwidth"),
                   link_bandwidth=_rate(args.link_bandwidth, "--link-bandwidth"), link_latency=args.link_latency,
@@ -179,6 +182,7 @@ def plan_what_if(args: argparse.Namespace, sample_bytes: float, dataset_bytes: f
     ns.nodes, ns.gpus, ns.batch_size, ns.step_time = args.nodes, args.gpus, args.batch_size, args.step_time
     ns.samples, ns.sample_size = str(max(1, round(dataset_bytes / sample_bytes))), str(int(sample_bytes))
     ns.local_capacity = args.local_capacity
+    ns.compress_ratio = getattr(args, "compress_ratio", 1.0)
     if args.ram_capacity not in (None, "0"):
         ns.ram_capacity = args.ram_capacity
     ns.experiments, ns.epochs = args.experiments, args.sim_epochs
@@ -217,6 +221,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "1,020 GB tier (900 GB SSD + 120 GB RAM), 5 GB staging window")
     h = p.add_argument_group("the hardware (per node)")
     h.add_argument("--local-capacity", help="the cache tier, bytes or %% of the data set (default 900GB)")
+    h.add_argument("--compress-ratio", type=float, default=1.0,
+                   help="compressed staging: raw bytes over stored ones (e.g. 2.2); the tier holds that many "
+                   "times its size (the CPU to compress and inflate is not modelled)")
     h.add_argument("--ram-capacity", help="the staging window, bytes or %% (default 5GB)")
     h.add_argument("--store-curve", help="the shared store's aggregate rate vs readers, READERS:RATE,... "
                    "(default NoPFS's 1:330MB,8:2870MB, flat beyond)")

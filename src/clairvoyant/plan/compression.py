@@ -30,6 +30,16 @@ def stored_sizes(sizes: np.ndarray, ratio: float, trailer: int) -> np.ndarray:
     return (np.ceil(sizes.astype(np.float64) / ratio).astype(sizes.dtype) + sizes.dtype.type(trailer))
 
 
+def raw_capacity(capacity: int, ratio: float) -> int:
+    """The raw bytes of the data set a tier of ``capacity`` bytes holds where what it stages
+    shrinks by ``ratio`` (what ``clairvoyant plan`` and ``simulate`` count with
+    ``--compress-ratio``: the capacity only; the CPU to compress and inflate is not modelled)."""
+    if not ratio >= 1.0:
+        from ..errors import ConfigError
+        raise ConfigError(f"--compress-ratio {ratio!r}: give the raw bytes over the stored ones, >= 1 (e.g. 2.2)")
+    return int(capacity * ratio)
+
+
 def sample_indices(num_samples: int, k: int = SAMPLE) -> list[int]:
     """``k`` samples spread evenly over the data set (the same on every rank)."""
     if num_samples <= 0:
