@@ -40,8 +40,8 @@ from .units import parse_bytes
 
 STATE = ".clairvoyant-pack.json"
 FORMAT = "clairvoyant-pack"
-_SHARD = re.compile(r"^shard-(\d{6,})\.(tar|npz)$")         # (pack_arrays.py writes .npz shards)
-_TMP = re.compile(r"^\.shard-\d{6,}\.(tar|npz)\.(\d+)\.tmp$")
+_SHARD = re.compile(r"^shard-(\d{6,})\.(tar|npz|h5)$")      # (pack_arrays.py writes .npz and .h5 shards)
+_TMP = re.compile(r"^\.shard-\d{6,}\.(tar|npz|h5)\.(\d+)\.tmp$")
 _BLOCK = tarfile.BLOCKSIZE
 
 

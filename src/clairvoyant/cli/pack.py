@@ -18,9 +18,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
         from tqdm import tqdm
         bar = tqdm(desc=f"packing {args.src}", unit=" samples", file=sys.stderr)
     try:
-        res = (pack_arrays if args.format == "npz" else pack)(
-            args.src, args.dst, shard_size=args.shard_size, threads=args.threads,
-            progress=bar.update if bar is not None else None, reindex=args.reindex)
+        kw = dict(shard_size=args.shard_size, threads=args.threads, progress=bar.update if bar is not None else None,
+                  reindex=args.reindex)
+        if args.format == "tar":
+            res = pack(args.src, args.dst, **kw)
+        else:
+            res = pack_arrays(args.src, args.dst, layout=args.format, **kw)
     finally:
         if bar is not None:
             bar.close()
@@ -46,9 +49,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="256MiB", help="bytes per shard at most, e.g. 256MiB (default); "
                    "a larger sample gets a shard of its own")
     p.add_argument("--threads", type=int, default=16, help="threads reading SRC (default 16)")
-    p.add_argument("--format", choices=("tar", "npz"), default="tar",
-                   help="tar: WebDataset-layout tar shards (default); npz: a tree of .npy files, one sample each, "
-                   "as NumPy shards (member x the samples stacked, y their labels), read by byte range")
+    p.add_argument("--format", choices=("tar", "npz", "hdf5"), default="tar",
+                   help="tar: WebDataset-layout tar shards (default); npz or hdf5: a tree of .npy files, one sample "
+                   "each, as NumPy (.npz) or HDF5 (.h5) shards (x the samples stacked, y their labels), read by "
+                   "byte range")
     p.add_argument("--reindex", action="store_true", help="walk SRC again even if its manifest exists")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_pack)
