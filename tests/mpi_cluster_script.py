@@ -2,7 +2,9 @@
 with its own local directory, all reading one emulated store whose counters the processes share.
 
 argv: dataset, workdir, local_capacity, epochs, cluster (on/off), scenario, token (only marks the
-processes). Scenarios plain, corrupt-wire, corrupt-entry: rank 0 prints one JSON line: store opens per
+processes). Scenarios plain, corrupt-wire, corrupt-entry, compress (the tiers compress with zlib: the
+wire carries their entries), compress-corrupt (and every kept entry is damaged after epoch 0): rank 0
+prints one JSON line: store opens per
 epoch, whether every epoch served every sample exactly once with the source's bytes, and each rank's
 per-epoch counters.
 
@@ -139,7 +141,8 @@ def main() -> None:
     ld = Loader(store, batch_size=4, local_dir=os.path.join(work, f"l{rank}"), local_capacity=cap,
                 cluster=mode == "on", decode=md5, output="numpy", num_workers=1, stage_threads=4,
                 # off: each rank alone on its "node" (the launcher would say 4 ranks share one)
-                local_world_size=None if mode == "on" else 1)
+                local_world_size=None if mode == "on" else 1,
+                compress="zlib" if scenario in ("compress", "compress-corrupt") else None)
     if scenario == "corrupt-wire":
         peers.CORRUPT_ON_SEND.update(range(len(ld.manifest)))   # every sample this rank serves
     opens, served = [], []
@@ -150,7 +153,7 @@ def main() -> None:
         comm.Barrier()
         ld.set_epoch(e)
         mine = [bytes(row).hex() for x, _ in ld for row in np.asarray(x)]
-        if scenario == "corrupt-entry" and e == 0:   # flip a byte in every entry this node keeps
+        if scenario in ("corrupt-entry", "compress-corrupt") and e == 0:   # flip a byte in every entry kept
             for row in ld.store.index.present():
                 path = ld.store.extent_path(int(row["extent"]))
                 with open(path, "r+b") as f:
@@ -164,7 +167,7 @@ def main() -> None:
     stats = ld.stats()
     ld.close()
     per_rank = comm.gather({"epochs": {str(k): v for k, v in stats["epochs"].items()}, "tiers": stats["tiers"],
-                            "cluster": stats.get("cluster")}, root=0)
+                            "cluster": stats.get("cluster"), "ratio": ld.compress_ratio}, root=0)
     if rank == 0:
         truth = sorted(hashlib.md5(open(os.path.join(r, f), "rb").read()).hexdigest()
                        for r, _, fs in os.walk(dataset) for f in fs if not f.startswith("."))

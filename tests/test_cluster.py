@@ -67,6 +67,34 @@ def test_a_corrupt_peer_is_caught_and_the_store_serves(scenario, dataset, tmp_pa
     assert misses >= 0.5 * n
 
 
+@needs_mpirun
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scenario", ["compress", "compress-corrupt"])
+def test_compressing_tiers_send_their_entries_over_the_wire(scenario, tmp_path):
+    """4 nodes x 30% whose tiers compress (zlib) a data set of smooth float fields: peers send the
+    compressed entries and the reader inflates them; every epoch serves the source's bytes exactly
+    once, and the store is read about once in all. Damaged entries (every kept one, after epoch 0)
+    are refused by the reader as corrupt (counted), and the store serves those samples. Control:
+    the undamaged run counts no corrupt peer entry and reads the store less."""
+    import numpy as np
+    data = tmp_path / "fields"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(160):
+        (data / f"f{i:04d}.bin").write_bytes(np.round(rng.normal(size=(8, 32, 32)).cumsum(axis=1), 1)
+                                             .astype(np.float32).tobytes())
+    out = run(str(data), tmp_path / "w", "30%", 3, True, scenario)
+    n = out["samples"]
+    assert all(out["exact"]), out["exact"]
+    assert all(r["ratio"] > 1.5 for r in out["ranks"]), [r["ratio"] for r in out["ranks"]]
+    corrupt = sum(r["tiers"].get("peer_corrupt", 0) for r in out["ranks"])
+    if scenario == "compress":
+        assert sum(out["opens"]) <= 1.05 * n and corrupt == 0, (out["opens"], corrupt)
+        assert sum(r["tiers"]["peer_hits"] for r in out["ranks"]) >= 0.5 * n
+    else:
+        assert corrupt >= 0.5 * n and out["opens"][1] >= 0.5 * n, (out["opens"], corrupt)
+
+
 # --- a peer that dies or turns slow in the middle of an epoch ---------------------------------------
 
 VICTIM, SLOW = 2, 1   # as in tests/mpi_cluster_script.py

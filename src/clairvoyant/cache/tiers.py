@@ -55,7 +55,7 @@ class TierCounters:
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
              "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
-             "late_drops", "deferred", "not_kept", "range_reads", "range_placed", "range_early")
+             "late_drops", "deferred", "not_kept", "range_reads", "range_placed", "range_early", "peer_corrupt")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

@@ -196,8 +196,9 @@ class PeerService(ServiceThread):
         self._thread.start()
 
     def fetch(self, peer: int, index: int, size: int, timeout: float) -> bytes | None:
-        """Sample ``index`` (``size`` bytes) from rank ``peer``, verified, or None: a miss, no
-        answer within ``timeout`` seconds, a bad length or checksum, a failed peer, a closed service."""
+        """Sample ``index`` (``size`` bytes at most: a caller that needs exactly that many checks the
+        length) from rank ``peer``, verified, or None: a miss, no answer within ``timeout`` seconds,
+        a longer answer or a bad checksum, a failed peer, a closed service."""
         if not 0 <= peer < self.size or peer == self.rank or size < 0:
             raise ConfigError(f"fetch from rank {peer} of {self.size} (this is rank {self.rank}), size {size}")
         deadline = time.monotonic() + max(timeout, 0.0)
@@ -381,11 +382,12 @@ class PeerService(ServiceThread):
         return bool(ready)
 
     def _reply(self, rid: int, index: int, size: int, src: int, data: bytes | None) -> None:
-        if data is not None and len(data) != size:
-            data = None   # not what was asked for
+        if data is not None and len(data) > size:
+            data = None   # more than was asked for
         if data is None:
             out = bytearray(REPLY.pack(REPLY_MAGIC, rid, MISS, 0, 0))
         else:
+            size = len(data)   # (at most what was asked: a compressed entry is shorter)
             out = bytearray(REPLY.size + size)
             REPLY.pack_into(out, 0, REPLY_MAGIC, rid, HIT, size, xxhash.xxh3_64_intdigest(data))
             out[REPLY.size:] = data
@@ -410,7 +412,7 @@ class PeerService(ServiceThread):
         payload = memoryview(buf)[REPLY.size:]
         if status == MISS:
             result, outcome = None, "misses"
-        elif length != f.size or xxhash.xxh3_64_intdigest(payload) != checksum:
+        elif length > f.size or xxhash.xxh3_64_intdigest(payload) != checksum:
             result, outcome = None, "bad_checksum"
         else:
             result, outcome = bytes(payload), "hits"

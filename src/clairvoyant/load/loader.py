@@ -298,7 +298,7 @@ class Loader(NodeSetup, EpochPasses):
         run = EpochRun(plan=plan, source=self.source, manifest=self.manifest, tiers=self.tiers,
                        reader=self._reader_spec(start), options=self._run_options(), output=self._output,
                        stats=self._stats, progress=self._progress, tuner=self._tuner,
-                       peer_fetch=self._cluster.fetch if self._cluster is not None else None,
+                       peer_fetch=self._peer_fetch if self._cluster is not None else None,
                        ranges=self._range_reader() if plan.whole is not None else None)
         self._carry = (plan, run)
         if self._guard is not None:

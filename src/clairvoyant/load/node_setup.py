@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache.entry import unseal
+from ..cache.entry import entry_size, unseal
 from ..cache.extents import read_entry
 from ..cache.node import open_tiers, residents
 from ..cache.tiers import Tiers
@@ -181,11 +181,22 @@ class NodeSetup:
         return [self.source.read(keys[i]) for i in sample_indices(len(self.manifest))]
 
     def _serve(self, index: int) -> bytes | None:
-        """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry."""
+        """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry;
+        where the tier compresses, the entry as it lies (compressed or not, with its trailer): the
+        peer checks and inflates it (``_peer_fetch``), and the wire carries the compressed bytes."""
         key, size = self.manifest.keys[index], int(self.manifest.sizes[index])
         loc = self.tiers.find_local(key, size)
         if loc is None:
             return None
+        if self.tiers.local.codec is not None:
+            try:
+                blob = read_entry(loc)
+            except FileNotFoundError:
+                return None
+            carry = self._carry
+            if carry is not None:
+                carry[1].peer_served(index)
+            return blob
         try:
             data = unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
         except (FileNotFoundError, CorruptEntry):
@@ -194,6 +205,23 @@ class NodeSetup:
         if carry is not None:
             carry[1].peer_served(index)
         return data
+
+
+    def _peer_fetch(self, node: int, index: int, size: int) -> bytes | None:
+        """Sample ``index`` (``size`` bytes) from node ``node``'s tier, or None. Where the tiers
+        compress, the peer sends its entry (``_serve``): checked and inflated here; a damaged one
+        is a miss (the store serves it)."""
+        if self.tiers.local.codec is None:
+            data = self._cluster.fetch(node, index, size)
+            return data if data is not None and len(data) == size else None
+        blob = self._cluster.fetch(node, index, entry_size(size))
+        if blob is None:
+            return None
+        try:
+            return unseal(blob, size, f"node {node}'s entry of sample {index}")
+        except CorruptEntry:
+            self.tiers.counters.add("peer_corrupt")
+            return None
 
 
 def _close_tiers(tiers: Tiers) -> None:

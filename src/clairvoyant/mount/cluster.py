@@ -118,7 +118,9 @@ class MPILink:
         self._service.start()
 
     def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
-        return None if self._service is None else self._service.fetch(peer, number, size, timeout)
+        """``size`` bytes exactly from ``peer`` (the service's answer may be shorter), or None."""
+        got = None if self._service is None else self._service.fetch(peer, number, size, timeout)
+        return got if got is not None and len(got) == size else None
 
     def counters(self) -> dict:
         return {} if self._service is None else self._service.counters()
