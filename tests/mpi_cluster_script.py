@@ -156,10 +156,12 @@ def main() -> None:
         if scenario in ("corrupt-entry", "compress-corrupt") and e == 0:   # flip a byte in every entry kept
             for row in ld.store.index.present():
                 path = ld.store.extent_path(int(row["extent"]))
+                # (compressed: a byte amid the stream, past its header, so that only the checksum can tell)
+                at = int(row["offset"]) + (int(row["length"]) // 2 if scenario == "compress-corrupt" else 0)
                 with open(path, "r+b") as f:
-                    f.seek(int(row["offset"]))
+                    f.seek(at)
                     b = f.read(1)
-                    f.seek(int(row["offset"]))
+                    f.seek(at)
                     f.write(bytes([b[0] ^ 0x40]))
         comm.Barrier()
         opens.append(store.counters().opens)

@@ -40,11 +40,19 @@ def test_a_compressed_entry_inflates_to_the_sample_or_is_refused(name):
                          (blob, len(data) - 1), (blob, len(data) + 1)):
         with pytest.raises(CorruptEntry):
             unseal(broken, size, "x")
-    big = codec(name).compress(bytes(len(data) * 4))   # inflates to 4x the sample: refused, not allocated
+    import tracemalloc
+
     import xxhash
+    big = codec(name).compress(bytes(256 << 20))   # inflates to 256 MiB: refused, not made
     forged = big + TRAILER.pack(trailer[:8], xxhash.xxh3_64_intdigest(data), 7, len(data))
-    with pytest.raises(CorruptEntry):
-        unseal(forged, len(data), "x")
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptEntry):
+            unseal(forged, len(data), "x")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
     noise = os.urandom(4096)
     p, t = entry_parts(noise, 7, codec(name))
     assert p is noise and len(p) + len(t) == entry_size(4096)   # control: stored as it is
@@ -74,7 +82,9 @@ def _epochs(path, tmp_path, compress, epochs=3, capacity="30%", tag=""):
             ld.set_epoch(e)
             out.append(np.concatenate([np.asarray(b[0]) for b in ld]))
         used, _ = ld.tiers.local.ledger.read()
-        held = len(ld.tiers.local.entries())
+        entries = ld.tiers.local.entries()
+        assert used == sum(entries.values()), (used, sum(entries.values()))   # nothing reserved and left
+        held = len(entries)
         st = ld.stats()
         return out, ld.compress_ratio, used, ld.tiers.local_capacity, held, st
 

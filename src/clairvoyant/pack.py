@@ -122,6 +122,19 @@ def member_names(keys) -> tuple[list[str], str | None]:
                       "one data_key= for all; pack one kind of file at a time")
 
 
+def pack_layout(path: Any) -> str | None:
+    """The layout of the pack in directory ``path`` ("tar", "npz", "hdf5" as its state file says),
+    or None where it is no pack's directory."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    try:
+        with open(os.path.join(os.fspath(path), STATE)) as f:
+            layout = json.load(f).get("layout", "tar")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return layout if isinstance(layout, str) else None
+
+
 def _prepare(dst: str, state: dict) -> None:
     """Check DST holds nothing but (this) pack, remove dead writers' temporary files, write the state."""
     os.makedirs(dst, exist_ok=True)

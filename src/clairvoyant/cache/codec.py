@@ -96,7 +96,13 @@ def inflate(magic: bytes, payload: bytes | memoryview, size: int) -> bytes:
     """The ``size`` bytes a compressed entry's ``payload`` holds (never more are made)."""
     if magic == ZSTD:
         import zstandard
-        return zstandard.ZstdDecompressor().decompress(bytes(payload), max_output_size=size)
+        declared = zstandard.frame_content_size(payload)   # (zstd inflates to what the frame declares,
+        if declared != size:                                # whatever the bound: so that is checked first)
+            raise ValueError(f"the frame declares {declared} bytes, not the sample's {size}")
+        d = getattr(_local, "unzstd", None)
+        if d is None:
+            d = _local.unzstd = zstandard.ZstdDecompressor()
+        return d.decompress(payload, max_output_size=size)
     if magic == ZLIB:
         d = zlib.decompressobj()
         out = d.decompress(payload, size)

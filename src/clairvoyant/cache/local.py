@@ -142,7 +142,7 @@ class LocalStore:
             self._threads.release(off)
             raise
         loc = self.find(key)
-        present = loc is not None and holds(loc, size)
+        present = loc is not None and (loc.length == entry_size(size) if self.codec is None else holds(loc, size))
         if present:
             self.release(key)
         return present
@@ -171,7 +171,11 @@ class LocalStore:
         is not published (None, its reservation given back)."""
         n = entry_size(len(data)) if reserved is None else int(reserved)
         crashpoints.reached("reserved")
-        payload, trailer = entry_parts(data, mtime_ns, self.codec)
+        try:
+            payload, trailer = entry_parts(data, mtime_ns, self.codec)
+        except BaseException:   # (a codec's failure: nothing written, the reservation goes back)
+            self.ledger.give_back(n)
+            raise
         m = len(payload) + len(trailer)
         if m > n and not self.ledger.reserve(m - n, capacity):
             self.ledger.give_back(n)

@@ -61,14 +61,14 @@ def residents(manifest, entries: Mapping[str, int], entry_sizes: np.ndarray,
               raw: np.ndarray | None = None) -> dict[int, int]:
     """The samples of ``manifest`` that the local tier's ``entries`` (digest in hex -> entry
     bytes) hold at their current size, as manifest index -> entry bytes. ``raw``: the tier
-    compresses (cache/codec.py): an entry shorter than the sample's ``raw`` entry counts too, as
-    ``entry_sizes`` (what the plan counts for it; a stale one is found so at its read)."""
+    compresses (cache/codec.py): an entry no longer than the sample's ``raw`` entry counts too, at
+    its length (a stale one is found so at its read)."""
     if not entries:
         return {}
     names = list(entries)
     found = manifest.find_digests(np.array([int(n, 16) for n in names], dtype=np.uint64))
-    if raw is not None:
-        return {i: int(entry_sizes[i]) for name, i in zip(names, found.tolist())
+    if raw is not None:   # (counted at their real lengths: what the ledger counts)
+        return {i: int(entries[name]) for name, i in zip(names, found.tolist())
                 if i >= 0 and entries[name] <= raw[i]}
     return {i: int(entries[name]) for name, i in zip(names, found.tolist())
             if i >= 0 and entries[name] == entry_sizes[i]}

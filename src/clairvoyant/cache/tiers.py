@@ -341,11 +341,13 @@ class Tiers:
         todo = earlier + moves
         if not todo:   # the usual batch: nothing kept, nothing owed (no ledger read)
             return 0
-        was = sum(entry_size(len(d)) for _, d, _ in earlier)
+        # (RAM bytes are the samples' entries as they are; local room is what the tier reserves
+        # for them, less where it compresses: stored_size)
+        was = sum(self.stored_size(len(d)) for _, d, _ in earlier)
         freed, owed, done, ok = 0, [], 0, False
         try:
             free = self.local_capacity - self.local.ledger.read()[0]
-            smallest = min((entry_size(len(d)) for _, d, _ in todo), default=0)
+            smallest = min((self.stored_size(len(d)) for _, d, _ in todo), default=0)
             if not final and free < smallest:   # nothing can move: no lock, no index lookup
                 owed, done = list(todo), len(todo)
                 self.counters.add("deferred", len(moves))
@@ -356,8 +358,9 @@ class Tiers:
                     done = i + 1
                     continue
                 try:
-                    if self.local.ledger.reserve(n, self.local_capacity):
-                        if self._publish_local(key, data, mtime_ns) is not None:
+                    nl = self.stored_size(len(data))
+                    if self.local.ledger.reserve(nl, self.local_capacity):
+                        if self._publish_local(key, data, mtime_ns, nl) is not None:
                             self.counters.add("promotions")
                         freed += n   # moved, or the device refused it (warned): the window lets it go
                     elif final:
@@ -384,7 +387,7 @@ class Tiers:
                     break
             with self._owed_lock:
                 self._owed[:0] = owed
-                self._owed_bytes += sum(entry_size(len(d)) for _, d, _ in owed) - was
+                self._owed_bytes += sum(self.stored_size(len(d)) for _, d, _ in owed) - was
             if not ok and freed:
                 self.ram.ledger.give_back(freed)
         return freed

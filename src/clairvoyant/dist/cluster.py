@@ -90,7 +90,8 @@ class Cluster:
         from mpi4py import MPI   # imported here: clairvoyant runs without it
         self.comm = MPI.COMM_WORLD
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
-        agree(self.comm, plan_fingerprint, "the data, seed, batch size, shuffle or drop_last")
+        agree(self.comm, plan_fingerprint, "the data, seed, batch size, shuffle, drop_last or compression (compress=, "
+              "its codec and measured ratio: install the same zstandard on every node)")
         groups = node_groups(self.comm, node_name())
         for g in groups:
             if list(g) != list(range(g[0], g[0] + len(g))):

@@ -195,11 +195,15 @@ class Loader(NodeSetup, EpochPasses):
         self.source.use_manifest(self.manifest)   # an object store reads exactly the listed sizes
         if len(self.manifest) == 0:
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
+        # compressed staging (cache/codec.py): decided from a few samples, alike on every rank (the
+        # cluster's ranks compare it below: they plan and send entries by it)
+        self._codec, self.compress_ratio = codec_mod.choose(compress, self._compress_sample)
         self._cluster: Cluster | None = None
         if cluster_mod.wanted(cluster):   # the job's nodes as one cache, over MPI (dist/cluster.py)
             self._cluster = Cluster(plan_fingerprint=cluster_mod.fingerprint(
                 manifest=self.manifest.fingerprint, seed=int(seed), batch_size=int(batch_size),
-                shuffle=bool(shuffle), drop_last=bool(drop_last)))
+                shuffle=bool(shuffle), drop_last=bool(drop_last),
+                compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}"))
             t, c = self.topology, self._cluster
             if (c.rank, c.world_size) != (t.rank, t.world_size):
                 raise ConfigError(f"MPI says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
@@ -210,9 +214,8 @@ class Loader(NodeSetup, EpochPasses):
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
         small = len(sizes) == 0 or int(sizes.max()) + entry_size(0) < 2**31
         self._raw_entry_sizes = sizes.astype(np.int32 if small else np.int64) + np.int32(entry_size(0))
-        # compressed staging (cache/codec.py): decided from a few samples; the plan counts each
-        # sample's entry at the measured ratio, the capacity stays a share of the raw data set
-        self._codec, self.compress_ratio = codec_mod.choose(compress, self._compress_sample)
+        # compressed staging: the plan counts each sample's entry at the measured ratio, the
+        # capacity stays a share of the raw data set
         self._entry_sizes = (stored_sizes(sizes.astype(self._raw_entry_sizes.dtype), self.compress_ratio,
                                           entry_size(0)) if self._codec is not None else self._raw_entry_sizes)
         self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)

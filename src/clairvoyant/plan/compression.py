@@ -15,6 +15,7 @@ import numpy as np
 
 MIN_RATIO = 1.15   # "auto" compresses where a measured sample shrinks by 15% or more
 SAMPLE = 16        # samples "auto" measures (spread over the data set)
+MAX_RATIO = 1000.0
 
 
 def pays(raw: int, stored: int) -> bool:
@@ -34,9 +35,10 @@ def raw_capacity(capacity: int, ratio: float) -> int:
     """The raw bytes of the data set a tier of ``capacity`` bytes holds where what it stages
     shrinks by ``ratio`` (what ``clairvoyant plan`` and ``simulate`` count with
     ``--compress-ratio``: the capacity only; the CPU to compress and inflate is not modelled)."""
-    if not ratio >= 1.0:
+    if not 1.0 <= ratio <= MAX_RATIO:   # (also refuses nan and inf)
         from ..errors import ConfigError
-        raise ConfigError(f"--compress-ratio {ratio!r}: give the raw bytes over the stored ones, >= 1 (e.g. 2.2)")
+        raise ConfigError(f"--compress-ratio {ratio!r}: give the raw bytes over the stored ones, from 1 to "
+                          f"{MAX_RATIO:g} (e.g. 2.2)")
     return int(capacity * ratio)
 
 

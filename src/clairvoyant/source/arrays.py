@@ -24,7 +24,6 @@ shape than the first file's.
 
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 from dataclasses import dataclass
@@ -61,19 +60,6 @@ class _Array:
     dtype: str
     shape: tuple[int, ...]
     row_bytes: int
-
-
-def _npz_pack(paths: Any) -> bool:
-    """Whether ``paths`` is a directory written by ``clairvoyant pack --format npz`` (its samples in
-    member ``x``, their labels in ``y``)."""
-    if not isinstance(paths, (str, os.PathLike)):
-        return False
-    from ..pack import STATE
-    try:
-        with open(os.path.join(os.fspath(paths), STATE)) as f:
-            return json.load(f).get("layout") == "npz"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def is_array_path(path: str) -> bool:
@@ -164,7 +150,8 @@ class NumpySource(RowFiles):
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
                  per_file: bool = False, max_open: int = MAX_OPEN) -> None:
-        if dataset is None and labels is None and _npz_pack(paths):   # `clairvoyant pack --format npz`
+        from ..pack import pack_layout   # (here: pack.py imports the sources)
+        if dataset is None and labels is None and pack_layout(paths) == "npz":   # `clairvoyant pack --format npz`
             dataset, labels = "x", "y"
         self.paths, root = resolve_files(paths, SUFFIXES, 'NumPy (.npy, .npz)')
         self.dataset, self.per_file, self.max_open = dataset, bool(per_file), max_open

@@ -22,7 +22,6 @@ samples differ in dtype or shape.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -47,19 +46,6 @@ def _h5py():
     except ImportError:
         raise ConfigError("HDF5 files need h5py: pip install 'clairvoyant[hdf5]'") from None
     return h5py
-
-
-def _h5_pack(paths) -> bool:
-    """Whether ``paths`` is a directory written by ``clairvoyant pack --format hdf5`` (its samples in
-    dataset ``x``, their labels in ``y``)."""
-    if not isinstance(paths, (str, os.PathLike)):
-        return False
-    from ..pack import STATE
-    try:
-        with open(os.path.join(os.fspath(paths), STATE)) as f:
-            return json.load(f).get("layout") == "hdf5"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def is_hdf5_path(path: str) -> bool:
@@ -150,7 +136,8 @@ class HDF5Source(RowFiles):
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
                  per_file: bool = False, max_open: int = MAX_OPEN) -> None:
-        if dataset is None and labels is None and _h5_pack(paths):   # `clairvoyant pack --format hdf5`
+        from ..pack import pack_layout   # (here: pack.py imports the sources)
+        if dataset is None and labels is None and pack_layout(paths) == "hdf5":   # `clairvoyant pack --format hdf5`
             dataset, labels = "x", "y"
         self.paths, root = resolve_files(paths, SUFFIXES, 'HDF5')
         if dataset is None:   # the file's one dataset (besides the labels), if it has one
