@@ -51,6 +51,13 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	$(PY) benchmarks/packed_peers.py --shards 24 --peers litdata
 	# HDF5 (issue 24): a CosmoFlow-like data set, first and second epoch against h5py
 	$(PY) benchmarks/hdf5_epochs.py
+	# compressed staging (issue 24): the tier at 30%, compressed against as it is, the store at 400 and 200 MB/s
+	$(PY) benchmarks/compressed_staging.py
+	$(PY) benchmarks/compressed_staging.py --bandwidth 200e6
+	# clairvoyant mount --cluster (issue 23): 4 nodes with samplers at 15% and 30% (the cluster plan), without at 30%
+	$(PY) benchmarks/mount_capacity.py --cluster --capacity 15%
+	$(PY) benchmarks/mount_capacity.py --cluster
+	$(PY) benchmarks/mount_capacity.py --cluster --no-sampler
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -147,3 +147,23 @@ def test_rank_memory_tiny():
     after = res["after_batches"]
     assert after["VmRSS"] >= res["after_import_torch"]["VmRSS"] * 0.5 > 0   # numbers read, not made up
     assert res["tiers"]["fetches"] >= 3 * 32   # the batches' samples were read from the source
+
+
+def test_compressed_staging_tiny(tmp_path):
+    """Issue 24's compressed staging at a smoke size: both runs give every sample each epoch, the
+    compressed one measures a ratio above 1 and reads the store less in its later epochs."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("h5py")
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE store unavailable: {why}")
+    run("compressed_staging.py", "--samples", "32", "--side", "32", "--files", "2", "--epochs", "2",
+        "--out", str(tmp_path))
+    res = json.loads((tmp_path / "compressed_staging.json").read_text())
+    assert all(e["samples"] == 32 for r in res["runs"].values() for e in r["epochs"])
+    assert res["runs"]["auto"]["ratio"] > 1.2 and res["runs"]["none"]["ratio"] == 1.0
+    assert res["later_store"]["auto"] < res["later_store"]["none"], res["later_store"]
