@@ -55,7 +55,8 @@ class TierCounters:
 
     NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
              "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
-             "late_drops", "deferred", "not_kept", "range_reads", "range_placed", "range_early", "peer_corrupt")
+             "late_drops", "deferred", "not_kept", "range_reads", "range_placed", "range_early", "peer_corrupt",
+             "compress_overflow")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -282,7 +283,10 @@ class Tiers:
         refuses them, or a compressed entry larger than ``reserved`` finds no room for the rest."""
         store = self.local
         try:
-            return store.put_reserved(key, data, mtime_ns, reserved, self.local_capacity - self._owed_bytes)
+            loc = store.put_reserved(key, data, mtime_ns, reserved, self.local_capacity - self._owed_bytes)
+            if loc is None:   # compressed worse than the plan counted, and no room for the rest
+                self.counters.add("compress_overflow")
+            return loc
         except CacheError as e:   # the device is full (or failing): read the source instead
             self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples that do "
                             "not fit are read from the source until there is room again")

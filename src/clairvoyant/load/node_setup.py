@@ -175,10 +175,17 @@ class NodeSetup:
         return self._ranges or None
 
     def _compress_sample(self) -> list[bytes]:
-        """A few samples read from the source, for the choice of compressed staging."""
-        from ..plan.compression import sample_indices
-        keys = self.manifest.keys
-        return [self.source.read(keys[i]) for i in sample_indices(len(self.manifest))]
+        """A few samples read from the source, for the choice of compressed staging (``SAMPLE`` of
+        them spread over the data set, ``SAMPLE_BYTES`` at most unless the first is larger)."""
+        from ..plan.compression import SAMPLE_BYTES, sample_indices
+        keys, sizes = self.manifest.keys, self.manifest.sizes
+        out, total = [], 0
+        for i in sample_indices(len(self.manifest)):
+            if out and total + int(sizes[i]) > SAMPLE_BYTES:
+                break
+            out.append(self.source.read(keys[i]))
+            total += len(out[-1])
+        return out
 
     def _serve(self, index: int) -> bytes | None:
         """A peer asks for sample ``index``: its bytes if this node's local tier holds a sound entry;

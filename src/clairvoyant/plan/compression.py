@@ -15,6 +15,7 @@ import numpy as np
 
 MIN_RATIO = 1.15   # "auto" compresses where a measured sample shrinks by 15% or more
 SAMPLE = 16        # samples "auto" measures (spread over the data set)
+SAMPLE_BYTES = 64 << 20   # ... and no more bytes than this (but one sample, however large)
 MAX_RATIO = 1000.0
 
 
