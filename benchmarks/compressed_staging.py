@@ -63,21 +63,11 @@ def child(compress: str, data: str, work: str, args: argparse.Namespace, store: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hdf5_epochs import make
+    from hdf5_epochs import arguments, make
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=256)
-    p.add_argument("--side", type=int, default=64)
-    p.add_argument("--files", type=int, default=8)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
+    p = arguments(__doc__)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--capacity", default="30%", help="the local tier, a share of the raw data set")
-    p.add_argument("--open-latency", type=float, default=0.012)
-    p.add_argument("--read-latency", type=float, default=0.002)
-    p.add_argument("--bandwidth", type=float, default=400e6)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results"))
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     store = dict(open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth)
     if args.child:

@@ -118,8 +118,9 @@ def child(kind: str, data: str, work: str, batch: int, workers: int, store: dict
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The data set's, the loop's and the emulated store's options (also compressed_staging.py's)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--side", type=int, default=64)
     p.add_argument("--files", type=int, default=8)
@@ -130,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth", type=float, default=400e6)
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results"))
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__).parse_args(argv)
     store = dict(open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth)
     if args.child:
         kind, data, work = args.child
