@@ -19,7 +19,9 @@ This node then carries out its part (``NodeView``), ahead of its ranks' reported
 - at the start, the residents the plan lets go are deleted; at the first plan, its own files that
   its readers read before it (kept then by their hashed homes) are fetched from there and kept;
 - its own files that the plan keeps at their read are read from the store and kept, ``WINDOW``
-  files ahead, within the tier's capacity (staging waits for room the readers free);
+  files ahead, within the tier's capacity (staging waits for room the readers free); none within
+  ``MARGIN`` of the reported progress (its reader may be reading it: both would read the store),
+  whose copy is kept from the reader's read instead;
 - the files it will read from a peer's tier are fetched from there ahead, into the handoff
   directory, where the daemon's ask finds them; an ask for a file the plan reads from the store
   is answered at once (no round trip to a home that does not hold it);
@@ -48,11 +50,12 @@ from ..plan.layout import NodeLayout
 from ..plan.sequence import interleave
 from .cluster_orders import GATHER_WAIT, NodeOrders, gather
 from .numbering import Numbered
-from .orders import WATCH_EVERY, read_progress
+from .orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
 from .walk import Parts
 
 log = logging.getLogger("clairvoyant")
 WINDOW = 256   # files ahead of the readers (staged from the store, or fetched from a peer)
+MARGIN = PROGRESS_EVERY   # indices past the reported progress that may be handed out already: not staged
 LAG = 256      # indices the readers are past a read of one of its files before it is deleted unheard
                # (the daemon's report of the read lets it go as soon as the readers are past it)
 
@@ -217,13 +220,13 @@ class ClusterWalk:
                 fe += 1
             while s < len(stage) and stage[s] < ahead:
                 g = int(f[stage[s]])
-                if steps[stage[s]] < handed:   # handed out already: its reader reads it from the store
-                    s += 1                     # now, and its copy is kept from there (read_own)
-                    continue
+                if steps[stage[s]] < handed + MARGIN:   # handed out already, or may be (progress comes every
+                    s += 1                              # PROGRESS_EVERY): its reader reads it from the store
+                    continue                            # now, and its copy is kept from there (read_own)
                 if cl.used() + entry_size(int(cl.sizes[g])) > capacity:
                     break   # the readers free room as they go (the plan fits the tier at each read)
                 staged_at[g] = step = int(steps[stage[s]])
-                cl.stage_own(g, lambda step=step: step >= self.handed)
+                cl.stage_own(g, lambda step=step: step >= self.handed + MARGIN)
                 s += 1
             p.counters.set(frontier=int(max(stage[s - 1] if s else 0, fetch[fe - 1] if fe else 0)),
                            consumed=int(min(handed, 1 << 40)))
