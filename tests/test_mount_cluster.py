@@ -833,3 +833,38 @@ def test_a_node_without_homes_takes_the_earliest_peers_and_tells_its_daemon(tmp_
         assert (np.fromfile(again.homes_path, "<u4") == 1).all()
     finally:
         again.close()
+
+
+def test_a_gather_waits_less_for_a_node_that_offered_nothing_before(monkeypatch):
+    """``gather`` of 3 nodes where node 2 offers no orders (it runs no sampler): the first epoch
+    waits its whole wait and names node 2 as missing; the next, told node 2 was silent, gives up
+    after QUICK_WAIT. Control: once node 2 offers, the gather completes, silent or not."""
+    import numpy as np
+
+    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.numbering import Numbered
+
+    monkeypatch.setattr(co, "QUICK_WAIT", 0.2)
+    one = np.ones(1, np.int64)
+
+    def orders(n: int) -> "co.NodeOrders":
+        return co.NodeOrders(n, 0, 3, 1, {n: Numbered(one * n, one, one * n, one)})
+
+    offers = {1: co.encode(orders(1))}
+
+    def fetch(peer: int, number: int, size: int):
+        blob = offers.get(peer)
+        if number == co.orders_number(0, False):
+            return co.length_answer(blob)
+        return blob if blob is not None and len(blob) == size else None
+
+    missing: set = set()
+    t0 = time.monotonic()
+    assert co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 1.0, missing=missing) is None
+    assert 1.0 <= time.monotonic() - t0 < 3 and missing == {2}
+    t0 = time.monotonic()
+    assert co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 30.0, silent=missing) is None
+    assert time.monotonic() - t0 < 1.5   # not the 30 s
+    offers[2] = co.encode(orders(2))   # control
+    got = co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 30.0, silent={2})
+    assert got is not None and [o.node for o in got] == [0, 1, 2]

@@ -190,6 +190,7 @@ class MountCluster:
         self._offers: dict[int, bytes] = {}        # epoch -> this node's orders, for its peers
         self._residents: dict[int, tuple] = {}     # epoch -> (rank -> stamp, the residents offered)
         self._digest: tuple | None = None          # (homes, their digest)
+        self.silent: set[int] = set()   # peers that offered no orders at the last epoch's gather
         self._staging_bytes = 0                    # entries of stagings ahead under way (not yet in the ledger)
         self._lock = threading.Lock()    # the policy, the counters, the peer files
         self._serving = 0                # peers' requests being answered (close waits for them)

@@ -37,6 +37,7 @@ MAGIC, VERSION = b"CVNORDR1", 1
 _HEAD = struct.Struct("<8sII")   # magic, version, length of the JSON description
 LENGTH = 16              # bytes of the answer to a request for a blob's length
 GATHER_WAIT = 20.0       # seconds a node waits for every node's orders of an epoch before it plans alone
+QUICK_WAIT = 2.0     # seconds waited for nodes that offered nothing the epoch before either
 GATHER_EVERY = 0.02      # seconds between its rounds of asking
 _ARRAYS = ("files", "counts", "next_files", "next_counts")
 
@@ -160,16 +161,20 @@ def homes_of(answer: bytes | None, num_files: int) -> tuple[np.ndarray, int] | N
 
 
 def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int, epoch: int, mine: NodeOrders,
-           stop: Callable[[], bool], num_files: int, wait: float = GATHER_WAIT) -> list[NodeOrders] | None:
+           stop: Callable[[], bool], num_files: int, wait: float = GATHER_WAIT, *,
+           silent: frozenset[int] | set[int] = frozenset(), missing: set[int] | None = None) -> list[NodeOrders] | None:
     """Every node's orders of ``epoch`` (``mine`` for this node), asked of each peer through
     ``fetch(peer, number, size)`` round after round until the nodes' ranks together are every rank
     of the world once; None if that does not happen within ``wait`` seconds (a peer that is gone,
-    or whose samplers are on another epoch), or at ``stop()``. Each round asks each peer for its
-    blob's length and checksum, and for the blob only when those changed (its samplers may publish
-    more ranks)."""
+    or whose samplers are on another epoch), or at ``stop()``, and ``missing`` then holds the peers
+    that offered nothing. Where only peers that offered nothing last time too (``silent``: a node
+    without samplers) are missing, ``QUICK_WAIT`` seconds are waited, not ``wait``. Each round
+    asks each peer for its blob's length and checksum, and for the blob only when those changed
+    (its samplers may publish more ranks)."""
     got: dict[int, NodeOrders] = {node: mine}
     seen: dict[int, bytes] = {}
-    deadline = time.monotonic() + wait
+    start = time.monotonic()
+    deadline = start + wait
     while True:
         for peer in range(nodes):
             if peer == node:
@@ -188,7 +193,12 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
             worlds = {o.world_size for o in got.values()}
             if len(worlds) == 1 and sorted(ranks) == list(range(worlds.pop())):
                 return [got[n] for n in range(nodes)]
-        if stop() or time.monotonic() > deadline:
+        absent = {p for p in range(nodes) if p not in got}
+        now = time.monotonic()
+        quiet = bool(absent) and absent <= set(silent) and now - start > QUICK_WAIT
+        if stop() or now > deadline or quiet:
+            if missing is not None:
+                missing.update(absent)
             return None
         time.sleep(GATHER_EVERY)
 

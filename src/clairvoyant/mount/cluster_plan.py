@@ -31,8 +31,9 @@ This node then carries out its part (``NodeView``), ahead of its ranks' reported
   it. A file staged again for a later read meanwhile stays.
 
 Where the nodes' orders do not all come within ``GATHER_WAIT`` (a node without samplers, one that
-is gone, samplers on different epochs), the node runs the epoch as a cluster without a sampler's
-plan: hashed or planned homes with recency, its coming reads fetched ahead (mount/cluster_ahead.py).
+is gone, samplers on different epochs; ``QUICK_WAIT`` for nodes that offered nothing the epoch
+before either), the node runs the epoch as a cluster without a sampler's plan: hashed or planned
+homes with recency, its coming reads fetched ahead (mount/cluster_ahead.py).
 """
 
 from __future__ import annotations
@@ -137,11 +138,15 @@ class ClusterWalk:
         cl.offer(mine)
         cl.between_plans()
         t0 = time.monotonic()
+        missing: set[int] = set()
         orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
-                        GATHER_WAIT if wait is None else wait)
+                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
+            if self.current and not self._p.stop.is_set():
+                cl.silent = missing   # (the next epoch waits less for them, if they still offer nothing)
             return False
+        cl.silent = set()
         homes = cl.settle_homes(orders, lambda: plan_homes(orders, cl.hashed_homes))
         if homes is None:
             return False
