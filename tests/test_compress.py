@@ -157,3 +157,20 @@ def test_a_mount_never_serves_a_compressed_entry(tmp_path):
             assert s.opens_local == 40, s   # control
         else:
             assert s.opens_local == 0 and s.opens_source == 40, s
+
+
+def test_a_compressing_tier_that_holds_the_data_set_stages_by_ranges(tmp_path):
+    """The tier at 60% of the raw data set, which compresses to less than that: the plan keeps
+    every sample, so samples are staged by ranges (one read for many neighbours, each its own
+    compressed entry), the batches are those of an uncompressed run, the ledger counts the entries
+    and later epochs read nothing. Control: uncompressed, 60% does not hold the data set (no
+    ranges)."""
+    x = _smooth(300)
+    np.save(tmp_path / "x.npy", x)
+    plain, _, _, _, held0, st0 = _epochs(tmp_path / "x.npy", tmp_path, None, capacity="60%", tag="r")
+    packed, ratio, used, cap, held1, st1 = _epochs(tmp_path / "x.npy", tmp_path, CODECS[-1], capacity="60%", tag="r")
+    for a, b in zip(plain, packed):
+        assert (a == b).all()
+    assert ratio > 1.8 and held1 == 300 and used <= cap, (ratio, held1, used, cap)
+    assert st1["tiers"]["range_placed"] > 0 and st0["tiers"]["range_placed"] == 0, (st0["tiers"], st1["tiers"])
+    assert held0 < 300

@@ -206,34 +206,48 @@ class LocalStore:
         crashpoints.reached("published")
         return Loc(self.extent_path(ext.n), offset, m)
 
-    def put_many_reserved(self, items: list[tuple[str, bytes]], mtime_ns: int) -> list[Loc | None]:
+    def put_many_reserved(self, items: list[tuple[str, bytes]], mtime_ns: int, reserved: list[int] | None = None,
+                          capacity: int = 0) -> list[Loc | None]:
         """``put_reserved`` for several entries (``(key, bytes)``, their bytes reserved in the
         ledger, their keys' locks held), written each at its place and published under one lock of
         the index: where each is now, or None where the index had no free slot (its bytes given
-        back). A write error gives every reservation back and raises (LocalStorageFull for a full
-        device); nothing of them is published then."""
+        back). ``reserved``/``capacity``: as ``put_reserved``'s, per entry (None for one that took
+        more and found no room). A write error gives every reservation back and raises
+        (LocalStorageFull for a full device); nothing of them is published then."""
         placed: list[tuple[str, _Extent, int, int]] = []
+        at: list[int] = []   # the item each placed entry is
+        handled = 0          # items placed or given up, in order: the reservations of the rest are whole
         key = items[0][0] if items else ""
         try:
-            for key, data in items:
+            for j, (key, data) in enumerate(items):
+                r = entry_size(len(data)) if reserved is None else int(reserved[j])
                 payload, trailer = entry_parts(data, mtime_ns, self.codec)
                 m = len(payload) + len(trailer)
+                if m > r and not self.ledger.reserve(m - r, capacity):
+                    self.ledger.give_back(r)   # (compressed worse than reserved for, and no room)
+                    handled = j + 1
+                    continue
                 ext, offset = self._append.reserve(m)
                 placed.append((key, ext, offset, m))
-                n = entry_size(len(data))
-                if m < n:   # (stored compressed: the rest of its reservation goes back)
-                    self.ledger.give_back(n - m)
+                at.append(j)
+                handled = j + 1
+                if m < r:   # (stored compressed: the rest of its reservation goes back)
+                    self.ledger.give_back(r - m)
                 _publish.write_at(ext.fd, payload, trailer, offset)
         except BaseException as e:
             for _, ext, offset, n in placed:
                 self.abandon(ext, offset, n)   # (gives its reservation back)
-            rest = sum(entry_size(len(d)) for _, d in items[len(placed):])
+            rest = sum(entry_size(len(d)) if reserved is None else int(reserved[j])
+                       for j, (_, d) in enumerate(items) if j >= handled)
             if rest:
                 self.ledger.give_back(rest)
             if isinstance(e, OSError):
                 raise _publish.local_error(e, self.root, key) from e
             raise
-        return self.publish_placed(placed)
+        out: list[Loc | None] = [None] * len(items)
+        for j, loc in zip(at, self.publish_placed(placed)):
+            out[j] = loc
+        return out
 
     def place(self, nbytes: int) -> tuple[_Extent, int]:
         """A place for an entry of ``nbytes`` (already reserved in the ledger) in this process's

@@ -209,7 +209,7 @@ class Tiers:
         out: list[Loc | None] = [None] * len(keys)
         if not absent:
             return out
-        need = [entry_size(sizes[k]) for k in absent]
+        need = [self.stored_size(sizes[k]) for k in absent]   # (compressing: what the plan counts)
         left = sum(need)
         if not store.ledger.reserve(left, self.local_capacity - self._owed_bytes):
             return None
@@ -237,7 +237,9 @@ class Tiers:
                 if todo:
                     left -= sum(need[j] for j in todo)   # put_many_reserved owns them from here
                     try:
-                        locs = store.put_many_reserved([(keys[absent[j]], datas[j]) for j in todo], mtime_ns)
+                        locs = store.put_many_reserved([(keys[absent[j]], datas[j]) for j in todo], mtime_ns,
+                                                       [need[j] for j in todo],
+                                                       self.local_capacity - self._owed_bytes)
                     except CacheError as e:   # the device is full (or failing): read the source instead
                         self._warn_once(store.root, f"clairvoyant: cannot write to {store.root} ({e}); samples "
                                         "that do not fit are read from the source until there is room again")
