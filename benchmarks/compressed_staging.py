@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
@@ -37,6 +36,7 @@ def child(compress: str, data: str, work: str, args: argparse.Namespace, store: 
     from clairvoyant import Loader
     from clairvoyant.source import HDF5Source
     from clairvoyant.testing import FuseStore, drop_pages
+    from hdf5_epochs import timed_epoch
 
     out: dict = {"compress": compress, "epochs": []}
     with FuseStore(data, **store) as fs:
@@ -47,14 +47,7 @@ def child(compress: str, data: str, work: str, args: argparse.Namespace, store: 
             out["ratio"] = ld.compress_ratio
             for e in range(args.epochs):
                 ld.set_epoch(e)
-                c0 = fs.counters()
-                t0, n, s = time.perf_counter(), 0, 0
-                for x, _, fields in ld:
-                    s += int(x[:, 0, 0, 0, 0].sum()) + int(fields["y"].sum() > 0)
-                    n += len(x)
-                c1 = fs.counters()
-                out["epochs"].append({"samples": n, "seconds": time.perf_counter() - t0,
-                                      "store_bytes": c1.bytes - c0.bytes})
+                out["epochs"].append(timed_epoch(ld, fs))
                 # as a data set larger than memory: the next epoch's reads of the store reach it
                 drop_pages(os.path.join(fs.path, f) for f in os.listdir(fs.path))
             used, _ = ld.tiers.local.ledger.read()
