@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, SampleReadError, SourceError
 from .rows import ArrayDecoder, RowFiles
-from .files import Kept, listed_files, names_files, read_span, resolve_files
+from .files import Kept, names_files, read_span, resolve_files
 
 __all__ = ["NumpySource", "ArrayDecoder", "ArrayFileError", "is_array_path"]
 
@@ -156,14 +156,10 @@ class NumpySource(RowFiles):
         self.paths, root = resolve_files(paths, SUFFIXES, 'NumPy (.npy, .npz)')
         self.dataset, self.per_file, self.max_open = dataset, bool(per_file), max_open
         self._arrays = [self._open(p) for p in self.paths]
-        self._layouts = self._arrays
-        self._name_files(root, [a.rows for a in self._arrays], [a.row_bytes for a in self._arrays], f"{paths!r}")
+        digest = self._listed(root, self._arrays, [a.rows for a in self._arrays], [a.row_bytes for a in self._arrays],
+                              f"{paths!r}", dataset, labels, fields)
         opts = "&".join(f"{k}={v}" for k, v in (("dataset", dataset), ("per_file", int(self.per_file))) if v)
-        digest, self._mtimes = listed_files(self.paths, dataset, labels, self.per_file)
         self.uri = f"npy+file://{root}#{digest}" + (f"?{opts}" if opts else "")
-        self._labels = self._load_labels(labels) if labels is not None else None
-        self._fields = self._load_fields(fields) if fields else None
-        self._own()
 
     def __repr__(self) -> str:
         return f"NumpySource({self.uri!r}, {len(self.paths)} files, {self._count} samples)"

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import ConfigError, SampleReadError
 from .arrays import ArrayFileError
 from .rows import RowFiles
-from .files import Kept, listed_files, names_files, read_span, resolve_files
+from .files import Kept, names_files, read_span, resolve_files
 
 __all__ = ["HDF5Source", "is_hdf5_path"]
 
@@ -156,14 +156,10 @@ class HDF5Source(RowFiles):
         self.dataset, self.labels_name, self.max_open = dataset, labels, max_open
         self.per_file = bool(per_file)
         self._files = [_layout(p, dataset, self.per_file) for p in self.paths]
-        self._layouts = self._files
-        self._name_files(root, [len(lay.offsets) for lay in self._files], [lay.row_bytes for lay in self._files],
-                         f"dataset {dataset!r} of {paths!r}")
-        digest, self._mtimes = listed_files(self.paths, dataset, labels, self.per_file)
+        digest = self._listed(root, self._files, [len(lay.offsets) for lay in self._files],
+                              [lay.row_bytes for lay in self._files], f"dataset {dataset!r} of {paths!r}",
+                              dataset, labels, fields)
         self.uri = f"hdf5+file://{root}#{digest}?dataset={dataset}"
-        self._labels = self._load_labels(labels) if labels is not None else None
-        self._fields = self._load_fields(fields) if fields else None
-        self._own()
 
     def __repr__(self) -> str:
         return f"HDF5Source({self.uri!r}, {len(self.paths)} files, {self._count} samples)"

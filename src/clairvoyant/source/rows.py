@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError, EmptySourceError, SampleReadError
 from .base import Source
 from ..fdcache import FdCache
-from .files import one_file, unreadable
+from .files import listed_files, one_file, unreadable
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,19 @@ class RowFiles(Source):
         self._starts = np.concatenate([[0], np.cumsum(self._file_rows)[:-1]]).astype(np.int64)
         if self._count == 0:
             raise EmptySourceError(f"{what} holds no samples: check the paths")
+
+    def _listed(self, root: str, layouts: Sequence, rows: Sequence[int], row_bytes: Sequence[int], what: str,
+                dataset: str | None, labels: str | None, fields: Sequence[str] | str) -> str:
+        """The files' samples named (``_name_files``), their labels and fields read, this process's
+        descriptors made: what every row source does once its files are laid out. Returns the
+        listing's digest (for the source's uri: each file's size and time, and the options)."""
+        self._layouts = layouts
+        self._name_files(root, rows, row_bytes, what)
+        digest, self._mtimes = listed_files(self.paths, dataset, labels, self.per_file)
+        self._labels = self._load_labels(labels) if labels is not None else None
+        self._fields = self._load_fields(fields) if fields else None
+        self._own()
+        return digest
 
     #: attributes that belong to one process (descriptors, caches): never pickled, made anew by ``_own``
     _OWN: tuple[str, ...] = ("_fds",)
