@@ -23,10 +23,7 @@ import torch  # noqa: F401  (imported before any clock: its import is not timed)
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
@@ -56,7 +53,7 @@ def child(compress: str, data: str, work: str, args: argparse.Namespace, store: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hdf5_epochs import arguments, make
+    from hdf5_epochs import STORE_OPTIONS, arguments, run_children
 
     p = arguments(__doc__)
     p.add_argument("--epochs", type=int, default=4)
@@ -67,25 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         kind, data, work = args.child
         print(json.dumps(child(kind, data, work, args, store)))
         return 0
-    work = tempfile.mkdtemp(prefix="clairvoyant-compress-bench-")
-    try:
-        data = os.path.join(work, "data")
-        nbytes = make(data, args.samples, args.side, args.files)
-        runs = {}
-        for kind in ("none", "auto"):
-            sub = os.path.join(work, kind)
-            os.makedirs(sub)
-            cmd = [sys.executable, HERE, "--child", kind, data, sub] + [
-                f"--{k}={v}" for k, v in (("batch", args.batch), ("workers", args.workers), ("epochs", args.epochs),
-                                          ("capacity", args.capacity), ("open-latency", args.open_latency),
-                                          ("read-latency", args.read_latency), ("bandwidth", args.bandwidth))]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            if r.returncode != 0:
-                print(r.stderr[-3000:], file=sys.stderr)
-                return 1
-            runs[kind] = json.loads(r.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    done = run_children(HERE, ("none", "auto"), args, STORE_OPTIONS + ("epochs", "capacity"),
+                        "clairvoyant-compress-bench-")
+    if done is None:
+        return 1
+    nbytes, runs = done
     later = slice(1, None)
     per = {k: [e["store_bytes"] / nbytes for e in v["epochs"]] for k, v in runs.items()}
     rate = {k: [e["samples"] / e["seconds"] for e in v["epochs"]] for k, v in runs.items()}

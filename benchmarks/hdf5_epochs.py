@@ -140,6 +140,34 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     return p
 
 
+def run_children(script: str, kinds: tuple[str, ...], args: argparse.Namespace, options: tuple[str, ...],
+                 prefix: str) -> tuple[int, dict] | None:
+    """The data set made in a temporary folder, then ``script --child KIND DATA WORK`` run for each
+    kind in a process of its own with ``options`` (argument names) passed on: the data set's bytes
+    and each child's JSON, or None where a child failed (its stderr printed)."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    try:
+        data = os.path.join(work, "data")
+        nbytes = make(data, args.samples, args.side, args.files)
+        runs = {}
+        for kind in kinds:
+            sub = os.path.join(work, kind)
+            os.makedirs(sub)
+            cmd = [sys.executable, script, "--child", kind, data, sub] + [
+                f"--{name}={getattr(args, name.replace('-', '_'))}" for name in options]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0:
+                print(r.stderr[-3000:], file=sys.stderr)
+                return None
+            runs[kind] = json.loads(r.stdout.strip().splitlines()[-1])
+        return nbytes, runs
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+STORE_OPTIONS = ("batch", "workers", "open-latency", "read-latency", "bandwidth")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = arguments(__doc__).parse_args(argv)
     store = dict(open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth)
@@ -147,24 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         kind, data, work = args.child
         print(json.dumps(child(kind, data, work, args.batch, args.workers, store)))
         return 0
-    work = tempfile.mkdtemp(prefix="clairvoyant-hdf5-bench-")
-    try:
-        data = os.path.join(work, "data")
-        nbytes = make(data, args.samples, args.side, args.files)
-        runs = {}
-        for kind in ("h5py-local", "h5py-store", "clairvoyant"):
-            sub = os.path.join(work, kind)
-            os.makedirs(sub)
-            cmd = [sys.executable, HERE, "--child", kind, data, sub, "--batch", str(args.batch), "--workers",
-                   str(args.workers), "--open-latency", str(args.open_latency), "--read-latency",
-                   str(args.read_latency), "--bandwidth", str(args.bandwidth)]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            if r.returncode != 0:
-                print(r.stderr[-3000:], file=sys.stderr)
-                return 1
-            runs[kind] = json.loads(r.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    done = run_children(HERE, ("h5py-local", "h5py-store", "clairvoyant"), args, STORE_OPTIONS,
+                        "clairvoyant-hdf5-bench-")
+    if done is None:
+        return 1
+    nbytes, runs = done
     rate = {k: [e["samples"] / e["seconds"] for e in v["epochs"]] for k, v in runs.items()}
     summary = {"samples": args.samples, "side": args.side, "files": args.files, "bytes": nbytes, "batch": args.batch,
                "workers": args.workers, "store": store, "runs": runs, "samples_per_s": rate,

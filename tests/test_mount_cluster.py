@@ -734,6 +734,24 @@ def test_nodes_that_list_different_files_refuse_to_form_a_cluster(tmp_path, tree
         assert not mounted(str(tmp_path / "m1"))
 
 
+def _job_of_two_nodes(tmp_path, src: str, token: str, *mode: str, timeout: float = 90) -> dict[int, dict]:
+    """tests/mpi_mount_cluster_script.py run by 4 ranks (2 nodes of 2): what each rank wrote, after
+    checking that all ran without an error and read the source's bytes."""
+    work = tmp_path / token
+    work.mkdir()
+    for n in range(2):
+        (work / f"mnt{n}").mkdir()
+    script = os.path.join(os.path.dirname(__file__), "mpi_mount_cluster_script.py")
+    rc, out, err = launch([sys.executable, script, src, str(work), token, *mode], token, n=4, timeout=timeout,
+                          env=NO_SM)
+    res = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in work.glob("rank-*.json")}
+    assert rc == 0 and len(res) == 4, (rc, err[-3000:])
+    for r, o in res.items():
+        assert "error" not in o, o["error"]
+        assert o["bad"] == [] and o["read"] > 0, o
+    return res
+
+
 @needs_mpirun
 def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
     """``MPILink.node_leaders``: in a 4-rank job of 2 nodes (2 ranks each), the first rank of each
@@ -741,18 +759,7 @@ def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
     through its node's mount, with the source's bytes; the store is read once per file in all.
     Control: the other ranks get no link (they mount nothing)."""
     src, files = tree
-    token = f"cvmj{uuid.uuid4().hex[:12]}"
-    work = tmp_path / token
-    work.mkdir()
-    for n in range(2):
-        (work / f"mnt{n}").mkdir()
-    script = os.path.join(os.path.dirname(__file__), "mpi_mount_cluster_script.py")
-    rc, out, err = launch([sys.executable, script, src, str(work), token], token, n=4, timeout=90, env=NO_SM)
-    res = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in work.glob("rank-*.json")}
-    assert rc == 0 and len(res) == 4, (rc, err[-3000:])
-    for r, o in res.items():
-        assert "error" not in o, o["error"]
-        assert o["bad"] == [] and o["read"] > 0, o
+    res = _job_of_two_nodes(tmp_path, src, f"cvmj{uuid.uuid4().hex[:12]}")
     assert [res[r]["leader"] for r in range(4)] == [True, False, True, False]
     assert res[0]["link"] == [0, 2] and res[2]["link"] == [1, 2]
     assert res[0]["store"] + res[2]["store"] == N, res
@@ -768,19 +775,7 @@ def test_the_ranks_of_a_job_with_samplers_run_the_cluster_plan_over_mpi(tmp_path
     from its tier. Control: both nodes planned both epochs from homes fixed in epoch 0, and the
     asks the plan sends to the store are none (room for the data set)."""
     src, files = tree
-    token = f"cvms{uuid.uuid4().hex[:12]}"
-    work = tmp_path / token
-    work.mkdir()
-    for n in range(2):
-        (work / f"mnt{n}").mkdir()
-    script = os.path.join(os.path.dirname(__file__), "mpi_mount_cluster_script.py")
-    rc, out, err = launch([sys.executable, script, src, str(work), token, "samplers"], token, n=4, timeout=100,
-                          env=NO_SM)
-    res = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in work.glob("rank-*.json")}
-    assert rc == 0 and len(res) == 4, (rc, err[-3000:])
-    for r, o in res.items():
-        assert "error" not in o, o["error"]
-        assert o["bad"] == [] and o["read"] > 0, o
+    res = _job_of_two_nodes(tmp_path, src, f"cvms{uuid.uuid4().hex[:12]}", "samplers", timeout=100)
     assert res[0]["store"] + res[2]["store"] == N, res
     assert res[0]["opens_peer"] + res[2]["opens_peer"] > 0, res
     for r in (0, 2):
