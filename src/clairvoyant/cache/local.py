@@ -177,10 +177,9 @@ class LocalStore:
             self.ledger.give_back(n)
             raise
         m = len(payload) + len(trailer)
-        if m > n and not self.ledger.reserve(m - n, capacity):
-            self.ledger.give_back(n)
+        if not self._fit(n, m, capacity):
             return None
-        n = max(n, m)
+        n = m   # (reserved exactly, from here on)
         ext = None
         try:
             ext, offset = self._append.write(payload, trailer)
@@ -198,8 +197,6 @@ class LocalStore:
                 raise _publish.local_error(e, self.root, key) from e
             raise
         self._append.done(ext)
-        if m < n:
-            self.ledger.give_back(n - m)
         if old is not None:   # a replaced entry (its key's lock was not held): free its place
             self._free(*old, False)
             self.ledger.give_back(old[2])
@@ -223,16 +220,17 @@ class LocalStore:
                 r = entry_size(len(data)) if reserved is None else int(reserved[j])
                 payload, trailer = entry_parts(data, mtime_ns, self.codec)
                 m = len(payload) + len(trailer)
-                if m > r and not self.ledger.reserve(m - r, capacity):
-                    self.ledger.give_back(r)   # (compressed worse than reserved for, and no room)
-                    handled = j + 1
+                fits = self._fit(r, m, capacity)
+                handled = j + 1   # (its reservation is now exactly m, or given back)
+                if not fits:
                     continue
-                ext, offset = self._append.reserve(m)
+                try:
+                    ext, offset = self._append.reserve(m)
+                except BaseException:
+                    self.ledger.give_back(m)
+                    raise
                 placed.append((key, ext, offset, m))
                 at.append(j)
-                handled = j + 1
-                if m < r:   # (stored compressed: the rest of its reservation goes back)
-                    self.ledger.give_back(r - m)
                 _publish.write_at(ext.fd, payload, trailer, offset)
         except BaseException as e:
             for _, ext, offset, n in placed:
@@ -248,6 +246,18 @@ class LocalStore:
         for j, loc in zip(at, self.publish_placed(placed)):
             out[j] = loc
         return out
+
+    def _fit(self, reserved: int, m: int, capacity: int) -> bool:
+        """Make a reservation of ``reserved`` bytes one of exactly ``m``, the entry as written (less
+        where it is stored compressed: the rest goes back; more where it compressed worse than
+        reserved for: the rest reserved within ``capacity``). False, the reservation given back,
+        where there is no room for the rest."""
+        if m > reserved and not self.ledger.reserve(m - reserved, capacity):
+            self.ledger.give_back(reserved)
+            return False
+        if m < reserved:
+            self.ledger.give_back(reserved - m)
+        return True
 
     def place(self, nbytes: int) -> tuple[_Extent, int]:
         """A place for an entry of ``nbytes`` (already reserved in the ledger) in this process's

@@ -177,10 +177,7 @@ class MountCluster:
         kept = _load_homes(os.path.join(mount.tiers.local.root, HOMES_FILE), len(self._keys), self.nodes)
         if kept is not None:   # planned by an earlier session of this job's mounts: its tier holds by them
             self.homes, self.basis = kept
-            path = getattr(mount, "homes_path", None)
-            if path:
-                with open(path, "r+b") as f:
-                    os.pwrite(f.fileno(), self.homes.astype("<u4").tobytes(), 0)
+            _tell_daemon(mount, self.homes)
         self.sizes = self._sizes
         self.entry_sizes = self._sizes + entry_size(0)
         self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
@@ -344,17 +341,7 @@ class MountCluster:
         absent from the tier is read from the store and kept now; another node's is fetched from
         its home into the handoff directory."""
         if self.owns(f):
-            key, size = self._keys[f], int(self._sizes[f])
-            if self.mount.tiers.find_local(key, size) is None:
-                with self._lock:
-                    if self._closed or f in self._asked:
-                        return
-                    self._asked.add(f)
-                try:
-                    self._ahead_pool.submit(self._own_ahead, f)
-                except RuntimeError:
-                    with self._lock:
-                        self._asked.discard(f)
+            self.stage_own(f)
             return
         self.ask(f, ahead=True)
         with self._lock:
@@ -600,10 +587,7 @@ class MountCluster:
         homes = np.ascontiguousarray(homes, np.int32)
         if basis == self.basis and homes is self.homes:
             return
-        path = getattr(self.mount, "homes_path", None)
-        if path:
-            with open(path, "r+b") as f:
-                os.pwrite(f.fileno(), homes.astype("<u4").tobytes(), 0)
+        _tell_daemon(self.mount, homes)
         try:
             _save_homes(self._homes_file(), homes, basis, self.nodes)
         except OSError as e:
@@ -763,6 +747,14 @@ class MountCluster:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _tell_daemon(mount, homes: np.ndarray) -> None:
+    """``homes`` into the homes file the mount's daemon maps (it asks each file's home by it)."""
+    path = getattr(mount, "homes_path", None)
+    if path:
+        with open(path, "r+b") as f:
+            os.pwrite(f.fileno(), np.asarray(homes, "<u4").tobytes(), 0)
 
 
 def _save_homes(path: str, homes: np.ndarray, basis: int, nodes: int) -> None:
