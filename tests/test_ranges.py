@@ -194,7 +194,9 @@ def test_a_failed_range_read_is_logged_and_its_samples_are_read_on_their_own(pac
     assert len(failed) == 1   # the failure was injected (the control that the test tests something)
     assert len(e0) == 96 and len(set(e0)) == 96   # no sample lost, none twice
     assert any("whole failed" in r.getMessage() for r in caplog.records)
-    assert stats["range_reads"] == shards - 1 and stats["missed_hits"] >= 1   # its samples: read alone
+    # its samples: read alone; the failed range is not counted (another range whose samples the
+    # staging threads all reach on their own before its read is not read whole either: timing)
+    assert 1 <= stats["range_reads"] <= shards - 1 and stats["missed_hits"] >= 1
     assert stats["range_placed"] + stats["staged_local"] == 96
     assert reads == stats["range_reads"] + stats["staged_local"]
 
