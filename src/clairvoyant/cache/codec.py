@@ -18,6 +18,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import xxhash
+
 from ..errors import ConfigError
 from .entry import TRAILER, ZLIB, ZSTD, seal
 
@@ -87,7 +89,6 @@ def entry_parts(data: bytes | memoryview, mtime_ns: int, how: Codec | None) -> t
     if how is not None and len(data) > TRAILER.size:
         packed = how.compress(data)
         if len(packed) <= (1 - MIN_SAVING) * len(data):
-            import xxhash
             return packed, TRAILER.pack(how.magic, xxhash.xxh3_64_intdigest(data), int(mtime_ns), len(data))
     return data, seal(data, mtime_ns)
 

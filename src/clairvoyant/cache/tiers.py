@@ -26,11 +26,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import math
 import time
 from typing import Callable, NamedTuple
 
 from ..errors import CacheError
+from ..plan.compression import stored_size
 from .entry import entry_size, holds, read_trailer
 from .extents import Loc
 from .local import LocalStore, remove_tree
@@ -276,9 +276,9 @@ class Tiers:
     def stored_size(self, size: int) -> int:
         """What the local tier reserves for a ``size``-byte sample: its entry, or where the tier
         compresses, the entry the plan counts at the measured ratio (plan/compression.py)."""
-        if self.local.codec is None or self.compress_ratio <= 1.0:
+        if self.local.codec is None:
             return entry_size(size)
-        return math.ceil(size / self.compress_ratio) + entry_size(0)   # (as plan/compression.py's stored_sizes)
+        return stored_size(size, self.compress_ratio, entry_size(0))
 
     def _publish_local(self, key: str, data: bytes, mtime_ns: int, reserved: int | None = None) -> Loc | None:
         """Publish reserved bytes in the local tier; None (reservation given back) if the device

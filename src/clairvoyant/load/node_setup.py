@@ -195,24 +195,16 @@ class NodeSetup:
         loc = self.tiers.find_local(key, size)
         if loc is None:
             return None
-        if self.tiers.local.codec is not None:
-            try:
-                blob = read_entry(loc)
-            except FileNotFoundError:
-                return None
-            carry = self._carry
-            if carry is not None:
-                carry[1].peer_served(index)
-            return blob
         try:
-            data = unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
+            data = read_entry(loc)
+            if self.tiers.local.codec is None:   # (compressing: the peer checks and inflates it)
+                data = unseal(data, size, f"{loc.path}@{loc.offset}")
         except (FileNotFoundError, CorruptEntry):
             return None
         carry = self._carry
         if carry is not None:
             carry[1].peer_served(index)
         return data
-
 
     def _peer_fetch(self, node: int, index: int, size: int) -> bytes | None:
         """Sample ``index`` (``size`` bytes) from node ``node``'s tier, or None. Where the tiers

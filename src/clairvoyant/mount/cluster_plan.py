@@ -48,7 +48,7 @@ from ..cache.entry import entry_size
 from ..cache.node import residents
 from ..plan.cluster import ClusterEpoch, first_readers, plan_cluster_sequence
 from ..plan.layout import NodeLayout
-from ..plan.sequence import interleave
+from ..plan.sequence import Interleaved, interleave
 from .cluster_orders import GATHER_WAIT, NodeOrders, gather
 from .numbering import Numbered
 from .orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
@@ -72,13 +72,19 @@ class Duty:
     cut_on_serve: set[int] = field(default_factory=set)
 
 
-def cluster_plan(orders: list[NodeOrders], homes: np.ndarray, sizes: np.ndarray) -> ClusterEpoch:
-    """The plan of the epoch the nodes' ``orders`` are of (one per node, in node order): the cluster
-    sequence, the next epoch's where every rank sent one, every tier's capacity and residents."""
+def _cluster_sequence(orders: list[NodeOrders]) -> tuple[dict, list[int], NodeLayout, Interleaved]:
+    """The nodes' ranks (global rank -> its order), in order, their layout, and the epoch's cluster
+    sequence: every rank's indices interleaved index by index, ranks by their global number."""
     ranks = {r: x for o in orders for r, x in o.ranks.items()}
     world = sorted(ranks)
     layout = NodeLayout(tuple(tuple(sorted(o.ranks)) for o in orders))
-    seq = interleave([ranks[r].files for r in world], [ranks[r].counts for r in world])
+    return ranks, world, layout, interleave([ranks[r].files for r in world], [ranks[r].counts for r in world])
+
+
+def cluster_plan(orders: list[NodeOrders], homes: np.ndarray, sizes: np.ndarray) -> ClusterEpoch:
+    """The plan of the epoch the nodes' ``orders`` are of (one per node, in node order): the cluster
+    sequence, the next epoch's where every rank sent one, every tier's capacity and residents."""
+    ranks, world, layout, seq = _cluster_sequence(orders)
     following = (interleave([ranks[r].next_files for r in world], [ranks[r].next_counts for r in world]).samples
                  if all(len(ranks[r].next_counts) for r in world) else np.zeros(0, np.int64))
     return plan_cluster_sequence(seq, following, home=homes, layout=layout, capacities=[o.capacity for o in orders],
@@ -89,10 +95,7 @@ def plan_homes(orders: list[NodeOrders], fallback: np.ndarray) -> np.ndarray:
     """The homes the nodes fix from these orders: a file a tier holds already stays there (read
     before the nodes first planned together: kept by its hashed home, or read by the node itself);
     any other, its first reader in the epoch; ``fallback`` for the rest."""
-    ranks = {r: x for o in orders for r, x in o.ranks.items()}
-    world = sorted(ranks)
-    layout = NodeLayout(tuple(tuple(sorted(o.ranks)) for o in orders))
-    seq = interleave([ranks[r].files for r in world], [ranks[r].counts for r in world])
+    _, _, layout, seq = _cluster_sequence(orders)
     homes = first_readers(seq, layout, fallback)
     for o in reversed(orders):   # (a file two tiers hold: the lower node's)
         held = np.fromiter(o.residents, np.int64, len(o.residents))

@@ -11,6 +11,8 @@ not fit is read from the source, as ever).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 MIN_RATIO = 1.15   # "auto" compresses where a measured sample shrinks by 15% or more
@@ -22,6 +24,11 @@ MAX_RATIO = 1000.0
 def pays(raw: int, stored: int) -> bool:
     """Whether a measured sample of ``raw`` bytes, ``stored`` once compressed, is worth compressing."""
     return stored > 0 and raw / stored >= MIN_RATIO
+
+
+def stored_size(size: int, ratio: float, trailer: int) -> int:
+    """``stored_sizes`` of one sample (what the tier reserves for it where it compresses)."""
+    return size + trailer if ratio <= 1.0 else math.ceil(size / ratio) + trailer
 
 
 def stored_sizes(sizes: np.ndarray, ratio: float, trailer: int) -> np.ndarray:
