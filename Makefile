@@ -9,15 +9,17 @@ $(STAMP): pyproject.toml setup.py
 	sh scripts/install-sysdeps.sh
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch==2.13.0 is pinned: it resolves to the local CPU build; an unpinned torch pulls CUDA.
-	$(PY) -m pip install -q torch==2.13.0
+	# torch 2.14.1 with torchvision 0.29.1: the tests run pytorch/examples' ImageNet port and torchvision's
+	# datasets and transforms for real, and PyPI's torchvision does not load beside the local CPU torch 2.13.0.
+	# Both are pinned (they lie on this machine's disk; an unpinned torch downloads a newer CUDA build).
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
 # the peers of benchmarks/packed_peers.py (see the bench extra in pyproject.toml for why two are --no-deps)
 $(VENV)/.bench-installed: $(STAMP) pyproject.toml
 	$(PY) -m pip install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0
-	$(PY) -m pip install -q -e '.[bench]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[bench]' torch==2.14.1 torchvision==0.29.1
 	touch $@
 
 demo: $(STAMP)

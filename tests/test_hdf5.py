@@ -131,7 +131,7 @@ def test_samples_lost_after_listing_name_themselves_and_skip_goes_on(tmp_path):
 def test_float_targets_travel_with_their_samples_as_fields(tmp_path):
     """CosmoFlow's four float targets per volume: ``fields=["y"]`` reads them once and hands each
     sample's with it (the batch's third element), matched to the right sample across shuffled files.
-    Control: without fields a batch has two elements; integer labels refuse float targets."""
+    Control: without fields a batch has two elements."""
     x = _data(30)
     d = tmp_path / "h5"
     d.mkdir()
@@ -151,8 +151,47 @@ def test_float_targets_travel_with_their_samples_as_fields(tmp_path):
     with Loader(HDF5Source(str(d), dataset="x"), batch_size=4, local_dir=str(tmp_path / "l2"), num_workers=1,
                 output="numpy") as ld:
         assert all(len(b) == 2 for b in ld)   # control
-    with pytest.raises(ConfigError, match="pass float or vector targets as fields="):
-        HDF5Source(str(d), dataset="x", labels="y")
+
+
+def test_float_vector_targets_through_labels_and_the_loaders_fields(tmp_path):
+    """CosmoFlow's layout, as issue 30 tried it: ``Loader("run.h5", dataset="x", labels="y")`` with
+    ``y`` float32 (n, 4): the batch's targets are the file's rows, float32 [B, 4], as PyTorch collates
+    them. ``Loader(..., fields=["y"])`` (the old error's advice) gives ``(x, label, {"y": ...})``.
+    Control: integer labels still become the manifest's labels; shuffled rows would not match."""
+    torch = pytest.importorskip("torch")
+    x = _data(40)
+    y = np.random.default_rng(2).standard_normal((40, 4)).astype(np.float32)
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x)
+        f.create_dataset("y", data=y)
+        f.create_dataset("c", data=np.arange(40) % 3)
+    with Loader(str(path), dataset="x", labels="y", batch_size=8, local_dir=str(tmp_path / "a"), seed=1,
+                num_workers=1) as ld:
+        batches = list(ld)
+    assert all(len(b) == 2 for b in batches)
+    assert all(b[1].dtype == torch.float32 and tuple(b[1].shape) == (8, 4) for b in batches)
+    order = torch.cat([b[0] for b in batches])[:, 0, 0].long().numpy()
+    targets = torch.cat([b[1] for b in batches]).numpy()
+    assert sorted(order.tolist()) == list(range(40)) and np.array_equal(targets, y[order])
+    assert not np.array_equal(targets, y)   # control: the order is shuffled, the rows follow it
+    with Loader(str(path), dataset="x", fields=["y"], batch_size=8, local_dir=str(tmp_path / "b"), seed=1,
+                num_workers=1) as ld:
+        batches = list(ld)
+    assert all(len(b) == 3 for b in batches)
+    order = torch.cat([b[0] for b in batches])[:, 0, 0].long().numpy()
+    assert np.array_equal(torch.cat([b[2]["y"] for b in batches]).numpy(), y[order])
+    with Loader(str(path), dataset="x", labels="c", batch_size=8, local_dir=str(tmp_path / "c"), seed=1,
+                num_workers=1) as ld:   # control: class indices
+        assert ld.source.target_field is None and ld.manifest.labels.tolist() == (np.arange(40) % 3).tolist()
+        b = next(iter(ld))
+        assert b[1].dtype == torch.int64 and np.array_equal(b[1].numpy(), b[0][:, 0, 0].long().numpy() % 3)
+
+
+def test_fields_on_a_source_that_has_none_names_the_source_in_one_line(tmp_path, dataset):
+    with pytest.raises(ConfigError, match="fields= name arrays") as e:
+        Loader(dataset, fields=["y"], local_dir=str(tmp_path))
+    assert "\n" not in str(e.value)
 
 
 def test_open_hdf5_files_are_bounded_by_max_open(tmp_path):

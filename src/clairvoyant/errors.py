@@ -12,6 +12,21 @@ class ClairvoyantError(Exception):
     """Root of every error raised by clairvoyant."""
 
 
+def describe(obj: object, limit: int = 80) -> str:
+    """``obj`` named in one short line for a message: a path or string as its repr, anything else by
+    the first line of its repr (a dataset's repr runs over many lines), with its type's name."""
+    if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):
+        text = repr(obj)
+    else:
+        try:
+            lines = repr(obj).strip().splitlines()
+        except Exception:   # a repr that fails must not hide the error being reported
+            lines = []
+        first, name = (lines[0].strip() if lines else ""), type(obj).__name__
+        text = first if name in first else f"{name} {first}".strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class ConfigError(ClairvoyantError, ValueError):
     """An argument or option is out of range or inconsistent."""
 

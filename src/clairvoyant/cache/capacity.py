@@ -73,9 +73,10 @@ def default_ram(path: str, already_used: int) -> Capacity:
 
 
 def resolve(value, *, what: str, dataset_bytes: int, largest_entry: int, default) -> Capacity:
-    """The capacity to use; ConfigError if it cannot hold the largest sample."""
+    """The capacity to use; ConfigError if it cannot hold the largest sample. A capacity given as 0
+    bytes is a tier that holds nothing (every sample read where it lives)."""
     cap = default() if value is None else parse_capacity(value, what=what, dataset_bytes=dataset_bytes)
-    if cap.nbytes < largest_entry:
+    if cap.nbytes < largest_entry and not (cap.nbytes == 0 and cap.how == "as given"):
         raise ConfigError(
             f"{what}={format_bytes(cap.nbytes)} ({cap.how}) is smaller than the largest sample "
             f"({format_bytes(largest_entry)} with its checksum): give the tier more room")

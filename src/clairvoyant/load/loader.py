@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -68,14 +68,20 @@ class Loader(NodeSetup, EpochPasses):
     Args:
         source: a directory path; a list file (``.csv``/``.tsv``/``.jsonl``: path, label[, more]); a
             torchvision-style dataset (``ImageFolder(root, transform=t)``: its files, classes, transform
-            and target_transform are used as they are); or a source object (e.g.
+            and target_transform are used as they are); any other map-style dataset (``FakeData``,
+            tensors in memory: nothing to stage, its ``__getitem__`` runs in the readers); or a source object (e.g.
             ``clairvoyant.testing.EmulatedStore``, ``clairvoyant.ListedSource``); or an object store
             URL (``s3://bucket/prefix``, ``gs://...``, ``https://...``: docs/object-stores.md); or
             arrays in files: tar shards, ``.npy``/``.npz``, ``.tfrecord``, HDF5 (``.h5``), each a path,
             a glob or a directory of them (a sample per row, record or index).
         storage_options: with a URL source, the fsspec file system's options (credentials, endpoint_url).
         dataset, labels: with HDF5 files or an ``.npz``, the array that holds the samples (a sample
-            per index along its first axis) and one that holds their integer labels.
+            per index along its first axis) and one that holds their labels: integers (class indices),
+            or float or vector targets (a regression's), each sample's row its target as PyTorch
+            collates it.
+        fields: arrays beside the samples of HDF5 or ``.npy``/``.npz`` files (or columns of a
+            ``.csv``/``.jsonl`` list file) that travel with each sample: batches are then
+            ``(samples, labels, {name: values})``.
         compress: compressed staging of the local tier (docs/user-guide.md "Compressed staging"):
             None (default: entries as they are), ``"zstd"`` (``pip install clairvoyant[compress]``),
             ``"zlib"``, or ``"auto"``: a few samples are compressed first, and the tier compresses
@@ -142,7 +148,8 @@ class Loader(NodeSetup, EpochPasses):
                  transform: Callable | None = None, target_transform: Callable | None = None,
                  worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto",
                  storage_options: dict | None = None, dataset: str | None = None,
-                 labels: str | None = None, compress: str | None = None) -> None:
+                 labels: str | None = None, fields: Sequence[str] | str = (),
+                 compress: str | None = None) -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
             self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
@@ -188,7 +195,22 @@ class Loader(NodeSetup, EpochPasses):
         else:
             lws = int(local_world_size or 1)
             self.topology = validate(int(rank), int(world_size), local_world_size=lws)
-        self.source = as_source(source, storage_options, dataset=dataset, labels=labels)
+        self.source = as_source(source, storage_options, dataset=dataset, labels=labels, fields=fields)
+        if self.source.made_in_reader:   # a dataset with no files: its __getitem__ makes each sample
+            given = [n for n, v in (("decode", decode), ("transform", transform),
+                                    ("target_transform", target_transform)) if v is not None]
+            if given:
+                raise ConfigError(f"{given[0]}= is given, but dataset {self.source.name} makes its samples with its "
+                                  f"own __getitem__: apply it there (e.g. the dataset's transform=), and leave "
+                                  f"{given[0]}= out")
+            if compress is not None or cluster is True:
+                raise ConfigError(f"dataset {self.source.name} has no files to stage: leave "
+                                  f"{'compress=' if compress is not None else 'cluster=True'} out")
+            local_capacity = ram_capacity = 0
+            cluster, compress = False, None
+            log.warning("clairvoyant: dataset %s has no files (no `samples` list, not a path): its %d samples are "
+                        "made by its __getitem__ in the reader processes, in the plan's order; nothing is staged",
+                        self.source.name, self.source.count)
         if decode is None and self.source.decoder is not None:   # arrays: back to their dtype and shape
             self.decode = self.source.decoder
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)

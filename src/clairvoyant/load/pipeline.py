@@ -61,6 +61,9 @@ def _reader_error(msg: Failed, k: int) -> Exception:
         return DecodeError(
             f"sample {msg.key!r} of the source could not be {what} ({msg.message}): pass on_error='skip' to "
             "skip bad samples, or fix or remove the file and re-index the source")
+    if msg.kind == "getitem":
+        return DecodeError(f"the dataset's __getitem__ failed for index {int(msg.key)} ({msg.message}): pass "
+                           "on_error='skip' to skip such samples, or fix the dataset")
     if msg.kind == "init":
         return WorkerError(f"{msg.message}\n{msg.traceback}")
     return WorkerError(f"reader worker failed on batch {k} at sample {msg.key!r}: {msg.message}\n{msg.traceback}")

@@ -100,7 +100,7 @@ class Loaded(NamedTuple):
 class Failed(NamedTuple):
     batch: int
     slot: int
-    kind: str      # read, decode, transform, empty, collate
+    kind: str      # read, decode, transform, getitem, empty, collate
     key: str
     message: str
     traceback: str
@@ -253,9 +253,12 @@ def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | list:
 def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable,
                   reads: list | None = None) -> Loaded | Failed:
     """Read (unless ``reads`` holds what was read already), decode, transform and collate a batch."""
+    if spec.source.made_in_reader:
+        return _load_made(job, slots, spec, collate)
     samples, skipped, repaired = [], [], []
     served: list[tuple[int, str, int]] | None = [] if spec.digests else None
     fields_of = spec.source.fields_of if spec.source.has_fields else None
+    target_field = spec.source.target_field
     clock = time.perf_counter
     read_s = decode_s = 0.0
     k, slot_id = job.batch, job.slot
@@ -283,13 +286,15 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
             stage = "transform"
             if spec.transform is not None:
                 sample = spec.transform(sample)
-            target = item.label if spec.target_transform is None else spec.target_transform(item.label)
+            fields = fields_of(item.key) if fields_of is not None else None
+            label = item.label if target_field is None else fields.pop(target_field)
+            target = label if spec.target_transform is None else spec.target_transform(label)
         except Exception as e:
             if job.skip:
                 skipped.append((item.key, f"{type(e).__name__}: {e}"))
                 continue
             return Failed(k, slot_id, stage, item.key, f"{type(e).__name__}: {e}", traceback.format_exc())
-        samples.append((sample, target) if fields_of is None else (sample, target, fields_of(item.key)))
+        samples.append((sample, target, fields) if fields else (sample, target))
         if served is not None:   # only samples the batch holds (a skipped one was never served)
             served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
@@ -302,3 +307,29 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
     except Exception as e:
         return Failed(k, slot_id, "collate", job.items[0].key, f"{type(e).__name__}: {e}", traceback.format_exc())
     return Loaded(k, slot_id, spec_, size, skipped, repaired, (read_s, decode_s, clock() - t2), served, leaves)
+
+
+def _load_made(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
+    """A batch of a dataset with no files (source/indexed.py): each sample is what the dataset's
+    ``__getitem__`` returns for its index (its own transforms applied there), collated as it is."""
+    samples, skipped = [], []
+    clock = time.perf_counter
+    t0 = clock()
+    k, slot_id = job.batch, job.slot
+    for item in job.items:
+        try:
+            samples.append(spec.source.item(item.key))
+        except Exception as e:
+            if job.skip:
+                skipped.append((item.key, f"{type(e).__name__}: {e}"))
+                continue
+            return Failed(k, slot_id, "getitem", item.key, f"{type(e).__name__}: {e}", traceback.format_exc())
+    if not samples:
+        return Failed(k, slot_id, "empty", job.items[0].key if job.items else "",
+                      f"all {len(job.items)} samples of the batch were skipped", "")
+    t1 = clock()
+    try:
+        spec_, size, leaves = pack(collate(samples), slots[slot_id], digests=spec.digests)
+    except Exception as e:
+        return Failed(k, slot_id, "collate", job.items[0].key, f"{type(e).__name__}: {e}", traceback.format_exc())
+    return Loaded(k, slot_id, spec_, size, skipped, [], (0.0, t1 - t0, clock() - t1), None, leaves)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..errors import NotASource
+from ..errors import NotASource, describe
 from .base import Source
 
 REQUIRED = ("uri", "scan", "read")
@@ -33,9 +33,10 @@ def adapt(obj: Any) -> Source:
     lacks = missing(obj)
     if lacks:
         raise NotASource(
-            f"cannot use {obj!r} as a data source: it has no {', '.join(lacks)}. Pass a directory path, a list "
-            "file (.csv, .jsonl), a torchvision-style dataset with a `samples` list, or an object with `uri`, "
-            "`scan()` and `read(key)` (best: a subclass of clairvoyant.Source)")
+            f"cannot use {describe(obj)} as a data source: it has no {', '.join(lacks)}. Pass a directory path, a "
+            "list file (.csv, .jsonl), a map-style dataset (`__getitem__` and `__len__`, as PyTorch's "
+            "DataLoader takes), or an object with `uri`, `scan()` and `read(key)` (best: a subclass of "
+            "clairvoyant.Source)")
     return AdaptedSource(obj)
 
 

@@ -198,16 +198,16 @@ class NumpySource(RowFiles):
                 raise ConfigError(f"{path} has no array {name!r}; it has {sorted(z.files)}")
             return np.asarray(z[name])
 
-    def _load_labels(self, name: str) -> np.ndarray:
+    def _label_rows(self, name: str) -> np.ndarray:
         """Labels from an ``.npz`` member beside each file's samples, or from a ``.npy`` file of one
-        integer per sample (key order) for the whole source."""
+        label (or target row) per sample, in key order, for the whole source."""
         if not name.endswith(".npy"):
-            return super()._load_labels(name)
-        y = np.asarray(np.load(name, allow_pickle=False)).reshape(-1)
-        if len(y) != self._count or not np.issubdtype(y.dtype, np.integer):
-            raise ConfigError(f"labels from {name}: {len(y)} values of {y.dtype} for {self._count} samples; give one "
-                              "integer per sample")
-        return y.astype(np.int64)
+            return super()._label_rows(name)
+        y = np.asarray(np.load(name, allow_pickle=False))
+        if y.ndim == 0 or len(y) != self._count:
+            raise ConfigError(f"labels from {name}: {0 if y.ndim == 0 else len(y)} rows for {self._count} samples; "
+                              "give one per sample")
+        return y
 
     def _read_rows(self, fi: int, rows: list[int], what: str) -> list[bytes]:
         """The bytes of ``rows`` of file ``fi``: one read over the rows they span (or the inflated

@@ -44,6 +44,12 @@ class Source(abc.ABC):
     #: ``decoder``: what a sample's bytes are turned into when the Loader is given no ``decode=``
     #: (arrays: their dtype and shape); None: the Loader's default (images)
     decoder: Callable[[bytes], Any] | None = None
+    #: ``made_in_reader``: the samples are made, not read (a map-style dataset with no files,
+    #: source/indexed.py): readers call ``item(key)`` for each, and nothing is staged
+    made_in_reader: bool = False
+    #: ``target_field``: the field (of ``fields_of``) that is each sample's target, for targets that
+    #: are not one integer (a regression's floats, a vector); None: the manifest's integer label
+    target_field: str | None = None
 
     @abc.abstractmethod
     def scan(self) -> Iterator[tuple[str, int]]:
@@ -74,6 +80,10 @@ class Source(abc.ABC):
         times): its ``version``'s size by default; None where the source has no such request."""
         v = self.version(key)
         return None if v is None else int(v[0])
+
+    def item(self, key: str) -> Any:
+        """Sample ``key`` made whole (only where ``made_in_reader``)."""
+        raise NotImplementedError(f"{type(self).__name__} reads bytes (read); it makes no samples")
 
     def fields_of(self, key: str) -> dict:
         """The extra fields of sample ``key`` (read only where ``has_fields``)."""

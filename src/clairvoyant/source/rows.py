@@ -4,7 +4,8 @@ labels and the reads they share, built once.
 A sample's key is ``<file>/<row>``, the file named relative to the common folder and the row
 zero-padded so that sorted keys keep each file's rows in order (neighbouring rows then fall in
 one range), or ``<file>`` alone where each file is one sample (``per_file``). Labels, where given,
-are one integer per sample in key order; fields (``fields=``: float targets, masks) are arrays
+are one per sample in key order: integers become the manifest's labels, anything else (floats, a
+vector per sample: a regression's targets) is carried as the source's ``target_field``; fields (``fields=``: float targets, masks) are arrays
 beside the samples, a row each, read into memory once and handed with each sample as its third
 element. A subclass lists its files (``_name_files``) and reads
 rows (``_read_rows``); it cuts its own ranges (``sample_ranges``).
@@ -88,8 +89,15 @@ class RowFiles(Source):
         self._layouts = layouts
         self._name_files(root, rows, row_bytes, what)
         digest, self._mtimes = listed_files(self.paths, dataset, labels, self.per_file)
-        self._labels = self._load_labels(labels) if labels is not None else None
         self._fields = self._load_fields(fields) if fields else None
+        self._labels = None
+        if labels is not None:
+            y = self._label_rows(labels)
+            if y.ndim == 1 and np.issubdtype(y.dtype, np.integer):   # class indices: the manifest's labels
+                self._labels = y.astype(np.int64)
+            else:   # float or vector targets (a regression): each sample's row of y is its target
+                self.target_field = labels
+                self._fields = dict(self._fields or {}, **{labels: y})
         self._own()
         return digest
 
@@ -137,13 +145,10 @@ class RowFiles(Source):
             parts.append(col)
         return np.concatenate(parts)
 
-    def _load_labels(self, name: str) -> np.ndarray:
-        """One integer label per sample, from the arrays ``name`` beside the samples."""
-        y = self._columns(name, "labels")
-        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-            raise ConfigError(f"labels {name!r} are {y.dtype} of shape {y.shape[1:]} per sample: labels are one "
-                              "integer per sample; pass float or vector targets as fields= instead")
-        return y.astype(np.int64)
+    def _label_rows(self, name: str) -> np.ndarray:
+        """The labels ``name`` of every sample, in key order (integers, or a float or vector target
+        per sample): the arrays ``name`` beside each file's samples."""
+        return self._columns(name, "labels")
 
     def _load_fields(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         """Arrays beside the samples that travel with each (``fields=``: a regression's float targets,
