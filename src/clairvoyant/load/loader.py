@@ -255,6 +255,9 @@ class Loader(NodeSetup, EpochPasses):
         self.collate_fn = collate_fn
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
+        if num_workers is None:   # what a DataLoader's num_workers (a script's -j) set is chosen here
+            log.info("clairvoyant: %d reader processes to start, tuned each epoch (num_workers= fixes the count)",
+                     self.num_workers)
         self._epochs_seen = 0
         self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
         self.on_error, self.mp_context = on_error, mp_context
