@@ -13,8 +13,8 @@ class ClairvoyantError(Exception):
 
 
 def describe(obj: object, limit: int = 80) -> str:
-    """``obj`` named in one short line for a message: a path or string as its repr, anything else by
-    the first line of its repr (a dataset's repr runs over many lines), with its type's name."""
+    """``obj`` named in one short line for a message: its repr where that is one line, else the first
+    line of its repr (a dataset's runs over many) with its type's name; cut at ``limit`` characters."""
     if isinstance(obj, (str, bytes)) or hasattr(obj, "__fspath__"):
         text = repr(obj)
     else:
@@ -23,7 +23,7 @@ def describe(obj: object, limit: int = 80) -> str:
         except Exception:   # a repr that fails must not hide the error being reported
             lines = []
         first, name = (lines[0].strip() if lines else ""), type(obj).__name__
-        text = first if name in first else f"{name} {first}".strip()
+        text = first if len(lines) == 1 or name in first else f"{name} {first}".strip()
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
