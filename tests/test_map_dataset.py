@@ -187,3 +187,16 @@ def test_output_numpy_gives_arrays(tmp_path):
     with Loader(InMemory(64), batch_size=16, local_dir=str(tmp_path), num_workers=1, output="numpy") as ld:
         b = next(iter(ld))
     assert isinstance(b[0], np.ndarray) and b[0].shape == (16, 2) and b[1].dtype == np.int64
+
+
+def test_an_iterable_only_dataset_is_refused_saying_why(tmp_path):
+    """Control: the same samples as a map-style dataset load."""
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    with pytest.raises(NotASource, match="iterable only") as e:
+        Loader(Stream(), local_dir=str(tmp_path))
+    assert "\n" not in str(e.value)
+    with Loader(InMemory(10), batch_size=5, local_dir=str(tmp_path), num_workers=1) as ld:
+        assert sorted(epoch_of(ld)[0]) == list(range(10))

@@ -31,6 +31,12 @@ def adapt(obj: Any) -> Source:
     if isinstance(obj, Source):
         return obj
     lacks = missing(obj)
+    if lacks and callable(getattr(obj, "__iter__", None)) and not (callable(getattr(obj, "__getitem__", None))
+                                                                   and callable(getattr(obj, "__len__", None))):
+        raise NotASource(
+            f"cannot use {describe(obj)} as a data source: it is iterable only (an IterableDataset, a generator), "
+            "so it has no order to plan ahead of training. Pass a map-style dataset (`__getitem__` and `__len__`), "
+            "a path, or a source object")
     if lacks:
         raise NotASource(
             f"cannot use {describe(obj)} as a data source: it has no {', '.join(lacks)}. Pass a directory path, a "
