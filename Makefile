@@ -5,7 +5,8 @@ STAMP := $(VENV)/.installed-0.1
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml setup.py
+# the C sources too: setup.py builds the extensions and the FUSE daemons from them (an editable install)
+$(STAMP): pyproject.toml setup.py $(wildcard src/clairvoyant/*.[ch] src/clairvoyant/*/*.[ch])
 	sh scripts/install-sysdeps.sh
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

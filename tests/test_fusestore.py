@@ -7,7 +7,6 @@ import errno
 import gc
 import os
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,29 +24,6 @@ OK, WHY = fuse_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"FUSE store unavailable: {WHY}")
 
 FAST = dict(open_latency=0.0, read_latency=0.0, bandwidth=1e12)
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> str:
-    """The daemon, compiled once for the module (each test has a cache directory of its own)."""
-    old = os.environ.get("CLAIRVOYANT_CACHE")
-    os.environ["CLAIRVOYANT_CACHE"] = str(tmp_path_factory.mktemp("emufs-cache"))
-    try:
-        return fs_mod.daemon_binary()
-    finally:
-        if old is None:
-            del os.environ["CLAIRVOYANT_CACHE"]
-        else:
-            os.environ["CLAIRVOYANT_CACHE"] = old
-
-
-@pytest.fixture(autouse=True)
-def _prebuilt(built):
-    """Put the module's build where this test's cache directory expects it."""
-    want = fs_mod._binary_path()
-    os.makedirs(os.path.dirname(want), exist_ok=True)
-    if not os.path.exists(want):
-        shutil.copy2(built, want)
 
 
 def files_of(root: str) -> list[str]:
@@ -239,18 +215,12 @@ def test_garbage_collection_and_a_busy_mount_leave_nothing(dataset, tmp_path):
         f.close()
 
 
-def test_concurrent_first_builds_do_not_collide(monkeypatch, tmp_path):
+def test_the_daemon_is_the_installed_one(monkeypatch, tmp_path):
+    """Built with the package, beside fusestore.py; nothing is compiled or cached at run time."""
     monkeypatch.setenv("CLAIRVOYANT_CACHE", str(tmp_path / "fresh"))
-    barrier = threading.Barrier(3)
-
-    def build():
-        barrier.wait()
-        return fs_mod.daemon_binary()
-
-    with ThreadPoolExecutor(3) as ex:
-        paths = list(ex.map(lambda _: build(), range(3)))
-    assert len(set(paths)) == 1 and os.access(paths[0], os.X_OK)
-    assert os.listdir(os.path.dirname(paths[0])) == [os.path.basename(paths[0])]  # no temporary left
+    path = fs_mod.daemon_binary()
+    assert path == os.path.join(os.path.dirname(os.path.abspath(fs_mod.__file__)), "emufs")
+    assert os.access(path, os.X_OK) and not (tmp_path / "fresh").exists()
 
 
 def test_bad_arguments_are_typed_errors(dataset, tmp_path):

@@ -370,7 +370,7 @@ def _daemon_pids(mnt: str) -> list[int]:
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if argv and os.path.basename(argv[0]).startswith(b"mountfs-") and mnt.encode() in argv:
+            if argv and os.path.basename(argv[0]) == b"mountfs" and mnt.encode() in argv:
                 out.append(int(d))
     return out
 

@@ -1,52 +1,63 @@
-"""MECHANISM: what every libfuse3 daemon of clairvoyant needs from Python: build, mount, tear down.
+"""MECHANISM: what every libfuse3 daemon of clairvoyant needs from Python: find it, mount, tear down.
 
-Two daemons use it: ``testing/emufs.c`` (the emulated slow store, ``FuseStore``)
-and ``mount/mountfs.c`` (``clairvoyant mount``). Each is compiled from its C
-source on first use into ``cache_home()/bin``, under a name holding a hash of
-the source (and of the compiler flags), atomically: a temporary name, then a
-rename, so concurrent first uses never collide and a changed source is rebuilt.
-A mount is ready once it appears in ``/proc/mounts``; teardown unmounts with
-``fusermount3`` (lazily if a file is still open), reaps the daemon (killing it
-if it lingers) and removes the temporary directory: nothing is left behind.
+Two daemons use it: ``testing/emufs`` (the emulated slow store, ``FuseStore``) and
+``mount/mountfs`` (``clairvoyant mount``). Each is an executable that setup.py builds with
+the package, from the C source beside it, and places beside it (in the wheel; in the source
+tree for an editable install); nothing is compiled at run time, so a node needs no compiler
+or headers, only /dev/fuse, fusermount3 and FUSE 3's shared library, which the daemon loads
+itself (``fuse_loader.h``: ``libfuse3.so.3``, or ``$CLAIRVOYANT_LIBFUSE``). A mount is ready
+once it appears in ``/proc/mounts``; teardown unmounts with ``fusermount3`` (lazily if a file
+is still open), reaps the daemon (killing it if it lingers) and removes the temporary
+directory: nothing is left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from typing import Sequence
 
 from .errors import SourceError
-from .paths import cache_home
 
-COMMON_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuse_common.h")  # both daemons'
-TIER_FORMAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cache", "tier_format.h")  # mountfs's
-INSTALL_HINT = ("run scripts/install-sysdeps.sh (Debian: apt-get install fuse3 libfuse3-dev libxxhash-dev "
-                "pkg-config)")
+INSTALL_HINT = "install FUSE 3 (Debian/Ubuntu: apt-get install fuse3; scripts/install-sysdeps.sh does)"
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout's, if any
+LIBFUSE_CHECK_TIMEOUT = 10.0
+
+
+def _reinstall_hint() -> str:
+    """How to get the daemons: they exist only where clairvoyant was built with libfuse3's headers."""
+    build = ("install a C compiler, pkg-config, libfuse3-dev and libxxhash-dev (Debian names; "
+             "scripts/install-sysdeps.sh installs them)")
+    if os.path.exists(os.path.join(_ROOT, "setup.py")) and os.path.isdir(os.path.join(_ROOT, "src", "clairvoyant")):
+        # a checkout (an editable install)
+        return (f"clairvoyant was built without its FUSE daemons, on a machine without libfuse3's headers: {build}, "
+                f"then build it again: pip install -e {_ROOT}")
+    return ("clairvoyant was built without its FUSE daemons, on a machine without libfuse3's headers: reinstall it "
+            "from a wheel (pip install --force-reinstall --no-deps <the clairvoyant .whl>), or build it from "
+            f"source: {build}, then pip install --force-reinstall --no-deps --no-cache-dir <clairvoyant's source "
+            "directory or sdist>")
 
 
 class Daemon:
-    """A libfuse3 daemon built from one C file, linked with the pkg-config packages ``packages``."""
+    """The libfuse3 daemon ``name``, an executable in the package directory ``directory``, put there
+    by the package's build (setup.py)."""
 
-    def __init__(self, source: str, name: str, packages: Sequence[str] = ("fuse3",)) -> None:
-        self.source, self.name, self.packages = source, name, tuple(packages)
+    def __init__(self, name: str, directory: str) -> None:
+        self.name, self.directory = name, directory
 
     def binary_path(self) -> str:
-        h = hashlib.sha256()
-        for part in (self.source, COMMON_HEADER, TIER_FORMAT):
-            with open(part, "rb") as f:
-                h.update(f.read())
-        h.update("\0".join(self.packages).encode())
-        return os.path.join(cache_home(), "bin", f"{self.name}-{h.hexdigest()[:16]}")
+        return os.path.join(self.directory, self.name)
+
+    def missing(self) -> str:
+        """Why the executable is not there and how to get it."""
+        return f"the {self.name} FUSE daemon is not installed (no executable {self.binary_path()}); {_reinstall_hint()}"
 
     def available(self) -> tuple[bool, str]:
-        """Whether the daemon can be built (or was) and mounted here; when not, why and what to install."""
+        """Whether the daemon is installed and can mount here; when not, why and what to install."""
         if not os.path.exists("/dev/fuse"):
             return False, "no /dev/fuse: load the fuse module (modprobe fuse), or start the container with --device /dev/fuse"
         fusermount = shutil.which("fusermount3")
@@ -55,44 +66,24 @@ class Daemon:
         if os.geteuid() != 0 and not os.access("/dev/fuse", os.R_OK | os.W_OK) \
                 and not os.stat(fusermount).st_mode & 0o4000:
             return False, "/dev/fuse is not readable and writable by this user, and fusermount3 is not setuid root"
-        if os.access(self.binary_path(), os.X_OK):
-            return True, ""  # built before: neither compiler nor headers needed
-        if shutil.which("pkg-config") is None:
-            return False, f"no pkg-config: {INSTALL_HINT}"
-        for pkg in self.packages:
-            if subprocess.run(["pkg-config", "--exists", pkg], capture_output=True).returncode != 0:
-                return False, f"no {pkg} headers (pkg-config {pkg} fails): {INSTALL_HINT}"
-        if shutil.which("cc") is None:
-            return False, f"no C compiler (cc) to build the {self.name} daemon: install gcc or clang"
+        if not os.access(self.binary_path(), os.X_OK):
+            return False, self.missing()
+        # the daemon loads libfuse3 itself (fuse_loader.h), under this environment (CLAIRVOYANT_LIBFUSE)
+        try:
+            r = subprocess.run([self.binary_path(), "--check-libfuse"], capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL, timeout=LIBFUSE_CHECK_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"cannot run the {self.name} daemon {self.binary_path()}: {e}"
+        if r.returncode != 0:
+            return False, (r.stderr.strip() or f"the {self.name} daemon {self.binary_path()} cannot load libfuse3 "
+                           f"(exit status {r.returncode}): {INSTALL_HINT}")
         return True, ""
 
     def binary(self) -> str:
-        """The daemon's executable, compiled first if needed."""
+        """The daemon's executable; SourceError saying how to get it where the package has none."""
         path = self.binary_path()
-        if os.access(path, os.X_OK):
-            return path
-        ok, why = self.available()
-        if not ok:
-            raise SourceError(f"cannot build the {self.name} daemon from {self.source}: {why}")
-        bindir = os.path.dirname(path)
-        os.makedirs(bindir, mode=0o700, exist_ok=True)
-        flags = subprocess.run(["pkg-config", "--cflags", "--libs", *self.packages], capture_output=True,
-                               text=True, check=True).stdout.split()
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=bindir)
-        os.close(fd)
-        try:
-            r = subprocess.run(["cc", "-O2", "-Wall", "-I", os.path.dirname(COMMON_HEADER), "-o", tmp, self.source, *flags,
-                                "-lpthread"],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SourceError(f"compiling {self.source} failed (cc exit {r.returncode}); are the headers of "
-                                  f"{', '.join(self.packages)} installed? The compiler said:\n{r.stderr.strip()}")
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        if not os.access(path, os.X_OK):
+            raise SourceError(self.missing())
         return path
 
 

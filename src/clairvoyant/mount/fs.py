@@ -4,9 +4,10 @@ same manifest and local tier as the Loader.
 :class:`Mount` lists the source once (the manifest), writes the listing the daemon answers
 ``stat``/``readdir``/``open`` from (``listing.py``), joins the local tier's session as the Loader
 does (the first process of a session recovers the tier after a crash), and starts ``mountfs``
-(``mountfs.c``, compiled on first use). The daemon reads a staged entry only after its checksum
-verifies, else the source. The mount process stages into the tier (``controller.py``): ahead in
-the order a clairvoyant sampler publishes, or what programs open, within the capacity.
+(built from ``mountfs.c`` when the package is, never at run time: fusebase). The daemon reads a
+staged entry only after its checksum verifies, else the source. The mount process stages into
+the tier (``controller.py``): ahead in the order a clairvoyant sampler publishes, or what programs
+open, within the capacity.
 
 ``MNT/.clairvoyant.json`` (hidden, read-only, not listed) says where the mount's local tier, its
 published orders and its counters are, for the samplers and ``clairvoyant mount --stats``.
@@ -37,8 +38,7 @@ from ..plan.unplanned import hash_homes
 from . import listing
 from .cluster import ASK_WAIT_MS
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mountfs.c")
-DAEMON = Daemon(_SOURCE, "mountfs", ("fuse3", "libxxhash"))
+DAEMON = Daemon("mountfs", os.path.dirname(os.path.abspath(__file__)))   # built from mountfs.c by setup.py
 HANDOFF_PREFIX = "handoff."
 WORK_PREFIX = "clairvoyant-mount-"
 STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = threads (the Loader starts at 48)

@@ -54,6 +54,7 @@
 #include <fcntl.h>
 #include <fuse.h>
 #include "fuse_common.h"
+#include "fuse_loader.h"
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -67,6 +68,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
+#define XXH_INLINE_ALL   /* xxhash compiled in from its header: nothing to link */
 #include "cache/tier_format.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -1003,6 +1005,7 @@ static int map_stats(const char *path) {
 }
 
 int main(int argc, char *argv[]) {
+    CV_LOAD_LIBFUSE_OR_RETURN("mountfs", argc, argv);
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     if (fuse_opt_parse(&args, &opt, spec, cv_take_source) < 0) return 2;
     opt.source = cv_source;

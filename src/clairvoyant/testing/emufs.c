@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <fuse.h>
 #include "fuse_common.h"
+#include "fuse_loader.h"
 #include <dirent.h>
 #include <limits.h>
 #include <pthread.h>
@@ -277,6 +278,7 @@ fail:
 }
 
 int main(int argc, char *argv[]) {
+    CV_LOAD_LIBFUSE_OR_RETURN("emufs", argc, argv);
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     if (fuse_opt_parse(&args, &opt, spec, cv_take_source) < 0) return 2;
     opt.source = cv_source;

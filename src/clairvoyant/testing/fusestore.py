@@ -4,7 +4,7 @@
 skips what a real parallel file system client costs: the system calls, the
 FUSE round trip through the kernel to a daemon, and the page cache.
 :class:`FuseStore` serves a directory through ``emufs`` (``emufs.c`` here, a
-libfuse3 daemon compiled on first use), so that any program given its
+libfuse3 daemon built with the package), so that any program given its
 ``.path`` (clairvoyant's Loader, PyTorch's DataLoader, ``cat``) pays them.
 
 The model is EmulatedStore's, per request the kernel sends to the daemon:
@@ -23,8 +23,9 @@ file costs (usually one for a 30 KB image).
 
 The counters live in a small file the daemon maps (a fixed little-endian
 struct), which :meth:`FuseStore.counters` and :meth:`FuseStore.reset` map too:
-no round trip to the daemon. Linux only; needs /dev/fuse, fusermount3, and to
-build the daemon, a C compiler and libfuse3's headers (``scripts/install-sysdeps.sh``).
+no round trip to the daemon. Linux only; needs /dev/fuse, fusermount3 and FUSE 3's
+shared library (Debian: fuse3), and clairvoyant built where libfuse3's headers were
+(``scripts/install-sysdeps.sh``), as the daemon is built at install, never at run time.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from ..errors import ConfigError, SourceError, SourceNotFound
 from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from .emulated import Counters
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emufs.c")
 # magic, version, size; opens, reads, bytes, listings, getattrs, peak in flight, in flight now
 _LAYOUT = struct.Struct("<8sII7Q")
 _MAGIC, _VERSION = b"CVEMUFS\0", 1
@@ -48,8 +48,7 @@ _COUNTERS_AT, _N_RESET = 16, 6  # reset zeroes the first six counters, not "in f
 _MAX_INFLIGHT = 4096
 
 
-_DAEMON = Daemon(_SOURCE, "emufs")
-_binary_path = _DAEMON.binary_path
+_DAEMON = Daemon("emufs", os.path.dirname(os.path.abspath(__file__)))   # built from emufs.c by setup.py
 _mounted = mounted
 
 
@@ -59,8 +58,8 @@ def fuse_available() -> tuple[bool, str]:
 
 
 def daemon_binary() -> str:
-    """The emufs daemon, compiled on first use into ``cache_home()/bin``, named by a hash of its
-    source. Compiled under a temporary name and renamed, so concurrent first uses do not collide."""
+    """The emufs daemon's executable, installed with the package (SourceError saying how to get it
+    where the package has none)."""
     return _DAEMON.binary()
 
 
@@ -127,8 +126,8 @@ class FuseStore:
         if (magic, version, size) != (_MAGIC, _VERSION, _LAYOUT.size):
             mm.close()
             raise SourceError(f"{self._counters_path}: counters file of another emufs version (magic {magic!r}, "
-                              f"version {version}, size {size}); delete {os.path.dirname(daemon_binary())} "
-                              "to rebuild the daemon")
+                              f"version {version}, size {size}): the emufs daemon {daemon_binary()} is not of "
+                              "this clairvoyant's version; install clairvoyant again")
         return mm
 
     @property
