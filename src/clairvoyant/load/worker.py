@@ -298,24 +298,31 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
         if served is not None:   # only samples the batch holds (a skipped one was never served)
             served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
+    return _collated(job, slots, spec, collate, samples, skipped, repaired, read_s, decode_s, served)
+
+
+def _collated(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable, samples: list, skipped: list,
+              repaired: list, read_s: float, decode_s: float, served: list | None) -> Loaded | Failed:
+    """The batch's ``samples`` collated into its slot: what a reader answers (Failed where none is
+    left or collation fails)."""
+    k, slot_id = job.batch, job.slot
     if not samples:
         return Failed(k, slot_id, "empty", job.items[0].key if job.items else "",
                       f"all {len(job.items)} samples of the batch were skipped", "")
-    t2 = clock()
+    t0 = time.perf_counter()
     try:
         spec_, size, leaves = pack(collate(samples), slots[slot_id], digests=spec.digests)
     except Exception as e:
         return Failed(k, slot_id, "collate", job.items[0].key, f"{type(e).__name__}: {e}", traceback.format_exc())
-    return Loaded(k, slot_id, spec_, size, skipped, repaired, (read_s, decode_s, clock() - t2), served, leaves)
+    return Loaded(k, slot_id, spec_, size, skipped, repaired, (read_s, decode_s, time.perf_counter() - t0), served,
+                  leaves)
 
 
 def _load_made(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
     """A batch of a dataset with no files (source/indexed.py): each sample is what the dataset's
     ``__getitem__`` returns for its index (its own transforms applied there), collated as it is."""
     samples, skipped = [], []
-    clock = time.perf_counter
-    t0 = clock()
-    k, slot_id = job.batch, job.slot
+    t0 = time.perf_counter()
     for item in job.items:
         try:
             samples.append(spec.source.item(item.key))
@@ -323,13 +330,6 @@ def _load_made(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable)
             if job.skip:
                 skipped.append((item.key, f"{type(e).__name__}: {e}"))
                 continue
-            return Failed(k, slot_id, "getitem", item.key, f"{type(e).__name__}: {e}", traceback.format_exc())
-    if not samples:
-        return Failed(k, slot_id, "empty", job.items[0].key if job.items else "",
-                      f"all {len(job.items)} samples of the batch were skipped", "")
-    t1 = clock()
-    try:
-        spec_, size, leaves = pack(collate(samples), slots[slot_id], digests=spec.digests)
-    except Exception as e:
-        return Failed(k, slot_id, "collate", job.items[0].key, f"{type(e).__name__}: {e}", traceback.format_exc())
-    return Loaded(k, slot_id, spec_, size, skipped, [], (0.0, t1 - t0, clock() - t1), None, leaves)
+            return Failed(job.batch, job.slot, "getitem", item.key, f"{type(e).__name__}: {e}",
+                          traceback.format_exc())
+    return _collated(job, slots, spec, collate, samples, skipped, [], 0.0, time.perf_counter() - t0, None)
