@@ -137,6 +137,20 @@ def test_a_list_file_gives_files_labels_and_fields(dataset, tmp_path, kind, no_l
     assert x.shape == (40, 32, 32, 3)
 
 
+def test_the_loader_takes_fields_of_a_list_file_path(dataset, tmp_path, no_leaks):
+    """``Loader("train.csv", fields=["weight"])``: the columns travel with each sample (issue 30: the
+    Loader takes fields=). Control: without fields= the batch has two elements."""
+    path, rows = write_list(tmp_path, dataset, "csv")
+    path.write_text("path,label,weight\n" + "".join(f"{os.path.join(dataset, k)},{c},{w}\n" for k, c, w in rows))
+    with Loader(str(path), fields=["weight"], batch_size=40, local_dir=tmp_path / "l", shuffle=False,
+                num_workers=1, output="numpy") as ld:
+        (x, y, f), = list(ld)
+    assert f["weight"].tolist() == [w for _, _, w in sorted(rows)] and x.shape == (40, 32, 32, 3)
+    with Loader(str(path), batch_size=40, local_dir=tmp_path / "l2", shuffle=False, num_workers=1,
+                output="numpy") as ld:
+        assert len(next(iter(ld))) == 2
+
+
 def test_a_list_file_path_is_a_source_and_bad_lists_say_what_is_wrong(dataset, tmp_path, no_leaks):
     keys = sorted(os.path.relpath(os.path.join(r, f), dataset) for r, _, fs in os.walk(dataset) for f in fs
                   if f.endswith(".jpg"))[:10]
