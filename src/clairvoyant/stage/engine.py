@@ -135,13 +135,13 @@ class Stager:
         """Stage a batch: per sample, hit (in the local tier), keep (there after its access), the
         node whose tier serves it (-1: none; ``peer`` None: no cluster cache) and whether its range
         is read whole here (``whole`` None: none is)."""
-        items = [(batch_id, j, int(idx), bool(hit[j]), bool(keep[j]), -1 if peer is None else int(peer[j]),
-                  whole is not None and bool(whole[j])) for j, idx in enumerate(indices)]
+        items = [Item(batch_id, j, int(idx), bool(hit[j]), bool(keep[j]), -1 if peer is None else int(peer[j]),
+                      whole is not None and bool(whole[j])) for j, idx in enumerate(indices)]
         for it in items:
-            if it[6] and self._ranges is not None:   # its range's samples wait for this read, not their own
-                self._reading.setdefault(int(self._ranges.of[it[2]]), threading.Event())
+            if it.whole and self._ranges is not None:   # its range's samples wait for this read, not their own
+                self._reading.setdefault(int(self._ranges.of[it.sample]), threading.Event())
         if self._native is not None:   # kept misses from a local POSIX source: to the native threads
-            native = [it[4] and not (it[3] or it[6]) and it[5] < 0 for it in items]
+            native = [it.keep and not (it.hit or it.whole) and it.peer < 0 for it in items]
             back = {id(it) for it in self._native.submit([it for it, n in zip(items, native) if n])}   # not taken
             items = [it for it, n in zip(items, native) if not n or id(it) in back]
         for it in items:
@@ -256,7 +256,7 @@ class Stager:
         yet: no staging thread waits for it. It comes back (to ``_resumed``) when its range's read
         is done (it is then found in the tier) or when it falls due (``advance``: it is then read
         on its own), whichever is first. False: not parked, stage it now."""
-        batch, idx = item[0], item[2]
+        batch, idx = item.batch, item.sample
         if not self._reading or self._due(batch):
             return False
         r = int(self._ranges.of[idx])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import native_files
 from .native_files import Done, NativeStager
@@ -30,7 +30,16 @@ from ..manifest import Manifest
 
 # deliver(batch, position in batch, placement, seconds); fallback(item): stage it in Python
 Deliver = Callable[[int, int, Placement, float], None]
-Item = tuple   # the Python stager's item: (batch, position, sample, hit, keep, peer, whole)
+class Item(NamedTuple):
+    """One sample of a batch to stage (what ``Stager.submit`` queues)."""
+
+    batch: int
+    pos: int       # its position in the batch
+    sample: int    # its index in the manifest
+    hit: bool      # the plan finds it in the local tier
+    keep: bool     # the plan keeps it there after its access
+    peer: int      # the node whose tier serves it (-1: none)
+    whole: bool    # its range is read whole here
 
 
 def applies(source, tiers: Tiers, gated: bool) -> bool:
@@ -70,8 +79,8 @@ class NativeRoute:
             now = time.perf_counter()
             for k, it in enumerate(items):
                 self._jobs[first + k] = (it, now)
-                self._by_sample.setdefault(it[2], [0, threading.Event()])[0] += 1
-        jobs = [(first + k, keys[it[2]], int(sizes[it[2]])) for k, it in enumerate(items)]
+                self._by_sample.setdefault(it.sample, [0, threading.Event()])[0] += 1
+        jobs = [(first + k, keys[it.sample], int(sizes[it.sample])) for k, it in enumerate(items)]
         try:
             outcomes = self._engine.submit_many(jobs)
         except Exception:   # none of them went
@@ -88,10 +97,10 @@ class NativeRoute:
             got = self._jobs.pop(token, None)
             if got is None:
                 return None
-            e = self._by_sample[got[0][2]]
+            e = self._by_sample[got[0].sample]
             e[0] -= 1
             if e[0] == 0:
-                del self._by_sample[got[0][2]]
+                del self._by_sample[got[0].sample]
                 e[1].set()
             return got
 
@@ -116,7 +125,7 @@ class NativeRoute:
         try:
             if d.loc is not None:
                 self._tiers.counters.add("staged_local")
-                self._deliver(item[0], item[1], Placement(LOCAL, d.loc, True), time.perf_counter() - t0)
+                self._deliver(item.batch, item.pos, Placement(LOCAL, d.loc, True), time.perf_counter() - t0)
             else:   # staged meanwhile by another process (the Python way finds it), or failed
                 self._fallback(item)
         except BaseException as e:   # never lost in the collector's log: the batch would wait for ever
