@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from clairvoyant.experiments import autotune
+import autotune_experiment as autotune
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from ..load.decode import decode_image
-from ..testing import EmulatedStore, make_dataset
+from clairvoyant.load.decode import decode_image
+from clairvoyant.testing import EmulatedStore, make_dataset
 
 PROFILES = {
     "latency-bound": dict(store=dict(open_latency=0.040, read_latency=0.002, bandwidth=400e6), heavy=0.0),
@@ -49,7 +49,7 @@ class HeavyDecode:
 
 def _run(root: str, store_kw: dict, heavy: float, threads, epochs: int, images_only_after: int = 1,
          on_start=None, readers: int | None = 2) -> tuple[float, list[tuple[float, int]], tuple[int, int]]:
-    from ..load.loader import Loader
+    from clairvoyant.load.loader import Loader
     work = tempfile.mkdtemp(prefix="clairvoyant-autotune-")
     try:
         store = EmulatedStore(root, state_dir=os.path.join(work, "emu"), **store_kw)
@@ -79,7 +79,7 @@ def grid(*, images: int = 3200, grid_threads=(4, 8, 16, 32, 64), epochs: int = 3
          profiles=None, data_dir: str | None = None, progress=None) -> dict:
     """Fixed thread counts (2 readers) measured over epochs 2-3; auto (threads and readers) over
     its last two of ``auto_epochs`` epochs, once the per-epoch reader tuning has had its steps."""
-    from ..paths import cache_home
+    from clairvoyant.nodeio.paths import cache_home
     root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
     out = {}
     for name in profiles or PROFILES:
@@ -100,7 +100,7 @@ def step_change(*, images: int = 3200, before: float = 0.010, after: float = 0.0
                 epochs: int = 6, data_dir: str | None = None) -> dict:
     """images/s per second of wall time, auto, with the open latency going from ``before`` to
     ``after`` ``switch_s`` seconds into the run."""
-    from ..paths import cache_home
+    from clairvoyant.nodeio.paths import cache_home
     root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
     switched: list[float] = []
 
@@ -125,8 +125,8 @@ def step_change(*, images: int = 3200, before: float = 0.010, after: float = 0.0
 
 def readers_grid(*, images: int = 3200, readers=(1, 2, 3, 4), epochs: int = 3, data_dir: str | None = None) -> dict:
     """images/s with stage_threads="auto" and each number of reader processes, per profile."""
-    from ..load.loader import Loader
-    from ..paths import cache_home
+    from clairvoyant.load.loader import Loader
+    from clairvoyant.nodeio.paths import cache_home
     root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
     out: dict = {}
     for name, p in PROFILES.items():

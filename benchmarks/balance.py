@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from clairvoyant.experiments import balance
+import balance_experiment as balance
 
 
 def main(argv: list[str] | None = None) -> int:

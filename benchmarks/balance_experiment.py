@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from .processes import run_forked
+from clairvoyant.experiments.processes import run_forked
 
 
 def make_sized_dataset(root: str, n: int, small: int, seed: int = 0) -> str:
@@ -44,8 +44,8 @@ def _tiny(b: bytes) -> np.ndarray:
 def _rank(rank: int, root: str, work: str, barrier, balance: bool, batch: int, step: float, store_kw: dict,
           out: str) -> None:
     os.environ["CLAIRVOYANT_RAM_DIR"] = os.path.join(work, "ram")
-    from ..load.loader import Loader
-    from ..testing import EmulatedStore
+    from clairvoyant.load.loader import Loader
+    from clairvoyant.testing import EmulatedStore
     store = EmulatedStore(root, state_dir=os.path.join(work, "emu"), **store_kw)
     waits = []
     with Loader(store, batch_size=batch, local_dir=os.path.join(work, "local"), rank=rank, world_size=2,

@@ -98,7 +98,7 @@ def hit_rates(*, images: int = 2000, fractions=(0.10, 0.25, 0.50, 0.75), ranks_g
 def throughput(*, images: int = 3200, fraction: float = 0.5, epochs: int = 3, batch_size: int = 32,
                repeats: int = 3, data_dir: str | None = None) -> dict:
     """images/s after the first epoch at capacity ``fraction`` against unbounded capacity, same store."""
-    from ..paths import cache_home
+    from ..nodeio.paths import cache_home
     root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
     store_kw = dict(open_latency=0.010, read_latency=0.002, bandwidth=400e6)
     rates: dict[str, list[float]] = {"bounded": [], "unbounded": []}
@@ -120,7 +120,7 @@ def source_limited(*, images: int = 3200, fraction: float = 0.5, epochs: int = 3
     the data allows: min(decode rate, source rate / (1 - f)). The decode rate is the unbounded run's
     images/s once everything is cached; the source rate is that run's cold first epoch, where every
     sample is read from the source once and the source is the bottleneck."""
-    from ..paths import cache_home
+    from ..nodeio.paths import cache_home
     root = make_dataset(data_dir or os.path.join(cache_home(), "demo", f"synthetic-imagenet-{images}"), images)
     store_kw = dict(open_latency=0.010, read_latency=0.002, bandwidth=bandwidth)
     got, decode, source = [], [], []

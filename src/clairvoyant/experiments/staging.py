@@ -26,7 +26,7 @@ import numpy as np
 from .. import manifest as manifest_mod
 from ..load.decode import decode_image, decode_image_pillow
 from ..load.loader import Loader
-from ..paths import cache_home
+from ..nodeio.paths import cache_home
 from ..testing.emulated import EmulatedStore
 from ..testing.synthetic import make_dataset
 
