@@ -7,10 +7,10 @@ check that).
 The two FUSE daemons, ``mount/mountfs`` (``clairvoyant mount``) and ``testing/emufs`` (the
 emulated slow store, ``FuseStore``), are executables built here with the extensions and placed
 beside them: in the wheel, and for an editable install in the source tree. Nothing is compiled at
-run time (clairvoyant.fusebase only finds them). Building needs a C compiler, pkg-config and the
+run time (clairvoyant.fuse.daemon only finds them). Building needs a C compiler, pkg-config and the
 headers of libfuse3 and xxhash (scripts/install-sysdeps.sh); running needs only glibc, /dev/fuse,
 fusermount3 and FUSE 3's shared library: xxhash is compiled in from its header, and libfuse3 is
-loaded by the daemon at run time (fuse_loader.h), so no wheel carries or links it. Optional too:
+loaded by the daemon at run time (fuse/fuse_loader.h), so no wheel carries or links it. Optional too:
 a build machine without those headers installs clairvoyant without the daemons, and the mount
 then says what is missing.
 """
@@ -24,7 +24,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ext = [] if sys.platform != "linux" else [
-    Extension("clairvoyant._fastio", ["src/clairvoyant/_fastio.c"], optional=True,
+    Extension("clairvoyant.nodeio._fastio", ["src/clairvoyant/nodeio/_fastio.c"], optional=True,
               extra_compile_args=["-O2"]),
     # staging threads in C (libxxhash-dev's header, inlined: nothing to link)
     Extension("clairvoyant.cache._stager", ["src/clairvoyant/cache/_stager.c"], optional=True,
@@ -36,7 +36,7 @@ ext = [] if sys.platform != "linux" else [
 # package -> (executable, its C source); both include these headers of src/clairvoyant
 DAEMONS = {"clairvoyant.mount": ("mountfs", "src/clairvoyant/mount/mountfs.c"),
            "clairvoyant.testing": ("emufs", "src/clairvoyant/testing/emufs.c")}
-DAEMON_HEADERS = ["src/clairvoyant/fuse_common.h", "src/clairvoyant/fuse_loader.h",
+DAEMON_HEADERS = ["src/clairvoyant/fuse/fuse_common.h", "src/clairvoyant/fuse/fuse_loader.h",
                   "src/clairvoyant/cache/tier_format.h"]
 BUILD_DEPS = ("a C compiler, pkg-config, libfuse3-dev and libxxhash-dev (Debian names; "
               "sh scripts/install-sysdeps.sh installs them)")
@@ -90,7 +90,7 @@ class build_ext_and_daemons(build_ext):
         if compiler is None or isinstance(compiler, str):   # no extensions were built
             compiler = new_compiler(compiler=compiler, dry_run=self.dry_run, force=self.force)
             customize_compiler(compiler)
-        include = ["src/clairvoyant", *_include_dirs("fuse3", "fuse.h", "libfuse3"),
+        include = ["src/clairvoyant", "src/clairvoyant/fuse", *_include_dirs("fuse3", "fuse.h", "libfuse3"),
                    *_include_dirs("libxxhash", "xxhash.h", "xxhash")]
         regular, inplace = self._daemon_paths(package, name)
         objects = compiler.compile([source], output_dir=os.path.join(self.build_temp, "daemons"),
@@ -120,5 +120,5 @@ class build_ext_and_daemons(build_ext):
 
 setup(ext_modules=ext, cmdclass={"build_ext": build_ext_and_daemons},
       # the daemons' sources, for an sdist (the wheel carries them built)
-      package_data={"clairvoyant": ["fuse_common.h", "fuse_loader.h", "cache/tier_format.h"],
+      package_data={"clairvoyant": ["fuse/fuse_common.h", "fuse/fuse_loader.h", "cache/tier_format.h"],
                     "clairvoyant.testing": ["emufs.c"], "clairvoyant.mount": ["mountfs.c"]})

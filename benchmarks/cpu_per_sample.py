@@ -31,7 +31,7 @@ import torch  # noqa: F401  (imported before any clock, as users have it)
 from clairvoyant import Loader
 from clairvoyant.experiments.staging import _ReadDataset, file_reader
 from clairvoyant.load.decode import decode_image
-from clairvoyant.paths import cache_home
+from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.testing import make_dataset
 
 

@@ -34,7 +34,7 @@ from clairvoyant import Loader
 from clairvoyant import manifest as manifest_mod
 from clairvoyant.experiments import staging
 from clairvoyant.load.decode import decode_image
-from clairvoyant.paths import cache_home
+from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.source import PosixSource
 from clairvoyant.testing import FuseStore, make_dataset
 

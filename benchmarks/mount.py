@@ -35,7 +35,7 @@ from fusebench import run_and_report
 
 from clairvoyant.load.decode import decode_image
 from clairvoyant.mount import Mount
-from clairvoyant.paths import cache_home
+from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.testing import FuseStore, drop_pages, make_dataset
 from clairvoyant.torch import RandomSampler
 

@@ -112,7 +112,7 @@ def simulated_per_file(manifest, epochs: int, capacity: int, policy: str) -> flo
 
 
 def run(args: argparse.Namespace) -> dict:
-    from clairvoyant.fusebase import mounted
+    from clairvoyant.fuse.daemon import mounted
     from clairvoyant.manifest import obtain
     from clairvoyant.source import as_source
     from clairvoyant.testing import FuseStore, make_dataset

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mount import CpuMeter, FolderDataset, epoch  # noqa: E402
 
 from clairvoyant.mount import Mount  # noqa: E402
-from clairvoyant.paths import cache_home  # noqa: E402
+from clairvoyant.nodeio.paths import cache_home  # noqa: E402
 from clairvoyant.testing import FuseStore, make_dataset  # noqa: E402
 from clairvoyant.torch import RandomSampler  # noqa: E402
 

@@ -59,8 +59,8 @@ from clairvoyant import Loader  # noqa: E402
 from clairvoyant import manifest as manifest_mod  # noqa: E402
 from clairvoyant.experiments import staging  # noqa: E402
 from clairvoyant.load.decode import decode_image  # noqa: E402
-from clairvoyant.pack import member_names, pack, plan_shards  # noqa: E402
-from clairvoyant.paths import cache_home  # noqa: E402
+from clairvoyant.pack.tar import member_names, pack, plan_shards  # noqa: E402
+from clairvoyant.nodeio.paths import cache_home  # noqa: E402
 from clairvoyant.source import PosixSource, TarShardSource  # noqa: E402
 from clairvoyant.testing import FuseStore, make_dataset  # noqa: E402
 

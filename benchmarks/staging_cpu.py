@@ -23,7 +23,7 @@ import time
 from clairvoyant import manifest as manifest_mod
 from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.tiers import Placement, Tiers
-from clairvoyant.paths import cache_home
+from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.stage.engine import Stager
 from clairvoyant.testing import EmulatedStore, make_dataset
 

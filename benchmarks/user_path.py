@@ -25,7 +25,7 @@ import torch
 from clairvoyant import Loader
 from clairvoyant.load.collate import default_collate
 from clairvoyant.load.transport import Output, Slot, pack, unpack_shared
-from clairvoyant.paths import cache_home
+from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.testing import make_dataset
 
 

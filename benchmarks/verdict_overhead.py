@@ -20,7 +20,7 @@ import numpy as np
 
 from clairvoyant import Loader
 from clairvoyant.load.records import EpochWindow
-from clairvoyant.paths import cache_home
+from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.testing import make_dataset
 from clairvoyant.tune.stats import Stats
 from clairvoyant.tune.verdict import split_wait

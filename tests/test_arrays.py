@@ -170,7 +170,7 @@ def test_pack_npz_gives_shards_read_back_by_byte_range_with_the_trees_samples(tm
     samples, y their labels), the same bytes twice over (deterministic), and Loader(DST) gives every
     sample once with its label, as the tree does. Control: a rerun keeps the shards; a shard size
     that is smaller gives more shards."""
-    from clairvoyant.pack_arrays import pack_arrays
+    from clairvoyant.pack.arrays import pack_arrays
 
     x = _tree_of_npy(tmp_path / "tree")
     a = pack_arrays(str(tmp_path / "tree"), tmp_path / "a", shard_size=10 * x[0].nbytes)
@@ -195,7 +195,7 @@ def test_pack_npz_gives_shards_read_back_by_byte_range_with_the_trees_samples(tm
 
 
 def test_pack_npz_refuses_samples_that_are_not_alike_or_not_arrays(tmp_path):
-    from clairvoyant.pack_arrays import pack_arrays
+    from clairvoyant.pack.arrays import pack_arrays
 
     _tree_of_npy(tmp_path / "tree", 6)
     np.save(tmp_path / "tree" / "c0" / "s999.npy", np.zeros((2, 2), np.float64))
@@ -264,7 +264,7 @@ def test_structured_and_damaged_array_files_are_refused_by_name(tmp_path):
 def test_pack_npz_of_a_flat_folder_of_npy_files(tmp_path):
     """A folder of .npy files with no class folders (which as_source would read as rows) packs its
     files whole. Control: the pack's samples are the files' arrays."""
-    from clairvoyant.pack_arrays import pack_arrays
+    from clairvoyant.pack.arrays import pack_arrays
 
     x, _ = _data(12)
     (tmp_path / "flat").mkdir()
@@ -285,7 +285,7 @@ def test_pack_hdf5_gives_contiguous_shards_read_back_by_byte_range(tmp_path):
     pytest.importorskip("h5py")
     import h5py
 
-    from clairvoyant.pack_arrays import pack_arrays
+    from clairvoyant.pack.arrays import pack_arrays
     from clairvoyant.source import HDF5Source
 
     x = _tree_of_npy(tmp_path / "tree")

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from clairvoyant.cache.extents import _SLOT, Index, key_digest
-from clairvoyant.fdcache import FdCache
+from clairvoyant.nodeio.fdcache import FdCache
 
 
 def test_an_extent_number_is_handed_out_only_when_sealed_and_empty(tmp_path):

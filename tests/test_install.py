@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from clairvoyant import fusebase
+from clairvoyant.fuse import daemon as fusebase
 from clairvoyant.errors import SourceError
-from clairvoyant.fusebase import Daemon
+from clairvoyant.fuse.daemon import Daemon
 from clairvoyant.mount import fs as mount_fs
 from clairvoyant.testing import fusestore
 
@@ -279,7 +279,7 @@ diff -r "$SRC" "$MNT"
 mount_down "$WORK/mount1.log"
 echo "mounted, read, unmounted"
 
-"$VENV/bin/python" -c 'import clairvoyant, clairvoyant._fastio, clairvoyant.cache._stager, clairvoyant.plan._belady
+"$VENV/bin/python" -c 'import clairvoyant, clairvoyant.nodeio._fastio, clairvoyant.cache._stager, clairvoyant.plan._belady
 print("imported from", clairvoyant.__file__)'
 
 # without the daemon: the mount says how to get it, and that advice (a wheel) works here

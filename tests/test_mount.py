@@ -17,7 +17,7 @@ import pytest
 from clairvoyant import Loader
 from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.verify import verify
-from clairvoyant.fusebase import mounted
+from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import Mount, mount_available, read_info, read_stats
 from clairvoyant.source import as_source
 from clairvoyant.testing import drop_pages, make_dataset

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from clairvoyant.fusebase import mounted
+from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import Mount, mount_available, read_info, read_stats
 from clairvoyant.mount.cluster import LoopbackLink
 from clairvoyant.plan.unplanned import hash_homes

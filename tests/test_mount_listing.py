@@ -17,7 +17,7 @@ import pytest
 
 from clairvoyant import Loader
 from clairvoyant import manifest as manifest_mod
-from clairvoyant.fusebase import mounted
+from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import Mount, mount_available
 from clairvoyant.source import PosixSource, as_source
 from clairvoyant.testing import make_dataset

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from clairvoyant import Loader
-from clairvoyant.pack import pack
+from clairvoyant.pack.tar import pack
 from clairvoyant.plan.ranges import Ranges, whole_reads
 from clairvoyant.plan.residency import simulate_epoch
 from clairvoyant.plan.residents import Residents

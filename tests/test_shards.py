@@ -1,4 +1,4 @@
-"""Tar shards as a source (source/shards.py) and `clairvoyant pack` (pack.py). Every check has a
+"""Tar shards as a source (source/shards.py) and `clairvoyant pack` (pack/tar.py). Every check has a
 negative control that must fail."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from clairvoyant import Loader
 from clairvoyant import manifest as manifest_mod
 from clairvoyant.cli.main import main
 from clairvoyant.errors import ConfigError, SampleReadError
-from clairvoyant.pack import STATE, pack
+from clairvoyant.pack.tar import STATE, pack
 from clairvoyant.source import PosixSource, TarShardSource, as_source
 from clairvoyant.source import shards as shards_mod
 from clairvoyant.source import tarindex as tarindex_mod

@@ -113,11 +113,12 @@ def test_a_loader_follows_a_group_started_after_it(dataset, tmp_path, monkeypatc
 _EXCHANGE = """
 import json, os, sys
 import torch.distributed as dist
-from clairvoyant.dist.topology import digest63, gather_over_group, layout_of
+from clairvoyant.dist.topology import NodeLayout, digest63, gather_over_group, nodes_of
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 4), rank=rank, world_size=4)
 rows = gather_over_group([digest63(sys.argv[3 + rank].encode())])
-print(json.dumps([rank, 4, *layout_of([r[0] for r in rows], rank)]))
+t = NodeLayout(nodes_of([r[0] for r in rows]), rank)
+print(json.dumps([rank, 4, t.local_rank, t.local_world_size]))
 dist.destroy_process_group()
 """
 
@@ -130,10 +131,11 @@ dist.destroy_process_group()
 ])
 def test_the_node_layout_is_exchanged_over_the_group(tmp_path, nodes, expected):
     """No LOCAL_WORLD_SIZE (Lightning sets none): every rank's node name is gathered over the group."""
-    from clairvoyant.dist.topology import layout_of
+    from clairvoyant.dist.topology import NodeLayout, nodes_of
     with pytest.raises(ConfigError, match=r"ranks \[0, 2\] share a node"):   # the pure half, on its own
-        layout_of([7, 8, 7, 9], 3)
-    assert layout_of([7, 7, 8, 8, 8], 4) == (2, 3)
+        nodes_of([7, 8, 7, 9])
+    t = NodeLayout(nodes_of([7, 7, 8, 8, 8]), 4)
+    assert (t.local_rank, t.local_world_size) == (2, 3)
     import subprocess
     import sys
     script = tmp_path / "x.py"

@@ -5,10 +5,9 @@ library's; slower, weaker) stores the local tier's entries compressed, each one 
 saves at least ``MIN_SAVING`` of it (else as it is): the tier's capacity then counts the bytes
 written, so more of the data set fits. ``"auto"`` measures the data set first (``measure``: a
 few samples compressed) and compresses where plan/compression.py says it pays. A compressed
-entry's trailer says which codec wrote it, so readers need no setting: ``inflate``.
+entry's trailer says which codec wrote it, so readers need no setting (cache/entry.py inflates it).
 
-Compressors are per thread (zstd's are not to be shared between threads); inflation is bounded
-by the sample's size (a damaged or hostile stream cannot make it allocate more).
+Compressors are per thread (zstd's are not to be shared between threads).
 """
 
 from __future__ import annotations
@@ -91,26 +90,6 @@ def entry_parts(data: bytes | memoryview, mtime_ns: int, how: Codec | None) -> t
         if len(packed) <= (1 - MIN_SAVING) * len(data):
             return packed, TRAILER.pack(how.magic, xxhash.xxh3_64_intdigest(data), int(mtime_ns), len(data))
     return data, seal(data, mtime_ns)
-
-
-def inflate(magic: bytes, payload: bytes | memoryview, size: int) -> bytes:
-    """The ``size`` bytes a compressed entry's ``payload`` holds (never more are made)."""
-    if magic == ZSTD:
-        import zstandard
-        declared = zstandard.frame_content_size(payload)   # (zstd inflates to what the frame declares,
-        if declared != size:                                # whatever the bound: so that is checked first)
-            raise ValueError(f"the frame declares {declared} bytes, not the sample's {size}")
-        d = getattr(_local, "unzstd", None)
-        if d is None:
-            d = _local.unzstd = zstandard.ZstdDecompressor()
-        return d.decompress(payload, max_output_size=size)
-    if magic == ZLIB:
-        d = zlib.decompressobj()
-        out = d.decompress(payload, size)
-        if d.unconsumed_tail or not d.eof:
-            raise ValueError("the stream holds more than the sample, or ends early")
-        return out
-    raise ValueError(f"no codec for {magic!r}")
 
 
 def measure(samples: Iterable[bytes], how: Codec) -> tuple[int, int]:

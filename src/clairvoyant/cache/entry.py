@@ -18,6 +18,8 @@ other is.
 from __future__ import annotations
 
 import struct
+import threading
+import zlib
 
 import xxhash
 
@@ -57,8 +59,32 @@ def unseal(blob: bytes, size: int, where: str) -> bytes:
     return data
 
 
+_local = threading.local()   # a zstd decompressor per thread
+
+
+def inflate(magic: bytes, payload: bytes | memoryview, size: int) -> bytes:
+    """The ``size`` bytes a compressed entry's ``payload`` holds, by the codec its ``magic`` names
+    (cache/codec.py wrote it); never more are made, so a damaged or hostile stream cannot make it
+    allocate more than the sample."""
+    if magic == ZSTD:
+        import zstandard
+        declared = zstandard.frame_content_size(payload)   # (zstd inflates to what the frame declares,
+        if declared != size:                                # whatever the bound: so that is checked first)
+            raise ValueError(f"the frame declares {declared} bytes, not the sample's {size}")
+        d = getattr(_local, "unzstd", None)
+        if d is None:
+            d = _local.unzstd = zstandard.ZstdDecompressor()
+        return d.decompress(payload, max_output_size=size)
+    if magic == ZLIB:
+        d = zlib.decompressobj()
+        out = d.decompress(payload, size)
+        if d.unconsumed_tail or not d.eof:
+            raise ValueError("the stream holds more than the sample, or ends early")
+        return out
+    raise ValueError(f"no codec for {magic!r}")
+
+
 def _inflated(blob: bytes, magic: bytes, size: int, where: str) -> bytes:
-    from .codec import inflate
     _, checksum, _, n = TRAILER.unpack_from(blob, len(blob) - TRAILER.size)
     if n != size or len(blob) - TRAILER.size >= size:
         raise CorruptEntry(f"cached entry {where} is a compressed entry of {n} bytes, expected {size}")

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..fdcache import FdCache
+from ..nodeio.fdcache import FdCache
 
 ALIGN = 4096
 EXTENT_BYTES = 64 << 20

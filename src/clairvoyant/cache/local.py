@@ -32,7 +32,7 @@ from . import crashpoints
 from . import publish as _publish
 from .codec import Codec, entry_parts
 from .entry import entry_size, holds
-from ..fdcache import FdCache
+from ..nodeio.fdcache import FdCache
 from .extents import EXTENT_BYTES, Index, IndexFull, Loc, aligned, key_digest, punch
 from .ledger import Ledger
 

@@ -19,7 +19,7 @@ import numpy as np
 from . import capacity as capacity_mod
 from .local import LocalStore, prepare_root
 from .tiers import Tiers
-from ..paths import default_local_dir, default_ram_dir
+from ..nodeio.paths import default_local_dir, default_ram_dir
 
 
 @dataclass(frozen=True)

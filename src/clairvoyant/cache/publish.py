@@ -16,7 +16,7 @@ import os
 import time
 
 from ..errors import CacheError, LocalStorageFull
-from ..fileio import pid
+from ..nodeio.fileio import pid
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Callable
 
-from ..fileio import write_atomically
+from ..nodeio.fileio import write_atomically
 from .local import LocalStore
 
 

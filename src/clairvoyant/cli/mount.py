@@ -147,7 +147,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from ..fusebase import mounted, unmount
+    from ..fuse.daemon import mounted, unmount
     from ..mount.fs import read_info
 
     mnt = os.path.realpath(args.mountpoint)

@@ -8,8 +8,8 @@ import sys
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..pack import pack
-    from ..pack_arrays import pack_arrays
+    from ..pack.tar import pack
+    from ..pack.arrays import pack_arrays
     from ..units import format_bytes
 
     quiet = args.json or not sys.stderr.isatty()

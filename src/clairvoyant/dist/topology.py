@@ -185,12 +185,6 @@ def nodes_of(names: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(g) for g in groups)
 
 
-def layout_of(names: Sequence[int], rank: int) -> tuple[int, int]:
-    """(local rank, ranks on this node) of ``rank`` from every rank's node-name digest (``nodes_of``)."""
-    t = NodeLayout(nodes_of(names), rank)
-    return t.local_rank, t.local_world_size
-
-
 def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,
              origin: str = "given") -> NodeLayout:
     """The layout a launcher's numbers describe: ranks in node blocks of ``local_world_size``. The

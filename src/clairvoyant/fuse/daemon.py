@@ -21,10 +21,10 @@ import subprocess
 import time
 from typing import Sequence
 
-from .errors import SourceError
+from ..errors import SourceError
 
 INSTALL_HINT = "install FUSE 3 (Debian/Ubuntu: apt-get install fuse3; scripts/install-sysdeps.sh does)"
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout's, if any
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # a checkout's
 LIBFUSE_CHECK_TIMEOUT = 10.0
 
 
@@ -113,7 +113,7 @@ def log_tail(log: str, limit: int = 2000) -> str:
 
 def check_mountpoint(mnt: str) -> str:
     """``mnt`` made absolute, checked to be an existing empty directory that is not a mount yet."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     mnt = os.path.realpath(os.fspath(mnt))
     if not os.path.isdir(mnt) or os.listdir(mnt):

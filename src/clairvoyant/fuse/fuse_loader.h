@@ -12,7 +12,7 @@
  *
  * Without the library, the daemon says so on stderr, naming it, what to install and the
  * variable, and exits with CV_EXIT_NO_LIBFUSE. `DAEMON --check-libfuse` only loads it (exit 0
- * when it did): clairvoyant.fusebase asks that before mounting and surfaces the message.
+ * when it did): clairvoyant.fuse.daemon asks that before mounting and surfaces the message.
  *
  * The functions are looked up at symbol version FUSE_3.0, the ABI every program linked with a
  * libfuse 3 is bound to and which later releases of libfuse3.so.3 keep for them (3.17 added

@@ -25,7 +25,6 @@ from ..manifest import Manifest
 from ..plan import position_after
 
 if TYPE_CHECKING:
-    from .loader import Loader
     from .pipeline import EpochRun
 
 
@@ -112,7 +111,7 @@ class EpochPasses:
 class EpochSetter:
     """``loader.sampler``: what frameworks that set a DataLoader's epoch through its sampler call."""
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: EpochPasses) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
@@ -123,7 +122,7 @@ class _EpochIterator:
     """What ``iter(loader)`` returns; the pass is planned at its first ``next()``. Dropping it
     (early break, exception, GC) releases everything."""
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(self, loader: EpochPasses) -> None:   # (the Loader: it derives from EpochPasses)
         self._loader = loader
         self._run: EpochRun | None = None
         self._reported = False

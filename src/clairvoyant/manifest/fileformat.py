@@ -37,8 +37,8 @@ import numpy as np
 
 from ..cache.publish import tmp_name
 from ..errors import ManifestError
-from ..fileio import write_all, write_atomically
-from ..tree import PER as _TREE_PER, SECTIONS as _TREE_SECTIONS, Tree
+from ..nodeio.fileio import write_all, write_atomically
+from .tree import PER as _TREE_PER, SECTIONS as _TREE_SECTIONS, Tree
 from .record import _CHUNK, FORMAT, Keys, Manifest
 
 VERSION = 2                    # what save() writes

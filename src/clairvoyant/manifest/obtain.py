@@ -14,9 +14,10 @@ import os
 from typing import Callable
 
 from ..errors import EmptySourceError, ManifestError
-from ..paths import cache_home
+from ..nodeio.paths import cache_home
 from ..source import Source
-from ..tree import Collector
+from . import refresh
+from .tree import Collector
 from .fileformat import load, save
 from .record import Manifest
 
@@ -126,7 +127,6 @@ def current(source: Source, manifest: Manifest, origin: str, *, require_folders:
                     "removed from the source since are not noticed; run `clairvoyant index --force %s` once to "
                     "record them", origin, source.root, source.root)
         return manifest, False
-    from .. import refresh
 
     fresh, changes = refresh.check(source, manifest, pinned=pinned)
     return fresh, changes.saved

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..errors import ManifestError
-from ..tree import Tree
+from .tree import Tree
 
 FORMAT = "clairvoyant-manifest"
 _CHUNK = 1 << 20               # samples per step of a whole-array check: bounded temporaries

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import EmptySourceError
-from .source.posix import Entry, PosixSource
+from ..errors import EmptySourceError
+from ..source.posix import Entry, PosixSource
+from .record import Manifest
 from .tree import CTIME, LISTED, MTIME, Collector, Tree
 
 log = logging.getLogger("clairvoyant")
@@ -88,7 +89,6 @@ def check(source: PosixSource, manifest, *, pinned: str | None = None):
 
 def _with_folders(manifest, now: list[Entry]):
     """``manifest`` with its folders' modes and times as ``now`` (every one still there)."""
-    from .manifest import Manifest
 
     t = manifest.tree
     dtimes = np.array(t.dir_times)
@@ -101,7 +101,6 @@ def _with_folders(manifest, now: list[Entry]):
 
 def _relist(source: PosixSource, manifest, now: list[Entry | None], changed: list[str], gone: set[str]):
     """The folders ``changed`` listed again, those ``gone`` dropped: a new manifest and its changes."""
-    from .manifest import Manifest
 
     tree: Tree = manifest.tree
     dirs = tree.dirs

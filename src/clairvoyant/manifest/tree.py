@@ -22,7 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .source.posix import Entry
+from ..source.posix import Entry
 
 MTIME, ATIME, CTIME, LISTED = 0, 1, 2, 3   # columns of the times
 SECTIONS = {"file_modes": ("<u4",), "file_times": ("<i8",), "dir_key_offsets": ("<u4", "<u8"),

@@ -4,7 +4,7 @@ same manifest and local tier as the Loader.
 :class:`Mount` lists the source once (the manifest), writes the listing the daemon answers
 ``stat``/``readdir``/``open`` from (``listing.py``), joins the local tier's session as the Loader
 does (the first process of a session recovers the tier after a crash), and starts ``mountfs``
-(built from ``mountfs.c`` when the package is, never at run time: fusebase). The daemon reads a
+(built from ``mountfs.c`` when the package is, never at run time: fuse/daemon.py). The daemon reads a
 staged entry only after its checksum verifies, else the source. The mount process stages into
 the tier (``controller.py``): ahead in the order a clairvoyant sampler publishes, or what programs
 open, within the capacity.
@@ -31,8 +31,8 @@ from ..cache.entry import entry_size
 from ..cache.node import open_tiers
 from ..cache.tiers import Tiers
 from ..errors import ConfigError, SourceError
-from ..fileio import process_alive
-from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
+from ..nodeio.fileio import process_alive
+from ..fuse.daemon import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from ..source import PosixSource, as_source
 from ..plan.unplanned import hash_homes
 from . import listing

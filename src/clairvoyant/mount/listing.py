@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
-from ..fileio import write_atomically
+from ..nodeio.fileio import write_atomically
 
 MAGIC, VERSION = b"CVMNTLS1", 2
 HEAD = struct.Struct("<8sII4Q16x")

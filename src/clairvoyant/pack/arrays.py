@@ -8,7 +8,7 @@ reads each sample by its byte range, one read for many neighbours (``Loader(DST)
 ``x`` and ``y`` by itself). Every sample must have the first one's dtype and shape; a shard holds as
 many whole samples as ``shard_size`` allows (at least one).
 
-As ``pack.py`` (whose state file and checks this shares): deterministic (the zip's times fixed, the
+As ``tar.py`` (whose state file and checks this shares): deterministic (the zip's times fixed, the
 same manifest and bytes give the same shards, byte for byte), each shard written under a hidden
 temporary name and renamed once whole, resumable with the same settings. The samples' ``.npy``
 bytes are parsed here without unpickling (object arrays are refused).
@@ -25,12 +25,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import manifest as manifest_mod
-from .errors import ConfigError
-from .fileio import pid
-from .pack import FORMAT, PackResult, _write_state, read_in_order, start
-from .source import PosixSource, as_source
-from .units import parse_bytes
+from .. import manifest as manifest_mod
+from ..errors import ConfigError
+from ..nodeio.fileio import pid
+from .tar import FORMAT, PackResult, _write_state, read_in_order, start
+from ..source import PosixSource, as_source
+from ..units import parse_bytes
 
 MEMBER, LABELS = "x", "y"
 _EPOCH = (1980, 1, 1, 0, 0, 0)   # every member's time in the zip: the shards do not depend on the clock

@@ -31,16 +31,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from . import manifest as manifest_mod
-from .errors import ConfigError, SourceChanged
-from .fileio import pid, process_alive, write_all, write_atomically
-from .source import as_source
-from .source.tarindex import DATA_EXTENSIONS, split_member
-from .units import parse_bytes
+from .. import manifest as manifest_mod
+from ..errors import ConfigError, SourceChanged
+from ..nodeio.fileio import pid, process_alive, write_all, write_atomically
+from ..source import as_source
+from ..source.files import STATE, pack_layout
+from ..source.tarindex import DATA_EXTENSIONS, split_member
+from ..units import parse_bytes
 
-STATE = ".clairvoyant-pack.json"
 FORMAT = "clairvoyant-pack"
-_SHARD = re.compile(r"^shard-(\d{6,})\.(tar|npz|h5)$")      # (pack_arrays.py writes .npz and .h5 shards)
+_SHARD = re.compile(r"^shard-(\d{6,})\.(tar|npz|h5)$")      # (arrays.py writes .npz and .h5 shards)
 _TMP = re.compile(r"^\.shard-\d{6,}\.(tar|npz|h5)\.(\d+)\.tmp$")
 _BLOCK = tarfile.BLOCKSIZE
 
@@ -120,19 +120,6 @@ def member_names(keys) -> tuple[list[str], str | None]:
     raise ConfigError(f"the samples' extensions ({', '.join(sorted(fields)[:6])}) mix images and other kinds "
                       f"({', '.join(other[:3])}): a reader of the shards finds an image member by itself, or "
                       "one data_key= for all; pack one kind of file at a time")
-
-
-def pack_layout(path: Any) -> str | None:
-    """The layout of the pack in directory ``path`` ("tar", "npz", "hdf5" as its state file says),
-    or None where it is no pack's directory."""
-    if not isinstance(path, (str, os.PathLike)):
-        return None
-    try:
-        with open(os.path.join(os.fspath(path), STATE)) as f:
-            layout = json.load(f).get("layout", "tar")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return layout if isinstance(layout, str) else None
 
 
 def _prepare(dst: str, state: dict) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, SampleReadError, SourceError
 from .rows import ArrayDecoder, RowFiles
-from .files import Kept, names_files, read_span, resolve_files
+from .files import Kept, names_files, pack_layout, read_span, resolve_files
 
 __all__ = ["NumpySource", "ArrayDecoder", "ArrayFileError", "is_array_path"]
 
@@ -150,7 +150,6 @@ class NumpySource(RowFiles):
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
                  per_file: bool = False, max_open: int = MAX_OPEN) -> None:
-        from ..pack import pack_layout   # (here: pack.py imports the sources)
         if dataset is None and labels is None and pack_layout(paths) == "npz":   # `clairvoyant pack --format npz`
             dataset, labels = "x", "y"
         self.paths, root = resolve_files(paths, SUFFIXES, 'NumPy (.npy, .npz)')

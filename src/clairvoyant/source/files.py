@@ -1,18 +1,35 @@
 """Sources made of files of one kind (HDF5, NumPy arrays, TFRecords): which files a path names,
-and reading an exact byte range of one. Tar shards name theirs in shards.py (their index is keyed
+whether a directory is one of `clairvoyant pack`'s (``pack_layout``), and reading an exact byte
+range of one. Tar shards name theirs in shards.py (their index is keyed
 on the list)."""
 
 from __future__ import annotations
 
 import glob as globmod
 import hashlib
+import json
 import os
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
-from ..fdcache import FdCache
+from ..nodeio.fdcache import FdCache
+
+STATE = ".clairvoyant-pack.json"   # the state file of a `clairvoyant pack` directory (pack/tar.py writes it)
+
+
+def pack_layout(path: Any) -> str | None:
+    """The layout of the pack in directory ``path`` ("tar", "npz", "hdf5" as its state file says),
+    or None where it is no pack's directory."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    try:
+        with open(os.path.join(os.fspath(path), STATE)) as f:
+            layout = json.load(f).get("layout", "tar")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return layout if isinstance(layout, str) else None
 
 
 def names_files(path: str, suffixes: tuple[str, ...]) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import ConfigError, SampleReadError
 from .arrays import ArrayFileError
 from .rows import RowFiles
-from .files import Kept, names_files, read_span, resolve_files
+from .files import Kept, names_files, pack_layout, read_span, resolve_files
 
 __all__ = ["HDF5Source", "is_hdf5_path"]
 
@@ -136,7 +136,6 @@ class HDF5Source(RowFiles):
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  dataset: str | None = None, labels: str | None = None, fields: Sequence[str] | str = (),
                  per_file: bool = False, max_open: int = MAX_OPEN) -> None:
-        from ..pack import pack_layout   # (here: pack.py imports the sources)
         if dataset is None and labels is None and pack_layout(paths) == "hdf5":   # `clairvoyant pack --format hdf5`
             dataset, labels = "x", "y"
         self.paths, root = resolve_files(paths, SUFFIXES, 'HDF5')

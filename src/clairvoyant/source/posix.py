@@ -14,7 +14,7 @@ import time
 from typing import Iterator, NamedTuple
 
 from ..errors import EmptySourceError, SampleReadError, SourceError, SourceNotFound
-from ..fileio import read_file, read_with_mtime
+from ..nodeio.fileio import read_file, read_with_mtime
 from .base import Source
 
 

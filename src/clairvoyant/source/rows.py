@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError
 from .base import Source
-from ..fdcache import FdCache
+from ..nodeio.fdcache import FdCache
 from .files import listed_files, one_file, unreadable
 
 

@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
-from ..fdcache import FdCache
+from ..nodeio.fdcache import FdCache
 from . import tarindex
 from .base import Source
 from .files import names_files, resolve_files

@@ -25,8 +25,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import SourceError, SourceNotFound
-from ..fileio import pid, write_all, write_atomically
-from ..paths import cache_home
+from ..nodeio.fileio import pid, write_all, write_atomically
+from ..nodeio.paths import cache_home
 
 
 # data members, in order of preference (lower case; a field ending in one of them, e.g.

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceError
-from ..fdcache import FdCache
+from ..nodeio.fdcache import FdCache
 from .base import Source
 from .rows import NoLabels
 from .files import listed_files, names_files, one_file, read_span, resolve_files
@@ -239,15 +239,6 @@ class _Sizes:
         keys = self._m.keys
         i = bisect.bisect_left(keys, key)
         return int(self._m.sizes[i]) if i < len(keys) and keys[i] == key else None
-
-
-def get(self, key: str) -> int | None:
-        if self._i is None:
-            self._i = {k: i for i, k in enumerate(self._m.keys)}
-        i = self._i.get(key)
-        return None if i is None else int(self._m.sizes[i])
-
-
 
 
 # -- tf.train.Example without TensorFlow ------------------------------------------------------------

@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from ..fileio import read_with_mtime
+from ..nodeio.fileio import read_with_mtime
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
 from .native_files import Done, NativeStager, _why, available

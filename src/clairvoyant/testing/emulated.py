@@ -26,8 +26,8 @@ from typing import Iterator
 
 
 from ..errors import ConfigError
-from ..fileio import pid
-from ..paths import _user
+from ..nodeio.fileio import pid
+from ..nodeio.paths import _user
 from ..source.posix import PosixSource
 
 # opens, reads, bytes, listings, peak in flight, next free time of the shared pipe, stats; then

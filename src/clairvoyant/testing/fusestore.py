@@ -38,7 +38,7 @@ import tempfile
 import weakref
 
 from ..errors import ConfigError, SourceError, SourceNotFound
-from ..fusebase import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
+from ..fuse.daemon import Daemon, check_mountpoint, mounted, start, teardown, wait_mounted
 from .emulated import Counters
 
 # magic, version, size; opens, reads, bytes, listings, getattrs, peak in flight, in flight now
