@@ -205,7 +205,7 @@ class EpochRun:
                 continue
             bad = {j for j, _ in failed}
             for j, err in failed:
-                self._stats.skipped.append(self._manifest.keys[int(self._batches[k][j])])
+                self._stats.skip([self._manifest.keys[int(self._batches[k][j])]])
             m, placed = self._manifest, self._placed.get(k, {})
             positions = [j for j in range(len(self._batches[k])) if j not in bad]
             items = []
@@ -233,8 +233,8 @@ class EpochRun:
         try:
             if k not in self._results:
                 with self._lock:
-                    self._stats.on_demand += self._remaining[k]
-                    self._stats.waits += 1
+                    missing = self._remaining[k]
+                self._stats.add(on_demand=missing, waits=1)
                 while k not in self._results:
                     self._poll(0.1)
                     if self._stager.fatal is not None:
@@ -293,8 +293,7 @@ class EpochRun:
         c = self._tiers.counters
         with c.lock:
             fetches, busy = c.fetches, c.fetch_seconds
-        with self._stats._lock:
-            waited = self._stats.wait_by_cause.get("fetch", 0.0)
+        waited = self._stats.waited("fetch")
         n = self._tuner.tick(now, waited, fetches, busy)
         if n is not None:
             self._stager.resize(n)
@@ -321,7 +320,7 @@ class EpochRun:
                 with self._lock:
                     worker.free.append(slot_id)
         if skipped:
-            self._stats.skipped.extend(key for key, _ in skipped)
+            self._stats.skip(key for key, _ in skipped)
         n = len(self._batches[k]) - len(skipped) - len(self._failed.get(k, ()))
         self._stats.add(batches=1, samples=n)
         if self._digests:

@@ -1,4 +1,5 @@
-"""Counters the loader keeps, shared by the staging threads and the consumer."""
+"""Counters the loader keeps, shared by the staging threads and the consumer: changed and read
+only through these methods, under this object's own lock."""
 
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ class Stats:
         with self._lock:
             for name, d in deltas.items():
                 setattr(self, name, getattr(self, name) + d)
+
+    def skip(self, keys) -> None:
+        """Samples skipped with ``on_error="skip"``."""
+        with self._lock:
+            self.skipped.extend(keys)
+
+    def waited(self, cause: str) -> float:
+        """Seconds the loop has waited for ``cause`` so far."""
+        with self._lock:
+            return self.wait_by_cause.get(cause, 0.0)
 
     def add_causes(self, causes: dict[str, float] | None) -> None:
         if causes:
