@@ -226,3 +226,23 @@ def test_the_mounts_step_decision_is_the_plans():
     step = next_step(h, 2, 2, True, 2, 10, 5)
     assert step == (EVICT, 1) and 1 not in h and 0 in h            # 1 (next used at 6) gives way, not 0
     assert next_step(h, 5, 0, True, 2, 10, 5).kind == SKIP         # control: a resident is never staged
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=2, max_size=2))
+def test_the_python_and_c_eviction_rules_agree(pair):
+    """One rule, two languages: FarthestNextUse.key orders residents as _belady.c's ``farther``
+    (every C heap's comparator). Control: a rule that breaks ties the other way disagrees."""
+    import pytest
+    _belady = pytest.importorskip("clairvoyant.plan._belady")
+    (na, sa), (nb, sb) = pair
+    key = FarthestNextUse.key
+    assert _belady.farther(na, sa, nb, sb) == (key(na, sa) < key(nb, sb))
+    assert _belady.farther(NEVER, sa, nb, sb) == (key(NEVER, sa) < key(nb, sb))
+
+
+def test_a_rule_with_other_ties_disagrees_with_c():
+    import pytest
+    _belady = pytest.importorskip("clairvoyant.plan._belady")
+    other = lambda nu, s: (-nu, -s)   # noqa: E731  (ties: the larger sample first)
+    assert any(_belady.farther(3, a, 3, b) != (other(3, a) < other(3, b)) for a in range(3) for b in range(3))

@@ -27,8 +27,14 @@
 
 typedef struct { int64_t nu, s; } Entry;
 
-/* a before b in the heap: larger next use first, then smaller sample */
-static int above(Entry a, Entry b) { return a.nu > b.nu || (a.nu == b.nu && a.s < b.s); }
+/* THE eviction rule, for every heap here: sample sa (next use nua) gives way before sb (nub), the
+ * larger next use first, then the smaller sample. plan/evict.py's FarthestNextUse.key is the same
+ * rule in Python (tests/test_evict.py checks the two agree, through `farther` below). */
+static inline int farther(int64_t nua, int64_t sa, int64_t nub, int64_t sb) {
+    return nua > nub || (nua == nub && sa < sb);
+}
+
+static int above(Entry a, Entry b) { return farther(a.nu, a.s, b.nu, b.s); }
 
 typedef struct { Entry *v; Py_ssize_t n, cap; } Heap;
 
@@ -430,7 +436,7 @@ static int32_t nu_of(const Plan *p, int32_t s) {
     int32_t t = p->C[s].T;
     return t >= 0 ? t : p->NX[-2 - t];
 }
-static int e_above(E32 a, E32 b) { return a.nu > b.nu || (a.nu == b.nu && a.s < b.s); }
+static int e_above(E32 a, E32 b) { return farther(a.nu, a.s, b.nu, b.s); }
 static void sift_down(E32 *v, int64_t n, int64_t i) {
     E32 x = v[i];
     for (;;) {
@@ -757,7 +763,14 @@ done:
     return result;
 }
 
+static PyObject *py_farther(PyObject *self, PyObject *args) {
+    long long nua, sa, nub, sb;
+    if (!PyArg_ParseTuple(args, "LLLL", &nua, &sa, &nub, &sb)) return NULL;
+    return PyBool_FromLong(farther(nua, sa, nub, sb));
+}
+
 static PyMethodDef methods[] = {
+    {"farther", py_farther, METH_VARARGS, "farther(next_use_a, sample_a, next_use_b, sample_b) -> whether a gives way first"},
     {"simulate", simulate, METH_VARARGS,
      "simulate(seq, nxt, sizes, capacity, res_samples, res_first, res_sizes, hit, keep[, admit]) -> "
      "(drop, after_samples, after_sizes)"},

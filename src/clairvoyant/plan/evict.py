@@ -29,14 +29,25 @@ def next_uses(sequence: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 class FarthestNextUse:
-    """Residents within ``capacity`` bytes; evicts the one whose next use is farthest."""
+    """Residents within ``capacity`` bytes; evicts the one whose next use is farthest.
+
+    ``key`` is the eviction rule, the one every heap of residents orders by (the mount's staging
+    ahead, plan/ahead.py, holds one of these; testing/reference.py's plain simulator takes the key):
+    the smaller key gives way first. ``_belady.c``'s ``farther`` is the same rule for the C plan.
+    """
+
+    @staticmethod
+    def key(next_use: float, sample: int) -> tuple[float, int]:
+        """Residents give way in the order of this key: the farthest next use first, then the
+        smaller sample."""
+        return (-next_use, sample)
 
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
         self.used = 0
         self._next: dict[int, int] = {}       # sample -> next use (position in the access sequence)
         self._size: dict[int, int] = {}
-        self._heap: list[tuple[int, int]] = []  # (-next use, sample); stale entries skipped lazily
+        self._heap: list[tuple[tuple, int]] = []  # (key, sample); stale entries skipped lazily
 
     def __contains__(self, sample: int) -> bool:
         return sample in self._next
@@ -55,13 +66,13 @@ class FarthestNextUse:
     def touch(self, sample: int, next_use: int) -> None:
         """A resident was used; ``next_use`` is when it is needed again (NEVER if not)."""
         self._next[sample] = next_use
-        heapq.heappush(self._heap, (-next_use, sample))
+        heapq.heappush(self._heap, (self.key(next_use, sample), sample))
 
     def _farthest(self, chosen: set[int] = frozenset()) -> tuple[int, int] | None:
         while self._heap:
-            neg, sample = self._heap[0]
-            if self._next.get(sample) == -neg and sample not in chosen:
-                return sample, -neg
+            key, sample = self._heap[0]
+            if sample in self._next and self.key(self._next[sample], sample) == key and sample not in chosen:
+                return sample, self._next[sample]
             heapq.heappop(self._heap)  # stale: evicted, touched since, or a duplicate entry
         return None
 
@@ -93,7 +104,7 @@ class FarthestNextUse:
             top = self._farthest(set(victims))
             if top is None or top[1] <= next_use:
                 for v, nu in held:  # put back what we took off the heap
-                    heapq.heappush(self._heap, (-nu, v))
+                    heapq.heappush(self._heap, (self.key(nu, v), v))
                 return None
             victim, nu = top
             heapq.heappop(self._heap)
@@ -105,7 +116,7 @@ class FarthestNextUse:
             self.used -= self._size.pop(v)
         self._next[sample], self._size[sample] = next_use, size
         self.used += size
-        heapq.heappush(self._heap, (-next_use, sample))
+        heapq.heappush(self._heap, (self.key(next_use, sample), sample))
         return victims
 
 

@@ -1,8 +1,8 @@
 """Reference cache simulators, written the plain way, to check the runtime against.
 
 ``belady_hits`` is the offline optimum the loader's eviction must match (Belady's
-MIN by bytes: on a miss, evict the resident whose next use is farthest away,
-unless the incoming sample itself comes back last); ``lru_hits`` is what a
+MIN by bytes: on a miss, evict the resident whose next use is farthest away, by the rule
+plan/evict.py's ``FarthestNextUse.key`` states, unless the incoming sample itself comes back last); ``lru_hits`` is what a
 least-recently-used cache (MosaicML Streaming's ``cache_limit``) gets on the
 same accesses. Both return one bool per access.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Sequence
+
+from ..plan.evict import FarthestNextUse
 
 
 def _next_use(seq: Sequence[int]) -> list[float]:
@@ -50,7 +52,7 @@ def belady_hits(seq: Sequence[int], sizes: Sequence[int], capacity: int,
             rest = [v for v in cache if v not in victims]
             if not rest:
                 break
-            far = max(rest, key=lambda v: cache[v])
+            far = min(rest, key=lambda v: FarthestNextUse.key(cache[v], v))   # the one eviction rule
             if cache[far] <= nxt[i]:
                 break
             victims.append(far)
