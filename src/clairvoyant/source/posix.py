@@ -1,8 +1,8 @@
 """A source that is a directory tree on a (possibly shared) POSIX file system.
 
 Its walk also yields every folder, empty ones included, with the mode and times of each entry:
-the manifest records them (``tree.py``) for the mount to show and for the check of a persisted
-manifest against the source, one ``stat`` per folder (``refresh.py``).
+the manifest records them (``manifest/tree.py``) for the mount to show and for the check of a persisted
+manifest against the source, one ``stat`` per folder (``manifest/refresh.py``).
 """
 
 from __future__ import annotations

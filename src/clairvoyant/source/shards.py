@@ -16,7 +16,7 @@ the same keys, so the same sorted manifest and, for a seed, the same batches.
 Where each sample lies (shard, offset, length) is found once from the tar
 headers and persisted (``source/tarindex.py``), so a later run reads no
 headers. Reads are ``os.pread`` on descriptors kept open per process
-(``fdcache.py``); ``read_many`` coalesces neighbouring ranges of one shard.
+(``nodeio/fdcache.py``); ``read_many`` coalesces neighbouring ranges of one shard.
 """
 
 from __future__ import annotations
