@@ -57,6 +57,8 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	# compressed staging (issue 24): the tier at 30%, compressed against as it is, the store at 400 and 200 MB/s
 	$(PY) benchmarks/compressed_staging.py
 	$(PY) benchmarks/compressed_staging.py --bandwidth 200e6
+	# a dataset with no files (issue 30): FakeData through the Loader against the DataLoader
+	$(PY) benchmarks/map_dataset.py
 	# clairvoyant mount --cluster (issue 23): 4 nodes with samplers at 15% and 30% (the cluster plan), without at 30%
 	$(PY) benchmarks/mount_capacity.py --cluster --capacity 15%
 	$(PY) benchmarks/mount_capacity.py --cluster

@@ -167,3 +167,9 @@ def test_compressed_staging_tiny(tmp_path):
     assert all(e["samples"] == 32 for r in res["runs"].values() for e in r["epochs"])
     assert res["runs"]["auto"]["ratio"] > 1.2 and res["runs"]["none"]["ratio"] == 1.0
     assert res["later_store"]["auto"] < res["later_store"]["none"], res["later_store"]
+
+
+def test_map_dataset_tiny(tmp_path):
+    out = run("map_dataset.py", "--samples", "64", "--size", "8", "--repeats", "1", "--epochs", "1",
+              "--out", str(tmp_path))
+    assert "| clairvoyant |" in out and "clairvoyant / DataLoader:" in out and (tmp_path / "map_dataset.json").exists()

@@ -208,6 +208,7 @@ class Loader(NodeSetup, EpochPasses):
                                   f"{'compress=' if compress is not None else 'cluster=True'} out")
             local_capacity = ram_capacity = 0
             cluster, compress = False, None
+            self._tuner, stage_threads = None, 1   # (nothing to stage: one idle thread, no tuning)
             log.warning("clairvoyant: dataset %s has no files (no `samples` list, not a path): its %d samples are "
                         "made by its __getitem__ in the reader processes, in the plan's order; nothing is staged",
                         self.source.name, self.source.count)

@@ -94,6 +94,7 @@ class EpochRun:
         self.window = EpochWindow()   # this epoch's waits, steps and causes, for its verdict
         self.on_batch: Callable[[dict], None] | None = None   # a record per batch (metrics log)
         self._tuner = tuner          # moves the staging thread count (stage_threads="auto")
+        self._made = source.made_in_reader   # samples made by the readers (source/indexed.py): none staged
 
         # deadline scheduling across the node's ranks: this rank's staging frontier, shared
         self._progress, self._base = progress, (epoch << 32) + plan.first_batch
@@ -180,6 +181,11 @@ class EpochRun:
         end = min(len(self._batches), self._next + self._lookahead)
         while self._submitted < end:
             k = self._submitted
+            if self._made:   # a dataset with no files: its readers make each sample, nothing to stage
+                for j in range(len(self._batches[k])):
+                    self._on_staged(k, j, Placement(SOURCE, None, False))
+                self._submitted += 1
+                continue
             hit, keep = self._actions[k]
             self._stager.submit(k, self._batches[k], hit, keep, None if self._peer is None else self._peer[k],
                                 None if self._whole is None else self._whole[k])
