@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> dict:
                 d = json.loads(subprocess.run([cv, "mount", "--stats", "--json", m], capture_output=True,
                                               text=True, check=True).stdout)
                 st = d.get("staging", {})
-                out["nodes"].append({k: st.get(k) for k in ("staged", "evicted", "evicted_unread", "kept_reads")}
+                out["nodes"].append({k: st.get(k) for k in ("staged_local", "evicted", "evicted_unread", "kept_reads")}
                                     | {k: d.get(k) for k in ("opens_local", "opens_source", "opens_peer", "asks",
                                                              "ask_timeouts")}
                                 | {k: round(v, 2) for k, v in st.get("cluster", {}).items()

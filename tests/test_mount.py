@@ -218,7 +218,7 @@ def test_a_large_file_is_read_in_several_requests_and_checked_once(tmp_path, cor
     with Mount(str(src), str(mnt), local_dir=local, stage_threads=2) as m:   # read through: staged
         with open(os.path.join(m.path, "a", "big.bin"), "rb") as f:
             assert f.read() == big
-        assert wait_until(lambda: m.staging().get("staged", 0) == 1, 20), m.staging()
+        assert wait_until(lambda: m.staging().get("staged_local", 0) == 1, 20), m.staging()
     store = LocalStore(local, as_source(str(src)).uri)
     loc = store.find("a/big.bin")
     store.close()
@@ -431,7 +431,7 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
         store.reset()
         it = iter(sampler)
         first = next(it)   # the order is published; nothing of the epoch has been opened yet
-        assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
+        assert wait_until(lambda: m.staging().get("staged_local", 0) == N, 20), m.staging()
         assert m.stats().opens_source == 0 and m.stats().opens_local == 0   # staged before any open
         assert store.counters().opens == N   # each file read once from the store, by the staging
         for i in [first, *it]:
@@ -495,7 +495,7 @@ def test_without_a_sampler_what_is_opened_is_cached_within_capacity(tmp_path):
         keys = keys_of(m)[::-1]   # an order no read-ahead guesses: each file comes from the source
         assert same_bytes(src, m.path, keys) == []
         assert m.stats().opens_source == N
-        assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
+        assert wait_until(lambda: m.staging().get("staged_local", 0) == N, 20), m.staging()
         forget_pages(m.path, keys)   # the kernel's pages gone, the reads reach the daemon: now the tier
         assert same_bytes(src, m.path, keys) == []
         assert m.stats().opens_local == N and m.stats().opens_source == N
@@ -514,7 +514,7 @@ def test_what_a_program_read_from_the_store_is_cached_without_reading_it_again(t
         keys = keys_of(m)[::-1]   # an order no read-ahead guesses: each file is read by the program
         store.reset()
         assert same_bytes(raw, m.path, keys) == []
-        assert wait_until(lambda: m.staging().get("staged", 0) == N, 20), m.staging()
+        assert wait_until(lambda: m.staging().get("staged_local", 0) == N, 20), m.staging()
         opens = store.counters().opens
         assert opens == (N if handoff else 2 * N), (opens, m.staging())
         assert m.staging()["handed_over"] == (N if handoff else 0)
@@ -536,7 +536,7 @@ def test_without_a_sampler_a_scan_is_read_ahead(tmp_path, order):
         if order == "again":   # a first pass in a shuffled order, then the same order again
             keys = [keys[i] for i in np.random.default_rng(0).permutation(n)]
             assert same_bytes(raw, m.path, keys) == []
-            assert wait_until(lambda: m.staging().get("staged", 0) == n, 20), m.staging()
+            assert wait_until(lambda: m.staging().get("staged_local", 0) == n, 20), m.staging()
             assert m.staging()["read_ahead"] == 0   # a shuffled first pass: nothing to guess from
             for k in keys:   # the tier emptied: the second pass starts from the store
                 assert m.tiers.local.delete(k)
@@ -544,10 +544,10 @@ def test_without_a_sampler_a_scan_is_read_ahead(tmp_path, order):
         elif order == "reversed":
             keys = keys[::-1]
         store.reset()
-        before, done = m.stats().opens_local, m.staging().get("staged", 0)
+        before, done = m.stats().opens_local, m.staging().get("staged_local", 0)
         assert same_bytes(raw, m.path, keys) == []
         local = m.stats().opens_local - before
-        assert wait_until(lambda: m.staging().get("staged", 0) - done == n, 20), m.staging()
+        assert wait_until(lambda: m.staging().get("staged_local", 0) - done == n, 20), m.staging()
         assert store.counters().opens == n, (store.counters(), m.staging())   # never twice
         if order == "reversed":
             assert local == 0 and m.staging()["read_ahead"] == 0, (local, m.staging())
@@ -615,7 +615,7 @@ def test_nothing_is_left_in_the_handoff_directory_when_the_tier_is_full(tmp_path
     with small_mount(tmp_path, local_capacity="20%") as (src, m):
         keys = keys_of(m)[::-1]   # an order no read-ahead follows (it would make room)
         assert same_bytes(src, m.path, keys) == []
-        done = lambda: sum(m.staging().get(k, 0) for k in ("staged", "not_staged", "present")) >= N   # noqa: E731
+        done = lambda: sum(m.staging().get(k, 0) for k in ("staged_local", "not_staged", "present")) >= N   # noqa: E731
         assert wait_until(done, 20), m.staging()
         assert m.staging()["not_staged"] > 0                       # the tier was full: the case at hand
         assert wait_until(lambda: os.listdir(m.handoff) == [], 5), os.listdir(m.handoff)
@@ -644,7 +644,7 @@ def test_eviction_keeps_the_tier_within_capacity(tmp_path):
                 used, _ = m.tiers.local.ledger.read()
                 assert used <= m.capacity.nbytes, (used, m.capacity.nbytes, m.staging())
         st = m.staging()
-        assert st["staged"] > 0 and st["evicted"] > 0, st   # it had to evict to go on
+        assert st["staged_local"] > 0 and st["evicted"] > 0, st   # it had to evict to go on
         assert m.stats().opens_local > 0 and m.stats().corrupt == 0, (m.stats(), st)
     reports = verify(local)
     assert all(r.consistent for r in reports), [r.to_json() for r in reports]
@@ -675,7 +675,7 @@ def test_an_entry_of_an_earlier_session_is_checked_against_the_source(data, chan
             got = f.read()
         s = m.stats()
         if stage:   # the mount process replaces the stale entry with the bytes the daemon read
-            assert wait_until(lambda: m.staging().get("staged", 0) == 1, 20), m.staging()
+            assert wait_until(lambda: m.staging().get("staged_local", 0) == 1, 20), m.staging()
             forget_pages(m.path, [key])
             with open(os.path.join(m.path, key), "rb") as f:
                 assert f.read() == new
@@ -947,6 +947,6 @@ def test_under_capacity_pressure_the_mount_reads_the_store_no_more_than_the_load
     does not stage (what it keeps is what was read, first come) reads the store more than the plan."""
     opens, misses, staging = _node_under_pressure(tmp_path / "a", stage=True)
     assert opens <= misses, (opens, misses, staging)
-    assert staging["evicted_unread"] == 0 and staging["staged"] > 0, staging
+    assert staging["evicted_unread"] == 0 and staging["staged_local"] > 0, staging
     blind, misses_again, _ = _node_under_pressure(tmp_path / "b", stage=False)
     assert misses_again == misses and blind > misses, (blind, misses)

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 
 from ..errors import CacheError
 from ..plan.compression import stored_size
+from ..tune.counters import Counters
 from .entry import entry_size, holds, read_trailer
 from .extents import Loc
 from .local import LocalStore, remove_tree
@@ -48,33 +49,6 @@ class Placement(NamedTuple):
     data: bytes | None = None   # the sample's bytes (RAM): handed to the reader with its batch
     mtime_ns: int = 0           # the source file's modification time (RAM), for a later move down
     peer: int = -1              # the node whose tier the bytes came from (cluster cache), -1 if none
-
-
-class TierCounters:
-    """What the tiers did, for stats(); updated by the staging threads under one lock."""
-
-    NAMES = ("local_hits", "staged_local", "staged_ram", "bypassed", "promotions", "evictions", "dropped",
-             "stale", "corrupt", "missed_hits", "fetches", "fetch_seconds", "peer_hits", "peer_misses",
-             "late_drops", "deferred", "not_kept", "range_reads", "range_placed", "range_early", "peer_corrupt",
-             "compress_overflow")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        for n in self.NAMES:
-            setattr(self, n, 0)
-
-    def add(self, name: str, n: int = 1) -> None:
-        with self.lock:
-            setattr(self, name, getattr(self, name) + n)
-
-    def add_fetch(self, seconds: float) -> None:
-        with self.lock:
-            self.fetches += 1
-            self.fetch_seconds += seconds
-
-    def snapshot(self) -> dict[str, int]:
-        with self.lock:
-            return {n: getattr(self, n) for n in self.NAMES}
 
 
 def _first_ram(store: LocalStore) -> dict[str, int]:
@@ -101,7 +75,7 @@ class Tiers:
         self.direct = direct
         self.local_capacity, self.ram_capacity = int(local_capacity), int(ram_capacity)
         self.source = source
-        self.counters = TierCounters()
+        self.counters = Counters(["tier"]).space("tier")   # what the tiers did (tune/counters.py)
         self._local_session = Session(local.root, "local", lambda: local, LocalStore.recover)
         try:
             self._ram_session = Session(local.root, "ram", open_ram, _first_ram)
@@ -216,7 +190,7 @@ class Tiers:
         try:
             t0 = time.perf_counter()
             datas, mtime_ns = read(absent)   # (the caller's read checks each sample's size)
-            self.counters.add_fetch(time.perf_counter() - t0)
+            self.counters.add_many(fetches=1, fetch_seconds=time.perf_counter() - t0)
             self.counters.add("range_reads")
             # each absent key's lock, in lock order (two range writers never wait on each other; a
             # key whose lock byte another key of the range shares is left to be read on its own);

@@ -296,9 +296,7 @@ class EpochRun:
 
     def _tune(self, now: float) -> None:
         """Hand the tuner the loader's cumulative counters; apply its thread count when it decides."""
-        c = self._tiers.counters
-        with c.lock:
-            fetches, busy = c.fetches, c.fetch_seconds
+        fetches, busy = self._tiers.counters.get("fetches", "fetch_seconds")
         waited = self._stats.waited("fetch")
         n = self._tuner.tick(now, waited, fetches, busy)
         if n is not None:

@@ -122,7 +122,7 @@ class Copies:
     def _copied(self, d: Done) -> None:
         try:
             if d.loc is not None:
-                self._counters.add(staged=1, staged_bytes=int(self.sizes[d.token]),
+                self._counters.add(staged_local=1, staged_bytes=int(self.sizes[d.token]),
                                    handed_over=int(bool(d.handed_over)))
             elif d.present:   # another process of the node staged it meanwhile
                 self._counters.add(present=1)

@@ -395,7 +395,7 @@ class Stager:
     def _fetch(self, key: str, size: int) -> tuple[bytes, int]:
         t0 = time.perf_counter()
         data, mtime = self._read(key)
-        self._tiers.counters.add_fetch(time.perf_counter() - t0)
+        self._tiers.counters.add_many(fetches=1, fetch_seconds=time.perf_counter() - t0)
         _check_size(key, len(data), size)
         return data, mtime
 
