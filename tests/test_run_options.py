@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -30,3 +31,17 @@ def test_frozen_and_checked():
                 {"peer_wait": float("nan")}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             RunOptions(**{"num_workers": 1, "stage_threads": 1, **bad})
+
+
+def test_the_loaders_arguments_are_checked_once_by_the_run_options(tmp_path, dataset):
+    """The Loader's num_workers, stage_threads, prefetch and lookahead, now checked by RunOptions
+    only (issue 31: they were checked twice), are refused with the messages the Loader gave,
+    naming its other choices. Control: good values pass and reach the run."""
+    for kw, said in (({"num_workers": 0}, "num_workers must be an integer >= 1 or None"),
+                     ({"stage_threads": 0}, "stage_threads must be an integer >= 1 or 'auto'"),
+                     ({"prefetch": 0}, "prefetch must be an integer >= 1"),
+                     ({"lookahead": 1.5}, "lookahead must be an integer >= 1")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            Loader(dataset, local_dir=str(tmp_path), **kw)
+    with Loader(dataset, local_dir=str(tmp_path), num_workers=1, stage_threads=2, prefetch=1, lookahead=3) as ld:
+        assert ld._run_options().lookahead == 3

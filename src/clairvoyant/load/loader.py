@@ -11,6 +11,7 @@ the saved state (load/state.py); each epoch runs in load/pipeline.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import weakref
@@ -155,15 +156,15 @@ class Loader(NodeSetup, EpochPasses):
             stage_threads = AUTO_START_THREADS
         else:
             self._tuner = None
-        for name, value, low in (("batch_size", batch_size, 1), ("stage_threads", stage_threads, 1),
-                                 ("lookahead", lookahead, 1), ("prefetch", prefetch, 1), ("seed", seed, 0)):
+        for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                also = " or 'auto'" if name == "stage_threads" else ""
-                raise ConfigError(f"{name} must be an integer >= {low}{also}, got {value!r}")
-        if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
-            raise ConfigError(f"num_workers must be an integer >= 1 or None, got {num_workers!r}")
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error={on_error!r}: choose 'raise' or 'skip'")
+        # the run's options, checked once here (load/options.py); the tuners move readers and threads
+        self._options = RunOptions(num_workers=1 if num_workers is None else num_workers,
+                                   stage_threads=stage_threads, prefetch=prefetch, lookahead=lookahead,
+                                   skip_errors=on_error == "skip", mp_context=mp_context)
         for name, fn in (("transform", transform), ("target_transform", target_transform),
                          ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
@@ -350,13 +351,12 @@ class Loader(NodeSetup, EpochPasses):
 
     def _run_options(self) -> RunOptions:
         """This pass's options, as the Loader holds them now (the tuners move readers and threads)."""
-        return RunOptions(num_workers=self.num_workers,
-                          stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
-                          prefetch=self.prefetch, lookahead=self.lookahead, skip_errors=self.on_error == "skip",
-                          mp_context=self.mp_context,
-                          # ranks of a node keep samples for each other: a planned hit that another rank
-                          # has not written yet is worth waiting for a moment rather than read twice
-                          peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
+        return dataclasses.replace(
+            self._options, num_workers=self.num_workers,
+            stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
+            # ranks of a node keep samples for each other: a planned hit that another rank has not
+            # written yet is worth waiting for a moment rather than read twice
+            peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
 
     def _reader_spec(self, position: int) -> ReaderSpec:
         return ReaderSpec(decode=self.decode, transform=self.transform, target_transform=self.target_transform,

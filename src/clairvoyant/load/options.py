@@ -2,8 +2,8 @@
 them: how many reader processes and staging threads, how far ahead staging and readers run, what
 a bad sample does, how readers start, and how long a planned hit waits for another rank.
 
-The Loader checks the user's values (with messages naming its own arguments); the checks here
-guard a run made any other way.
+The Loader makes one from its arguments, so they are checked here, once, by the Loader's own
+names; each pass's run takes a copy with the readers and threads the tuners chose.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import numbers
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+
+
+_ALSO = {"num_workers": " or None (tuned)", "stage_threads": " or 'auto' (tuned)"}   # the Loader's other choices
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,6 @@ class RunOptions:
         for name in ("num_workers", "stage_threads", "prefetch", "lookahead"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be an integer >= 1{_ALSO.get(name, '')}, got {value!r}")
         if not self.peer_wait >= 0:
             raise ConfigError(f"peer_wait must be >= 0 seconds, got {self.peer_wait!r}")
