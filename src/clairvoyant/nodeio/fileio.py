@@ -113,8 +113,13 @@ def write_atomically(final: str, tmp: str, fill: Callable[[int], int], expected:
                 os.close(dfd)
         return n
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        discard(tmp)
         raise
+
+
+def discard(path: str) -> None:
+    """Remove ``path`` if it is there (a temporary file given up)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

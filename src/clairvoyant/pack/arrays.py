@@ -27,10 +27,10 @@ import numpy as np
 
 from .. import manifest as manifest_mod
 from ..errors import ConfigError
-from ..nodeio.fileio import pid
-from .tar import FORMAT, PackResult, _write_state, read_in_order, start
+from ..nodeio.fileio import discard, pid
 from ..source import PosixSource, as_source
 from ..units import parse_bytes
+from .tar import FORMAT, PackResult, _write_state, read_in_order, start
 
 MEMBER, LABELS = "x", "y"
 _EPOCH = (1980, 1, 1, 0, 0, 0)   # every member's time in the zip: the shards do not depend on the clock
@@ -79,10 +79,7 @@ def _write_shard(final: str, x: np.ndarray, y: np.ndarray, layout: str = "npz") 
             os.fsync(f.fileno())
         os.replace(tmp, final)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        discard(tmp)
         raise
 
 

@@ -33,9 +33,9 @@ from typing import Any, Callable, Iterator
 
 from .. import manifest as manifest_mod
 from ..errors import ConfigError, SourceChanged
-from ..nodeio.fileio import pid, process_alive, write_all, write_atomically
+from ..nodeio.fileio import discard, pid, process_alive, write_all, write_atomically
 from ..source import as_source
-from ..source.files import STATE, pack_layout
+from ..source.files import STATE
 from ..source.tarindex import DATA_EXTENSIONS, split_member
 from ..units import parse_bytes
 
@@ -149,10 +149,7 @@ def _prepare(dst: str, state: dict) -> None:
     for n in names:
         m = _TMP.match(n)
         if m and (int(m.group(2)) == pid() or not process_alive(int(m.group(2)))):   # ours: an earlier call's
-            try:
-                os.unlink(os.path.join(dst, n))
-            except FileNotFoundError:
-                pass
+            discard(os.path.join(dst, n))
     _write_state(dst, state)
 
 
@@ -229,10 +226,7 @@ class _ShardWriter:
 
     def _discard(self) -> None:
         self._f.close()
-        try:
-            os.unlink(self.tmp)
-        except FileNotFoundError:
-            pass
+        discard(self.tmp)
 
 
 def pack(src: Any, dst: str | os.PathLike[str], *, shard_size: int | str = "256MiB", threads: int = 16,
