@@ -6,6 +6,7 @@ has a control that must fail."""
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 
 import numpy as np
@@ -200,3 +201,26 @@ def test_an_iterable_only_dataset_is_refused_saying_why(tmp_path):
     assert "\n" not in str(e.value)
     with Loader(InMemory(10), batch_size=5, local_dir=str(tmp_path), num_workers=1) as ld:
         assert sorted(epoch_of(ld)[0]) == list(range(10))
+
+
+def test_a_subset_of_a_file_dataset_is_staged_from_its_files(dataset, tmp_path):
+    """``random_split`` of an ImageFolder (a ``Subset``): the Loader takes the files the subset
+    holds and stages them, with the dataset's transforms; the other split's files are not read.
+    Control: the other split is another set of files."""
+    from torchvision import datasets, transforms
+    full = datasets.ImageFolder(dataset, transform=transforms.ToTensor())
+    train, held = torch.utils.data.random_split(full, [64, 32], generator=torch.Generator().manual_seed(0))
+    inner = torch.utils.data.Subset(train, list(range(0, 64, 2)))   # nested: every other of train's
+    want = {i: os.path.relpath(full.samples[i][0], dataset).replace(os.sep, "/") for i in train.indices}
+    with Loader(train, batch_size=16, local_dir=str(tmp_path / "a"), num_workers=1) as ld:
+        assert sorted(ld.manifest.keys) == sorted(want.values())
+        labels = sorted(torch.cat([y for _, y in ld]).tolist())
+        staged = ld.stats()["tiers"]
+    assert labels == sorted(full.samples[i][1] for i in train.indices)
+    assert staged["staged_local"] + staged["staged_ram"] == 64
+    with Loader(inner, batch_size=16, local_dir=str(tmp_path / "b"), num_workers=1) as ld:
+        assert sorted(ld.manifest.keys) == sorted(want[train.indices[j]] for j in range(0, 64, 2))
+        x, _ = next(iter(ld))
+        assert x.dtype == torch.float32 and tuple(x.shape[1:]) == (3, 32, 32)   # the dataset's ToTensor
+    other = {os.path.relpath(full.samples[i][0], dataset).replace(os.sep, "/") for i in held.indices}
+    assert not other & set(want.values())   # control

@@ -158,8 +158,21 @@ def list_file_source(path: str | os.PathLike[str], root: str | os.PathLike[str] 
     return ListedSource(base, entries, fields=fields, origin=f"list file {os.fspath(path)}")
 
 
+def unwrap_subset(obj: Any) -> tuple[Any, list[int] | None]:
+    """A ``torch.utils.data.Subset`` (what ``random_split`` gives), nested or not: the dataset
+    under it and the indices of that dataset it holds, in its order; anything else as it is, None."""
+    chosen: list[int] | None = None
+    while type(obj).__name__ == "Subset" and hasattr(obj, "dataset") and hasattr(obj, "indices"):
+        own = [int(i) for i in obj.indices]
+        chosen = own if chosen is None else [own[i] for i in chosen]
+        obj = obj.dataset
+    return obj, chosen
+
+
 def is_dataset(obj: Any) -> bool:
-    """Shaped like torchvision's DatasetFolder: a ``samples`` list of (path, class index)."""
+    """Shaped like torchvision's DatasetFolder (a ``samples`` list of (path, class index)), or a
+    ``Subset`` of one."""
+    obj, _ = unwrap_subset(obj)
     samples = getattr(obj, "samples", None)
     return isinstance(samples, (list, tuple)) and hasattr(obj, "__getitem__") and \
         (not samples or (isinstance(samples[0], (tuple, list)) and len(samples[0]) == 2))
@@ -170,8 +183,9 @@ class DatasetPort:
     and whether its image loader is the standard PIL one (then readers decode to PIL)."""
 
     def __init__(self, ds: Any) -> None:
-        name = type(ds).__name__
-        samples = list(ds.samples)
+        ds, chosen = unwrap_subset(ds)   # a Subset: its samples of the dataset under it
+        name = type(ds).__name__ if chosen is None else f"Subset of {type(ds).__name__}"
+        samples = list(ds.samples) if chosen is None else [ds.samples[i] for i in chosen]
         paths = [os.path.abspath(os.fspath(p)) for p, _ in samples]
         root = getattr(ds, "root", None)
         root = os.path.abspath(os.fspath(root)) if root is not None else None
