@@ -42,7 +42,7 @@ from .guard import Guard
 from .heap import trim_heap
 from .node_setup import NodeSetup, _close_tiers
 from .options import RunOptions
-from .passes import EpochPasses, EpochSetter, _EpochIterator
+from .passes import EpochCursor, EpochSetter, _EpochIterator
 from .pipeline import EpochRun
 from .state import STATE_FORMAT, check_format, resume_point
 from .transport import Output
@@ -63,7 +63,7 @@ def _default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class Loader(NodeSetup, EpochPasses):
+class Loader(NodeSetup):
     """Iterate over batches of a source, staging upcoming samples to node-local storage.
 
     Args:
@@ -269,20 +269,34 @@ class Loader(NodeSetup, EpochPasses):
         self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
         self._carry: tuple[RankEpochPlan, EpochRun] | None = None   # the last epoch's plan and its run
         self._inventory_used = False
-        self._epoch = 0
-        self._passed = False      # the current epoch's pass reached its end: the next iteration moves on
-        self._deferred: int | None = None   # set_epoch during a pass: for the next one
-        self._broken: int | None = None   # the epoch of a pass closed before its end
-        self._resume = 0          # global position of the epoch to start the next iteration at
-        self._start = 0           # global position the current iteration started at
-        self._span = 0            # batches of the current iteration
-        self._done = 0            # batches of the current iteration already yielded (for state_dict)
-        self._loaded_epoch: int | None = None
-        self._active: weakref.ReferenceType[_EpochIterator] | None = None
+        self._cursor = EpochCursor()   # the epoch and the position (load/passes.py)
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
         self._ranges: RangeReader | bool | None = None   # see _range_reader (False: none)
 
     # -- PyTorch conventions (set_epoch, iter() and position: load/passes.py) -------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iteration follows. Optional: without it, each
+        iteration after a complete pass moves to the next epoch."""
+        self._cursor.set_epoch(epoch)
+
+    def __iter__(self) -> _EpochIterator:
+        """One pass over the rest of the current epoch. After a pass that reached the epoch's end,
+        the next iteration is the next epoch's (as a re-shuffling DataLoader draws a new order each
+        pass) unless ``set_epoch`` was called in between. The pass is planned at its first batch,
+        so a ``set_epoch`` between ``iter()`` and the first ``next()`` still counts (Lightning
+        calls them in that order)."""
+        return self._cursor.iterate(self._begin, self._epoch_done)
+
+    @property
+    def position(self) -> int:
+        """Samples of the current epoch's order consumed by all ranks together (a prefix of the
+        order, plan/partition.py): where a resume, at any world size, continues."""
+        return self._cursor.position(len(self.manifest), self.batch_size, self.world_size)
+
+    @property
+    def _epoch(self) -> int:   # (the epoch the next or current pass follows)
+        return self._cursor.epoch
 
     @property
     def rank(self) -> int:
@@ -307,18 +321,10 @@ class Loader(NodeSetup, EpochPasses):
     def _begin(self) -> EpochRun:
         """Plan the pass and start its run: at the first ``next()`` of an iterator."""
         self._bind()
-        self._settle_epoch()
-        if self._passed:
-            self._epoch, self._resume, self._loaded_epoch, self._passed = self._epoch + 1, 0, None, False
-        elif self._broken == self._epoch:
-            log.warning("clairvoyant: the last pass over epoch %d stopped before its end; this pass starts "
-                        "that epoch again from position %d (call set_epoch(e) before each pass to choose, "
-                        "or iterate to the end)", self._epoch, self._resume)
-        self._broken = None
-        start, self._resume, self._loaded_epoch = self._resume, 0, None
+        start = self._cursor.next_pass()
         plan = self._plan(start)
         trim_heap()   # the plan's temporaries freed: their pages back to the system
-        self._start, self._span, self._done = start, len(plan), 0
+        self._cursor.started(start, len(plan))
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers
         if plan.whole is not None and self._tuner is not None and self._tuner.threads > RANGE_START_THREADS:
@@ -369,7 +375,8 @@ class Loader(NodeSetup, EpochPasses):
         """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this
         world size or another one (elastic resume); any rank's state serves every rank."""
         # batches_done: this rank's batches of the epoch at this layout (informative; position rules)
-        done = self._start // (self.batch_size * self.world_size) + self._done
+        c = self._cursor
+        done = c.start // (self.batch_size * self.world_size) + c.done
         return {"format": STATE_FORMAT, "version": 2, "epoch": self._epoch, "position": self.position,
                 "batches_done": done, "seed": self.seed, "batch_size": self.batch_size,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "rank": self.rank,
@@ -383,10 +390,7 @@ class Loader(NodeSetup, EpochPasses):
         check_format(state)
         n = len(self.manifest)
         epoch, position = resume_point(state, self.state_dict(), n)
-        self._close_active()
-        self._epoch, self._resume, self._done, self._start, self._span = epoch, position, 0, position, 0
-        self._loaded_epoch, self._deferred, self._broken = self._epoch, None, None
-        self._passed = position == n   # saved at the epoch's end: a bare loop goes on with the next epoch
+        self._cursor.load(epoch, position, at_end=position == n)
 
     # -- statistics and lifecycle ---------------------------------------------------------------
 
@@ -429,7 +433,7 @@ class Loader(NodeSetup, EpochPasses):
 
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
-        self._close_active()
+        self._cursor.close_active()
         if self._carry is not None:
             self._carry[1].close()
         self._carry = None
