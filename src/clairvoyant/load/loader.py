@@ -5,7 +5,7 @@ pure function of (seed, epoch, rank), stages upcoming samples to node-local
 storage while reader processes decode the already-staged ones, and yields
 batches in plan order. PyTorch conventions: ``len``, ``set_epoch``,
 ``state_dict`` / ``load_state_dict``, ``shuffle``, ``drop_last``. Its parts: the passes over
-epochs and the iterator (load/passes.py), its footing on the node and in the job (load/node_setup.py),
+epochs and the iterator (load/passes.py), its footing on the node and in the job (load/node_session.py),
 the saved state (load/state.py); each epoch runs in load/pipeline.py.
 """
 
@@ -27,11 +27,10 @@ from ..dist.cluster import Cluster
 from ..dist.topology import validate
 from ..errors import ConfigError, EmptySourceError
 from ..plan import num_batches
+from ..plan.layout import NodeLayout
 from ..plan.compression import stored_sizes
 from ..plan.rank_plan import PlanConfig, RankEpochPlan
 from ..source import DatasetPort, as_source, is_dataset
-from ..stage.engine import RangeReader
-from ..stage.gate import NodeProgress
 from ..tune.autotune import ReaderTuner, Tuner
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.spike import SpikeRule
@@ -40,7 +39,7 @@ from ..tune.verdict import judge
 from .decode import resolve as resolve_decode
 from .guard import Guard
 from .heap import trim_heap
-from .node_setup import NodeSetup, _close_tiers
+from .node_session import NodeSession, close_tiers, compress_sample, place
 from .options import RunOptions
 from .passes import EpochCursor, EpochSetter, _EpochIterator
 from .pipeline import EpochRun
@@ -63,7 +62,7 @@ def _default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class Loader(NodeSetup):
+class Loader:
     """Iterate over batches of a source, staging upcoming samples to node-local storage.
 
     Args:
@@ -188,14 +187,11 @@ class Loader(NodeSetup):
         self.transform, self.target_transform, self.worker_init_fn = transform, target_transform, worker_init_fn
         if (rank is None) != (world_size is None):
             raise ConfigError("pass both rank and world_size, or neither (then they come from the launcher)")
-        self._local_world_size = None if local_world_size is None else int(local_world_size)
-        self._topology_given = rank is not None
-        self._agreed = False   # the ranks of a process group compared manifests and node names
+        lws_given = None if local_world_size is None else int(local_world_size)
         if rank is None:   # the process group if there is one, else the launcher's variables
-            self.topology = self._place()
+            topology = place(lws_given)
         else:
-            lws = int(local_world_size or 1)
-            self.topology = validate(int(rank), int(world_size), local_world_size=lws)
+            topology = validate(int(rank), int(world_size), local_world_size=int(local_world_size or 1))
         self.source = as_source(source, storage_options, dataset=dataset, labels=labels, fields=fields)
         if self.source.made_in_reader:   # a dataset with no files: its __getitem__ makes each sample
             given = [n for n, v in (("decode", decode), ("transform", transform),
@@ -221,18 +217,19 @@ class Loader(NodeSetup):
             raise EmptySourceError(f"data source {self.source.uri} holds no samples: check the path")
         # compressed staging (cache/codec.py): decided from a few samples, alike on every rank (the
         # cluster's ranks compare it below: they plan and send entries by it)
-        self._codec, self.compress_ratio = codec_mod.choose(compress, self._compress_sample)
+        self._codec, self.compress_ratio = codec_mod.choose(compress, lambda: compress_sample(self.source,
+                                                                                             self.manifest))
         self._cluster: Cluster | None = None
         if cluster_mod.wanted(cluster):   # the job's nodes as one cache, over MPI (dist/cluster.py)
             self._cluster = Cluster(plan_fingerprint=cluster_mod.fingerprint(
                 manifest=self.manifest.fingerprint, seed=int(seed), batch_size=int(batch_size),
                 shuffle=bool(shuffle), drop_last=bool(drop_last),
                 compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}"))
-            t, c = self.topology, self._cluster
+            t, c = topology, self._cluster
             if (c.rank, c.world_size) != (t.rank, t.world_size):
                 raise ConfigError(f"MPI says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
                                   f"of {t.world_size}: pass the MPI rank and size, or cluster=False")
-            self.topology = c.layout
+            topology = c.layout
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
@@ -242,18 +239,22 @@ class Loader(NodeSetup):
         # capacity stays a share of the raw data set
         self._entry_sizes = (stored_sizes(sizes.astype(self._raw_entry_sizes.dtype), self.compress_ratio,
                                           entry_size(0)) if self._codec is not None else self._raw_entry_sizes)
-        self.tiers = self._open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
+        self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
+        # the node's part (load/node_session.py): tiers, gate, place in the job, plans, serving
+        self._node = NodeSession(self.source, self.manifest, topology, entry_sizes=self._entry_sizes,
+                                 raw_entry_sizes=self._raw_entry_sizes,
+                                 config=PlanConfig(len(self.manifest), self.batch_size, self.seed, bool(shuffle),
+                                                   bool(drop_last)),
+                                 cluster=self._cluster, topology_given=rank is not None,
+                                 local_world_size=lws_given, balance=bool(balance))
+        self.tiers = self._node.open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
         self.tiers.local.codec, self.tiers.compress_ratio = self._codec, self.compress_ratio
         if self._cluster is not None:
-            self._cluster.start(self.tiers.local_capacity, self._serve)
+            self._cluster.start(self.tiers.local_capacity, self._node.serve)
         # leaves the node's tiers (the last one out empties the RAM tier) on close, GC or exit
-        self._close_tiers = weakref.finalize(self, _close_tiers, self.tiers)
-        self._balance = bool(balance)
-        self._progress: NodeProgress | None = None   # deadline scheduling across the node's ranks
-        self._open_progress()
+        self._close_tiers = weakref.finalize(self, close_tiers, self.tiers)
+        self._node.open_progress()
         self.store = self.tiers.local
-        self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
-        self._config = PlanConfig(len(self.manifest), self.batch_size, self.seed, bool(shuffle), bool(drop_last))
         self.collate_fn = collate_fn
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
@@ -267,11 +268,8 @@ class Loader(NodeSetup):
         self._verdict_log = bool(verdict)
         self._last_verdict: dict | None = None
         self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
-        self._carry: tuple[RankEpochPlan, EpochRun] | None = None   # the last epoch's plan and its run
-        self._inventory_used = False
         self._cursor = EpochCursor()   # the epoch and the position (load/passes.py)
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
-        self._ranges: RangeReader | bool | None = None   # see _range_reader (False: none)
 
     # -- PyTorch conventions (set_epoch, iter() and position: load/passes.py) -------------------
 
@@ -299,12 +297,33 @@ class Loader(NodeSetup):
         return self._cursor.epoch
 
     @property
+    def topology(self) -> NodeLayout:
+        """Where this process sits: rank, world size, the node's ranks (dist/topology.py)."""
+        return self._node.topology
+
+    @property
+    def capacities(self) -> dict:
+        """The local and RAM tiers' capacities, with how each was chosen."""
+        return self._node.capacities
+
+    @property
+    def _carry(self) -> tuple[RankEpochPlan, EpochRun] | None:   # the last epoch's plan and its run
+        return self._node.carry
+
+    @property
+    def _inventory_used(self) -> bool:
+        return self._node.inventory_used
+
+    def _residents(self) -> dict[int, int]:
+        return self._node.residents()
+
+    @property
     def rank(self) -> int:
-        return self._where().rank
+        return self._node.where().rank
 
     @property
     def world_size(self) -> int:
-        return self._where().world_size
+        return self._node.where().world_size
 
     @property
     def sampler(self) -> "EpochSetter":
@@ -320,9 +339,9 @@ class Loader(NodeSetup):
 
     def _begin(self) -> EpochRun:
         """Plan the pass and start its run: at the first ``next()`` of an iterator."""
-        self._bind()
+        self._node.bind()
         start = self._cursor.next_pass()
-        plan = self._plan(start)
+        plan = self._node.plan(self._cursor.epoch, start)
         trim_heap()   # the plan's temporaries freed: their pages back to the system
         self._cursor.started(start, len(plan))
         if self._reader_tuner is not None:
@@ -333,10 +352,10 @@ class Loader(NodeSetup):
             self._tuner.threads = RANGE_START_THREADS
         run = EpochRun(plan=plan, source=self.source, manifest=self.manifest, tiers=self.tiers,
                        reader=self._reader_spec(start), options=self._run_options(), output=self._output,
-                       stats=self._stats, progress=self._progress, tuner=self._tuner,
-                       peer_fetch=self._peer_fetch if self._cluster is not None else None,
-                       ranges=self._range_reader() if plan.whole is not None else None)
-        self._carry = (plan, run)
+                       stats=self._stats, progress=self._node.progress, tuner=self._tuner,
+                       peer_fetch=self._node.peer_fetch if self._cluster is not None else None,
+                       ranges=self._node.range_reader() if plan.whole is not None else None)
+        self._node.carry = (plan, run)
         if self._guard is not None:
             run.served = self._guard.recent
         if self._metrics is not None:
@@ -434,11 +453,12 @@ class Loader(NodeSetup):
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
         self._cursor.close_active()
-        if self._carry is not None:
-            self._carry[1].close()
-        self._carry = None
-        if self._progress is not None:
-            self._progress.close()
+        node = self._node
+        if node.carry is not None:
+            node.carry[1].close()
+        node.carry = None
+        if node.progress is not None:
+            node.progress.close()
         if self._metrics is not None:
             self._metrics.close()
         if self._guard is not None:
