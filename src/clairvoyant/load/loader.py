@@ -311,8 +311,12 @@ class Loader:
         return self._node.carry
 
     @property
-    def _inventory_used(self) -> bool:
+    def _inventory_used(self) -> bool:   # (the tier's inventory served the first plan; then its index)
         return self._node.inventory_used
+
+    @_inventory_used.setter
+    def _inventory_used(self, used: bool) -> None:
+        self._node.inventory_used = used
 
     def _residents(self) -> dict[int, int]:
         return self._node.residents()
