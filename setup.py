@@ -37,6 +37,7 @@ ext = [] if sys.platform != "linux" else [
 DAEMONS = {"clairvoyant.mount": ("mountfs", "src/clairvoyant/mount/mountfs.c"),
            "clairvoyant.testing": ("emufs", "src/clairvoyant/testing/emufs.c")}
 DAEMON_HEADERS = ["src/clairvoyant/fuse/fuse_common.h", "src/clairvoyant/fuse/fuse_loader.h",
+                  "src/clairvoyant/mount/mount_stats.h",
                   "src/clairvoyant/cache/tier_format.h"]
 BUILD_DEPS = ("a C compiler, pkg-config, libfuse3-dev and libxxhash-dev (Debian names; "
               "sh scripts/install-sysdeps.sh installs them)")
@@ -121,4 +122,4 @@ class build_ext_and_daemons(build_ext):
 setup(ext_modules=ext, cmdclass={"build_ext": build_ext_and_daemons},
       # the daemons' sources, for an sdist (the wheel carries them built)
       package_data={"clairvoyant": ["fuse/fuse_common.h", "fuse/fuse_loader.h", "cache/tier_format.h"],
-                    "clairvoyant.testing": ["emufs.c"], "clairvoyant.mount": ["mountfs.c"]})
+                    "clairvoyant.testing": ["emufs.c"], "clairvoyant.mount": ["mountfs.c", "mount_stats.h"]})

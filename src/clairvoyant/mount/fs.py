@@ -44,10 +44,11 @@ WORK_PREFIX = "clairvoyant-mount-"
 STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = threads (the Loader starts at 48)
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
-# magic, version, size; opens local, opens source, bytes local, bytes source, corrupt, reads, info opens, pid,
-# stale, unused (was quiet_local), events dropped, no_open, opens seen, opens cached, opens peer, bytes peer,
-# asks, ask time-outs
-_LAYOUT = struct.Struct("<8sII18Q")
+# the daemon's counters, as mount/mount_stats.h lays them out (tests/test_mount_stats.py checks)
+_FIELDS = ("magic", "version", "size", "opens_local", "opens_source", "bytes_local", "bytes_source", "corrupt",
+           "reads", "info_opens", "pid", "stale", "unused", "events_dropped", "no_open", "opens_seen",
+           "opens_cached", "opens_peer", "bytes_peer", "asks", "ask_timeouts")
+_LAYOUT = struct.Struct("<8sII" + "Q" * (len(_FIELDS) - 3))
 _MAGIC, _VERSION = b"CVMNTST\0", 6
 
 
@@ -98,8 +99,12 @@ def read_stats(path: str) -> MountStats:
 
 
 def _stats(v: tuple) -> MountStats:
-    seen = v[14] == 0   # the kernel sends OPEN and RELEASE
-    return MountStats(*v[3:9], v[11], v[13], v[15] if seen else None, v[16] if seen else None, *v[17:21])
+    f = dict(zip(_FIELDS, v))
+    seen = f["no_open"] == 0   # the kernel sends OPEN and RELEASE
+    return MountStats(f["opens_local"], f["opens_source"], f["bytes_local"], f["bytes_source"], f["corrupt"],
+                      f["reads"], f["stale"], f["events_dropped"], f["opens_seen"] if seen else None,
+                      f["opens_cached"] if seen else None, f["opens_peer"], f["bytes_peer"], f["asks"],
+                      f["ask_timeouts"])
 
 
 def read_info(mnt: str) -> dict:

@@ -70,31 +70,15 @@
 #include <unistd.h>
 #define XXH_INLINE_ALL   /* xxhash compiled in from its header: nothing to link */
 #include "cache/tier_format.h"
+#include "mount_stats.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "mountfs: the listing, index and stats files are little-endian"
 #endif
 
-#define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 6
 #define LISTING_MAGIC "CVMNTLS1"
 #define LISTING_VERSION 2
 #define INFO_NAME "/.clairvoyant.json"
-
-struct mountfs_stats {
-    char magic[8];
-    uint32_t version;
-    uint32_t size;
-    uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
-    uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
-    uint64_t unused;        /* (was quiet_local: every first read is reported now) */
-    uint64_t events_dropped;   /* reports the mount process could not take (its pipe was full) */
-    uint64_t no_open;         /* 1: the kernel sends no OPEN/RELEASE: opens served by its page cache are unseen */
-    uint64_t opens_seen;      /* OPEN requests of files (without no_open) */
-    uint64_t opens_cached;    /* of those, released with no READ of a non-empty file: the page cache served them */
-    uint64_t opens_peer, bytes_peer;   /* first READs served from another node's tier (--homes) */
-    uint64_t asks, ask_timeouts;       /* files asked of the mount process; of those, no answer in time */
-};
 
 struct listing_head {   /* 64 bytes */
     char magic[8];
