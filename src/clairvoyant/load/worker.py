@@ -209,6 +209,8 @@ def _read(item: Item, source) -> tuple[bytes, str | None, str]:
 
 
 def _load_batch(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:
+    if spec.source.made_in_reader:   # a dataset with no files: nothing to read or decode
+        return _load_made(job, slots, spec, collate)
     reads = None
     if spec.collate_fn is None and direct.eligible(spec):
         out = _load_direct(job, slots[job.slot], spec)
@@ -253,8 +255,6 @@ def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | list:
 def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable,
                   reads: list | None = None) -> Loaded | Failed:
     """Read (unless ``reads`` holds what was read already), decode, transform and collate a batch."""
-    if spec.source.made_in_reader:
-        return _load_made(job, slots, spec, collate)
     samples, skipped, repaired = [], [], []
     served: list[tuple[int, str, int]] | None = [] if spec.digests else None
     fields_of = spec.source.fields_of if spec.source.has_fields else None
