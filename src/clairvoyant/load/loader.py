@@ -11,7 +11,6 @@ the saved state (load/state.py); each epoch runs in load/pipeline.py.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import weakref
@@ -160,10 +159,10 @@ class Loader:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error={on_error!r}: choose 'raise' or 'skip'")
-        # the run's options, checked once here (load/options.py); the tuners move readers and threads
-        self._options = RunOptions(num_workers=1 if num_workers is None else num_workers,
-                                   stage_threads=stage_threads, prefetch=prefetch, lookahead=lookahead,
-                                   skip_errors=on_error == "skip", mp_context=mp_context)
+        # the run's options are checked by RunOptions alone (load/options.py), here first, before
+        # anything is set up; each pass makes its own from the Loader's attributes (_run_options)
+        RunOptions(num_workers=1 if num_workers is None else num_workers, stage_threads=stage_threads,
+                   prefetch=prefetch, lookahead=lookahead)
         for name, fn in (("transform", transform), ("target_transform", target_transform),
                          ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
@@ -380,12 +379,13 @@ class Loader:
 
     def _run_options(self) -> RunOptions:
         """This pass's options, as the Loader holds them now (the tuners move readers and threads)."""
-        return dataclasses.replace(
-            self._options, num_workers=self.num_workers,
-            stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
-            # ranks of a node keep samples for each other: a planned hit that another rank has not
-            # written yet is worth waiting for a moment rather than read twice
-            peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
+        return RunOptions(num_workers=self.num_workers,
+                          stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
+                          prefetch=self.prefetch, lookahead=self.lookahead, skip_errors=self.on_error == "skip",
+                          mp_context=self.mp_context,
+                          # ranks of a node keep samples for each other: a planned hit that another rank
+                          # has not written yet is worth waiting for a moment rather than read twice
+                          peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
 
     def _reader_spec(self, position: int) -> ReaderSpec:
         return ReaderSpec(decode=self.decode, transform=self.transform, target_transform=self.target_transform,

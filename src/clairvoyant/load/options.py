@@ -2,8 +2,9 @@
 them: how many reader processes and staging threads, how far ahead staging and readers run, what
 a bad sample does, how readers start, and how long a planned hit waits for another rank.
 
-The Loader makes one from its arguments, so they are checked here, once, by the Loader's own
-names; each pass's run takes a copy with the readers and threads the tuners chose.
+These checks are the only ones of these options: the Loader makes one from its arguments before
+anything else (so a bad value fails early, with the Loader's names), and each pass's run makes one
+from the Loader's attributes and the readers and threads the tuners chose.
 """
 
 from __future__ import annotations

@@ -68,6 +68,6 @@ def as_source(obj: Any, storage_options: dict | None = None, *, dataset: str | N
         if is_tfrecord_path(os.fspath(obj)):
             return TFRecordSource(obj)
         return PosixSource(obj)
-    if not isinstance(obj, Source) and is_map_dataset(obj) and adapter.missing(obj):
+    if is_map_dataset(obj) and adapter.missing(obj):
         return IndexedDataset(obj)
     return adapt(obj)

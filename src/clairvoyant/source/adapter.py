@@ -10,6 +10,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import NotASource, describe
 from .base import Source
+from .indexed import is_map_dataset
 
 REQUIRED = ("uri", "scan", "read")
 
@@ -31,8 +32,7 @@ def adapt(obj: Any) -> Source:
     if isinstance(obj, Source):
         return obj
     lacks = missing(obj)
-    if lacks and callable(getattr(obj, "__iter__", None)) and not (callable(getattr(obj, "__getitem__", None))
-                                                                   and callable(getattr(obj, "__len__", None))):
+    if lacks and callable(getattr(obj, "__iter__", None)) and not is_map_dataset(obj):
         raise NotASource(
             f"cannot use {describe(obj)} as a data source: it is iterable only (an IterableDataset, a generator), "
             "so it has no order to plan ahead of training. Pass a map-style dataset (`__getitem__` and `__len__`), "
