@@ -457,12 +457,7 @@ class Loader:
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
         self._cursor.close_active()
-        node = self._node
-        if node.carry is not None:
-            node.carry[1].close()
-        node.carry = None
-        if node.progress is not None:
-            node.progress.close()
+        self._node.close()
         if self._metrics is not None:
             self._metrics.close()
         if self._guard is not None:

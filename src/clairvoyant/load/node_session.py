@@ -95,6 +95,18 @@ class NodeSession:
         is the node's only rank (no other rank's keeps to make room for)."""
         return local_capacity >= int(self.entry_sizes.sum()) or self.topology.local_world_size == 1
 
+    def drop_carry(self) -> None:
+        """Close the last epoch's run and forget its plan."""
+        if self.carry is not None:
+            self.carry[1].close()
+        self.carry = None
+
+    def close(self) -> None:
+        """The last run closed, the deadline gate left (the tiers close with the Loader)."""
+        self.drop_carry()
+        if self.progress is not None:
+            self.progress.close()
+
     def open_progress(self) -> None:
         """The node-wide deadline gate of ``balance=True``, for the current topology."""
         if self.progress is not None:
@@ -142,9 +154,7 @@ class NodeSession:
         log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed (it had rank %d of %d, "
                  "node of %d, from %s)", t.rank, t.world_size, t.local_world_size, old.rank, old.world_size,
                  old.local_world_size, old.origin)
-        if self.carry is not None:   # an epoch planned for the old layout: nothing of it carries over
-            self.carry[1].close()
-            self.carry = None
+        self.drop_carry()   # an epoch planned for the old layout: nothing of it carries over
         self.tiers.direct = self.direct(self.tiers.local_capacity)
         self.open_progress()
 
