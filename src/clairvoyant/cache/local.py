@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import stat
+import logging
 import threading
 import weakref
 
@@ -33,10 +34,11 @@ from . import publish as _publish
 from .codec import Codec, entry_parts
 from .entry import entry_size, holds
 from ..nodeio.fdcache import FdCache
-from .extents import EXTENT_BYTES, Index, IndexFull, Loc, aligned, key_digest, punch
+from .extents import EXTENT_BYTES, Index, Loc, aligned, key_digest, punch
 from .ledger import Ledger
 
 LAYOUT = "v2"
+log = logging.getLogger("clairvoyant")
 
 
 def prepare_root(local_dir: str) -> str:
@@ -93,6 +95,7 @@ class LocalStore:
         self._files = FdCache(limit=32, opener=lambda p: os.open(p, os.O_RDWR | os.O_CLOEXEC),
                               recheck=True)   # extents this process punches holes in
         self._append = _Appender(self) if entries else None
+        self._index_full_told = False
         self._threads = _KeyLocks()   # claims of this process's threads, one at a time per key
 
     def close(self) -> None:
@@ -155,66 +158,30 @@ class LocalStore:
             self._threads.release(off)
 
     def put(self, key: str, data: bytes, mtime_ns: int, capacity: int) -> Loc | None:
-        """Publish ``data`` as the entry of ``key`` if the tier has room; where it is, or None if the
-        ledger has no room. Raises LocalStorageFull (nothing reserved, nothing left) if the device is full."""
+        """Reserve room for ``data`` within ``capacity`` and ``write`` it as the entry of ``key``:
+        where it is, or None if the ledger has no room (or the index no free slot). Raises
+        LocalStorageFull (nothing reserved, nothing left) if the device is full."""
         if not self.ledger.reserve(entry_size(len(data)), capacity):
             return None
-        return self.put_reserved(key, data, mtime_ns)
+        return self.write([(key, data)], mtime_ns)[0]
 
-    def put_reserved(self, key: str, data: bytes, mtime_ns: int, reserved: int | None = None,
-                     capacity: int = 0) -> Loc | None:
-        """Publish ``data`` as the entry of ``key``, its bytes already reserved in the ledger (given
-        back if the publish fails: LocalStorageFull when the device is full). With a ``codec``
-        the entry may be stored compressed: what it did not take of the reservation goes back.
-        ``reserved``: the bytes reserved for it if not its whole entry (compressed staging reserves
-        what the plan counts): an entry that takes more reserves the rest within ``capacity``, or
-        is not published (None, its reservation given back)."""
-        n = entry_size(len(data)) if reserved is None else int(reserved)
-        crashpoints.reached("reserved")
-        try:
-            payload, trailer = entry_parts(data, mtime_ns, self.codec)
-        except BaseException:   # (a codec's failure: nothing written, the reservation goes back)
-            self.ledger.give_back(n)
-            raise
-        m = len(payload) + len(trailer)
-        if not self._fit(n, m, capacity):
-            return None
-        n = m   # (reserved exactly, from here on)
-        ext = None
-        try:
-            ext, offset = self._append.write(payload, trailer)
-            crashpoints.reached("tmp_written")
-            old = self.index.publish(key_digest(key), ext.n, offset, m)
-        except BaseException as e:
-            self.ledger.give_back(n)
-            if ext is not None:
-                self._append.done(ext)
-            if isinstance(e, IndexFull):
-                raise CacheError(f"the index of {self.root} has no room for another sample: the source has "
-                                 "more samples than when the cache was set up; start a new job (the index "
-                                 "grows when a session starts)") from None
-            if isinstance(e, OSError):
-                raise _publish.local_error(e, self.root, key) from e
-            raise
-        self._append.done(ext)
-        if old is not None:   # a replaced entry (its key's lock was not held): free its place
-            self._free(*old, False)
-            self.ledger.give_back(old[2])
-        crashpoints.reached("published")
-        return Loc(self.extent_path(ext.n), offset, m)
-
-    def put_many_reserved(self, items: list[tuple[str, bytes]], mtime_ns: int, reserved: list[int] | None = None,
-                          capacity: int = 0) -> list[Loc | None]:
-        """``put_reserved`` for several entries (``(key, bytes)``, their bytes reserved in the
-        ledger, their keys' locks held), written each at its place and published under one lock of
-        the index: where each is now, or None where the index had no free slot (its bytes given
-        back). ``reserved``/``capacity``: as ``put_reserved``'s, per entry (None for one that took
-        more and found no room). A write error gives every reservation back and raises
-        (LocalStorageFull for a full device); nothing of them is published then."""
+    def write(self, items: list[tuple[str, bytes]], mtime_ns: int, reserved: list[int] | None = None,
+              capacity: int = 0) -> list[Loc | None]:
+        """THE way an entry is written (the native engine does the same steps in C): entries of
+        ``(key, bytes)``, their bytes reserved in the ledger by the caller, written each at its
+        ``place`` and published under one lock of the index (``publish_placed``). Returns where
+        each is now, or None where the index had no free slot (its bytes given back). With a
+        ``codec`` an entry may be stored compressed: what it did not take of its reservation goes
+        back. ``reserved``: the bytes reserved per entry if not its whole entry (compressed staging
+        reserves what the plan counts): an entry that takes more reserves the rest within
+        ``capacity``, or is not written (None, its reservation given back). A write error gives
+        every reservation back and raises (LocalStorageFull for a full device); nothing of them is
+        published then."""
         placed: list[tuple[str, _Extent, int, int]] = []
         at: list[int] = []   # the item each placed entry is
         handled = 0          # items placed or given up, in order: the reservations of the rest are whole
         key = items[0][0] if items else ""
+        crashpoints.reached("reserved")
         try:
             for j, (key, data) in enumerate(items):
                 r = entry_size(len(data)) if reserved is None else int(reserved[j])
@@ -242,9 +209,11 @@ class LocalStore:
             if isinstance(e, OSError):
                 raise _publish.local_error(e, self.root, key) from e
             raise
+        crashpoints.reached("tmp_written")
         out: list[Loc | None] = [None] * len(items)
         for j, loc in zip(at, self.publish_placed(placed)):
             out[j] = loc
+        crashpoints.reached("published")
         return out
 
     def _fit(self, reserved: int, m: int, capacity: int) -> bool:
@@ -288,6 +257,11 @@ class LocalStore:
             if isinstance(old, Exception):   # not published (no free slot)
                 self.abandon(ext, offset, n)
                 out.append(None)
+                if not self._index_full_told:
+                    self._index_full_told = True
+                    log.warning("clairvoyant: the index of %s has no room for another sample (the source has "
+                                "more samples than when the cache was set up); the rest is read from the source: "
+                                "start a new job (the index grows when a session starts)", self.root)
                 continue
             self._append.done(ext)
             if old is not None:
@@ -405,15 +379,6 @@ class _Appender:
         self._lock = threading.Lock()
         self._cur: _Extent | None = None
         self._pid = os.getpid()
-
-    def write(self, data: bytes, trailer: bytes) -> tuple[_Extent, int]:
-        cur, offset = self.reserve(len(data) + len(trailer))
-        try:
-            _publish.write_at(cur.fd, data, trailer, offset)
-        except BaseException:
-            self.done(cur)
-            raise
-        return cur, offset
 
     def reserve(self, nbytes: int) -> tuple[_Extent, int]:
         """A range of ``nbytes`` in the current extent (a new one if it is full), to be written by

@@ -209,9 +209,9 @@ class Tiers:
                     todo.append(j)
                 todo.sort()
                 if todo:
-                    left -= sum(need[j] for j in todo)   # put_many_reserved owns them from here
+                    left -= sum(need[j] for j in todo)   # write owns them from here
                     try:
-                        locs = store.put_many_reserved([(keys[absent[j]], datas[j]) for j in todo], mtime_ns,
+                        locs = store.write([(keys[absent[j]], datas[j]) for j in todo], mtime_ns,
                                                        [need[j] for j in todo],
                                                        self.local_capacity - self._owed_bytes)
                     except CacheError as e:   # the device is full (or failing): read the source instead
@@ -259,8 +259,9 @@ class Tiers:
         refuses them, or a compressed entry larger than ``reserved`` finds no room for the rest."""
         store = self.local
         try:
-            loc = store.put_reserved(key, data, mtime_ns, reserved, self.local_capacity - self._owed_bytes)
-            if loc is None:   # compressed worse than the plan counted, and no room for the rest
+            loc = store.write([(key, data)], mtime_ns, None if reserved is None else [reserved],
+                              self.local_capacity - self._owed_bytes)[0]
+            if loc is None and store.codec is not None:   # compressed worse than the plan counted, no room left
                 self.counters.add("compress_overflow")
             return loc
         except CacheError as e:   # the device is full (or failing): read the source instead

@@ -91,8 +91,10 @@ class ThreadStager:
                 got = self._handed_over(token, size)
                 handed = got is not None
                 data, mtime_ns = got if handed else self._read(key, size)
-                reserved = False   # put_reserved owns the reservation from here (gives it back on failure)
-                loc = store.put_reserved(key, data, mtime_ns)
+                reserved = False   # write owns the reservation from here (gives it back on failure)
+                loc = store.write([(key, data)], mtime_ns)[0]
+                if loc is None:
+                    why = "the tier's index has no free slot"
             finally:
                 store.release(key)
         except OSError as e:
