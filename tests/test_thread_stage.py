@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from clairvoyant.stage import native_files as native_stage, thread_files as thread_stage
+from clairvoyant.stage import engines, native_files as native_stage, thread_files as thread_stage
 from clairvoyant.cache.entry import entry_size, unseal
 from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore
@@ -87,14 +87,24 @@ def test_close_with_work_queued_leaves_the_ledger_right_and_no_thread(engine, tr
 
 
 def test_one_place_chooses_the_engine(tree, monkeypatch):
+    """stage/engines.py picks for both front doors: the mount always gets an engine, the Loader
+    (``twin=False``) the C one or none."""
     src, _, local = tree
     store = LocalStore(local, "file://" + src, expected=64)
     try:
-        s = thread_stage.file_stager(store, 1 << 20, src, None, 2, lambda d: None)
+        s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None)
         assert isinstance(s, native_stage.NativeStager if native_stage.available() else thread_stage.ThreadStager)
         s.close()
-        monkeypatch.setattr(thread_stage, "available", lambda: False)   # control: no extension, the twin
-        s = thread_stage.file_stager(store, 1 << 20, src, None, 2, lambda d: None)
+        s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None, plain_files=False, twin=False)
+        assert s is None   # the Loader on a store that is not plain files: its own threads stage
+        monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # the switch holds for both front doors
+        s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None)
+        assert isinstance(s, thread_stage.ThreadStager)
+        s.close()
+        assert engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None, twin=False) is None
+        monkeypatch.delenv("CLAIRVOYANT_NATIVE_STAGE")
+        monkeypatch.setattr(engines, "available", lambda: False)   # control: no extension, the twin
+        s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None)
         assert isinstance(s, thread_stage.ThreadStager)
         s.close()
     finally:

@@ -144,17 +144,27 @@ def recorded_checksum(loc) -> int | None:
     return None if t is None else t[0]
 
 
+def read_sample(loc, size: int | None = None) -> bytes:
+    """THE way an entry is read and verified (the readers, a peer's serve, the cluster mount, the
+    checks): the sample's bytes from the entry at ``loc``, checked and inflated. ``size``: the
+    sample's listed size (None: the size its trailer records). CorruptEntry if anything is off;
+    OSError (FileNotFoundError: evicted meanwhile) if it cannot be read."""
+    blob = read_entry(loc)
+    where = f"{loc.path}@{loc.offset}"
+    if size is None:
+        if len(blob) < TRAILER.size:
+            raise CorruptEntry(f"cached entry {where} is truncated")
+        magic, _, _, n = TRAILER.unpack_from(blob, len(blob) - TRAILER.size)
+        size = n if compressed(magic) else loc.length - TRAILER.size
+    return unseal(blob, size, where)
+
+
 def check_entry(loc) -> str | None:
     """None if the entry at ``loc`` is whole and matches its checksum, else what is wrong."""
     try:
-        blob = read_entry(loc)
+        read_sample(loc)
     except OSError as e:
         return f"unreadable: {e.strerror or e}"
-    if len(blob) < TRAILER.size:
-        return "truncated"
-    magic, _, _, n = TRAILER.unpack_from(blob, len(blob) - TRAILER.size)
-    try:
-        unseal(blob, n if compressed(magic) else loc.length - TRAILER.size, f"{loc.path}@{loc.offset}")
     except CorruptEntry as e:
         return str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
     return None

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache.entry import entry_size, unseal
+from ..cache.entry import entry_size, read_sample, unseal
 from ..cache.extents import read_entry
 from ..cache.node import open_tiers, residents
 from ..cache.tiers import Tiers
@@ -206,9 +206,8 @@ class NodeSession:
         if loc is None:
             return None
         try:
-            data = read_entry(loc)
-            if self.tiers.local.codec is None:   # (compressing: the peer checks and inflates it)
-                data = unseal(data, size, f"{loc.path}@{loc.offset}")
+            # compressing: the entry as it lies (the peer checks and inflates it)
+            data = read_sample(loc, size) if self.tiers.local.codec is None else read_entry(loc)
         except (FileNotFoundError, CorruptEntry):
             return None
         carry = self.carry

@@ -36,8 +36,8 @@ from typing import Any, Callable, NamedTuple
 
 import xxhash
 
-from ..cache.entry import unseal
-from ..cache.extents import Loc, read_entry
+from ..cache.entry import read_sample
+from ..cache.extents import Loc
 from ..errors import CorruptEntry
 from . import direct, seeding
 from .collate import default_collate
@@ -197,7 +197,7 @@ def _read(item: Item, source) -> tuple[bytes, str | None, str]:
         return source.read(item.key), None, "source"
     try:
         loc = item.path
-        data = unseal(read_entry(loc), item.size, f"{loc.path}@{loc.offset}")
+        data = read_sample(loc, item.size)
         if item.key in FLIP_AFTER_CHECK:
             data = bytes([data[0] ^ 0x10]) + data[1:]
         return data, None, "local"

@@ -41,8 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..cache.entry import CorruptEntry, entry_size, unseal
-from ..cache.extents import read_entry
+from ..cache.entry import CorruptEntry, entry_size, read_sample
 from ..errors import ConfigError
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
 from .cluster_orders import CONTROL, HOMES
@@ -504,7 +503,7 @@ class MountCluster:
         if loc is None:
             return None
         try:
-            return unseal(read_entry(loc), size, f"{loc.path}@{loc.offset}")
+            return read_sample(loc, size)
         except (FileNotFoundError, CorruptEntry):
             return None
 

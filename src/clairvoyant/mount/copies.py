@@ -1,7 +1,7 @@
 """MECHANISM: the mount process's copies into the local tier, and its evictions from it.
 
 One stager copies the files (native threads where they are built, else Python's: one interface,
-chosen in one place, stage/thread_files.py ``file_stager``), from the daemon's handoff where a
+chosen in one place for both front doors, stage/engines.py ``file_engine``), from the daemon's handoff where a
 reader's read left one, else from the source. Copies in flight are bounded by staging slots: one
 is taken before a file is submitted and given back when the stager tells of its copy (the
 collector's batch at once: one wake of a thread waiting for a slot), or at once where no copy
@@ -22,7 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from ..stage.native_files import Done
-from ..stage.thread_files import file_stager
+from ..stage.engines import file_engine
 from .counters import Counters
 
 log = logging.getLogger("clairvoyant")
@@ -43,7 +43,7 @@ class Copies:
         self._slots_back = 0   # slots of copies told done in the collector's current batch
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._unread: set[int] = set()   # staged ahead by the plan and not read yet
-        self._files = file_stager(self.tiers.local, self.tiers.local_capacity, mount.source.root, handoff,
+        self._files = file_engine(self.tiers.local, self.tiers.local_capacity, mount.source.root, handoff,
                                   threads, self._copied, self._copies_told)
 
     # -- slots and submission ---------------------------------------------------------------------

@@ -10,20 +10,19 @@ each outcome as the Python threads would. Anything it cannot stage (no room, the
 changed, an unreadable file, a full device) goes back to the Python threads, which stage it or
 raise the typed error naming the sample: errors are worded in one place.
 
-Where it applies is decided once, by ``applies``: the native engine is built, the source reads
-a key as the plain file ``root/key`` (``native_reads``: not a charged or remote store), misses
-to keep go straight to the local tier, no node-wide deadline gate orders the ranks' work, and the
-tier does not compress what it keeps (the native engine writes entries as they are).
+Where it applies is decided by stage/engines.py, the one choice of engine for both front doors
+(``applies``): the native engine is built, the source reads a key as the plain file ``root/key``
+(``native_reads``: not a charged or remote store), misses to keep go straight to the local tier,
+no node-wide deadline gate orders the ranks' work, and the tier does not compress what it keeps.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable, NamedTuple
 
-from . import native_files
+from .engines import native_applies
 from .native_files import Done, NativeStager
 from ..cache.tiers import LOCAL, Placement, Tiers
 from ..manifest import Manifest
@@ -43,12 +42,10 @@ class Item(NamedTuple):
 
 
 def applies(source, tiers: Tiers, gated: bool) -> bool:
-    """Whether the Loader's kept misses from ``source`` go to the native engine (module docstring);
-    ``CLAIRVOYANT_NATIVE_STAGE=0`` keeps them on the Python threads (for a comparison, or a fault
-    of the native engine)."""
-    return (native_files.available() and os.environ.get("CLAIRVOYANT_NATIVE_STAGE", "1") != "0"
-            and source.native_reads and tiers.direct and not gated
-            and tiers.local.codec is None)   # (compressed staging: the Python threads compress)
+    """Whether the Loader's kept misses from ``source`` go to the native engine: stage/engines.py
+    decides, for a source whose keys are plain files (``native_reads``) whose kept misses go
+    straight down and no node-wide deadline gate orders the ranks' work."""
+    return native_applies(tiers.local, source.native_reads and tiers.direct and not gated)
 
 
 class NativeRoute:

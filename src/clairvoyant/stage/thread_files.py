@@ -6,7 +6,7 @@ once, as a ``Done``, after its entry is published or given up; ``on_batch`` afte
 bytes reserved in the ledger at submission, the key's node-wide lock held while the file is read
 (from the daemon's handoff if a reader's open handed it over, else from the source) and its entry
 written, then published. It is what runs where the C extension is not built, so that the mount
-has one staging interface and no branch on which engine is there. ``file_stager`` chooses.
+has one staging interface and no branch on which engine is there. stage/engines.py chooses.
 """
 
 from __future__ import annotations
@@ -20,14 +20,7 @@ from typing import Callable
 from ..nodeio.fileio import read_with_mtime
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
-from .native_files import Done, NativeStager, _why, available
-
-
-def file_stager(store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
-                on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None):
-    """The native stager where it is built, else the Python threads' (same interface)."""
-    cls = NativeStager if available() else ThreadStager
-    return cls(store, capacity, src_root, handoff, threads, on_done, on_batch)
+from .native_files import Done, _why
 
 
 class ThreadStager:
