@@ -13,8 +13,24 @@ from clairvoyant.tune.counters import NAMES, Counters, namespace
 
 
 def test_every_counter_is_declared_with_what_it_counts_in_a_namespace():
-    assert all(n.count(".") == 1 and n.split(".")[0] in ("tier", "mount") and NAMES[n].strip() for n in NAMES)
+    assert all(n.count(".") == 1 and n.split(".")[0] in ("tier", "mount", "peer", "cluster") and NAMES[n].strip()
+               for n in NAMES)
     assert not set(namespace("tier")) & set(namespace("mount"))   # a short name means one counter
+    assert namespace("peer") and namespace("cluster")
+
+
+def test_the_links_count_in_the_peer_namespace_and_refuse_undeclared_names():
+    """The mounts' links and the peer service count through the one set (``peer.*``)."""
+    from clairvoyant.mount.cluster import LoopbackLink
+    hub: dict = {}
+    a, b = LoopbackLink(hub, 0, 2), LoopbackLink(hub, 1, 2)
+    b.start(lambda n: b"x" * 3 if n == 1 else None)
+    assert a.fetch(1, 1, 3, 1.0) == b"xxx" and a.fetch(1, 2, 3, 1.0) is None
+    got = a.counters()
+    assert sorted(got) == sorted(namespace("peer"))
+    assert (got["fetches"], got["hits"], got["misses"]) == (2, 1, 1)
+    with pytest.raises(KeyError):   # control: a name declared nowhere
+        a._c.add("fetched")
 
 
 def test_the_loaders_tier_counters_are_the_tier_namespace(dataset, tmp_path):

@@ -22,6 +22,7 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable
 
+from ..tune.counters import Space
 from .wire import DRAIN, REPLY, REQUEST, REQUEST_MAGIC
 
 log = logging.getLogger("clairvoyant")
@@ -62,7 +63,7 @@ class ServiceThread:
     _held: list[tuple[float, int, bytearray, int, int, int]]
     _held_seq: Any
     _link_free: float
-    _c: Counter[str]
+    _c: Space   # tune/counters.py's peer.*
     _queue_request: Callable[[bytearray, int], None]
     _take_reply: Callable[[bytearray, int], None]
     _answer_queued: Callable[[], bool]
@@ -107,7 +108,7 @@ class ServiceThread:
             buf = bytearray(REQUEST.pack(REQUEST_MAGIC, f.id, f.index, f.size))
             if self._isend(buf, f.peer, self._req_tag, f.id):
                 with self._lock:
-                    self._c["sent"] += 1
+                    self._c.add("sent")
         return bool(batch)
 
     def _isend(self, buf: bytearray, dest: int, tag: int, fetch_id: int, hold: float = 0.0) -> bool:
@@ -206,7 +207,7 @@ class ServiceThread:
 
     def _count(self, key: str) -> None:
         with self._lock:
-            self._c[key] += 1
+            self._c.add(key)
 
     def _mpi_error(self, e: Exception, peer: int | None, fetch_id: int) -> None:
         """A failed peer (ULFM): acknowledge, and fail its fetches from now on. Anything else fails
@@ -215,7 +216,7 @@ class ServiceThread:
         failure = e.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)
         dead = self._acknowledge_failures() if failure else set()
         with self._lock:
-            self._c["errors"] += 1
+            self._c.add("errors")
             if fetch_id and fetch_id in self._waiting:
                 self._finish(self._waiting[fetch_id], None, "failed")
             new = dead - self._dead

@@ -75,6 +75,7 @@ from typing import Any, Callable
 import xxhash
 
 from ..errors import ConfigError
+from ..tune.counters import Counters
 from .mpi import agree, available, node_groups
 from .peer_thread import LINGER, ServiceThread
 from .topology import node_name
@@ -175,7 +176,7 @@ class PeerService(ServiceThread):
         self._held_seq = itertools.count()
         self._link_free = 0.0   # when the emulated link has sent the bytes given to it so far
         self._queued: deque[tuple[int, int, int, int]] = deque()   # requests to answer: id, index, size, source
-        self._c: Counter[str] = Counter()
+        self._c = Counters(["peer"]).space("peer")   # tune/counters.py's peer.*
         self._peer_hits: Counter[int] = Counter()
         self._peer_bytes: Counter[int] = Counter()
 
@@ -203,10 +204,10 @@ class PeerService(ServiceThread):
             raise ConfigError(f"fetch from rank {peer} of {self.size} (this is rank {self.rank}), size {size}")
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
-            self._c["fetches"] += 1
+            self._c.add("fetches")
             until = self._passed.get(peer)
             if until is not None and (peer in self._probing or time.monotonic() < until):
-                self._c["passed_over"] += 1
+                self._c.add("passed_over")
                 return None
             probe = until is not None   # its pass-over ended: this fetch alone asks it again
             if probe:
@@ -223,11 +224,11 @@ class PeerService(ServiceThread):
             while not self._closed and peer not in self._dead and not self._has_room(size):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self._c["timeouts"] += 1
+                    self._c.add("timeouts")
                     return None
                 self._room.wait(left)
             if self._closed or self._thread is None or peer in self._dead:
-                self._c["failed"] += 1
+                self._c.add("failed")
                 return None
             f = _Fetch(next(self._ids), peer, index, size)
             self._inflight += 1
@@ -240,7 +241,7 @@ class PeerService(ServiceThread):
         with self._lock:
             if self._waiting.pop(f.id, None) is not None:   # no answer in time
                 self._release(f)
-                self._c["timeouts"] += 1
+                self._c.add("timeouts")
                 if f.sent:
                     self._late[f.id] = f.peer
                     if len(self._late) > _LATE_KEPT:
@@ -258,8 +259,7 @@ class PeerService(ServiceThread):
         or a miss; ``errors`` MPI errors met; ``per_peer`` hits and bytes by rank; ``dead_peers``
         the ranks MPI reported failed; ``slow_peers`` the ranks passed over now."""
         with self._lock:
-            out = {k: self._c[k] for k in ("fetches", "sent", *_OUTCOMES, "late", "refused", "served",
-                                           "unserved", "errors", "bytes_in", "bytes_out")}
+            out = self._c.snapshot()
             out["per_peer"] = {p: {"hits": self._peer_hits[p], "bytes": self._peer_bytes[p]}
                                for p in sorted(self._peer_hits)}
             out["dead_peers"] = sorted(self._dead)
@@ -306,11 +306,11 @@ class PeerService(ServiceThread):
         if self._waiting.pop(f.id, None) is None:
             return False
         self._release(f)
-        self._c[outcome] += 1
+        self._c.add(outcome)
         if outcome != "failed":   # an answer in time: the peer is not (or no longer) slow
             self._passed.pop(f.peer, None)
         if result is not None:
-            self._c["bytes_in"] += len(result)
+            self._c.add("bytes_in", len(result))
             self._peer_hits[f.peer] += 1
             self._peer_bytes[f.peer] += len(result)
         f.result = result
@@ -395,19 +395,19 @@ class PeerService(ServiceThread):
                 out[REPLY.size + size // 2] ^= 1
         if self._isend(out, src, self._rep_tag, 0, DELAY_REPLIES):
             with self._lock:
-                self._c["served" if data is not None else "unserved"] += 1
-                self._c["bytes_out"] += size if data is not None else 0
+                self._c.add("served" if data is not None else "unserved")
+                self._c.add("bytes_out", size if data is not None else 0)
 
     def _take_reply(self, buf: bytearray, src: int) -> None:
         magic, rid, status, length, checksum = REPLY.unpack_from(buf)
         with self._lock:
             if magic != REPLY_MAGIC or status not in (HIT, MISS) or \
                     len(buf) != REPLY.size + (length if status == HIT else 0):
-                self._c["refused"] += 1
+                self._c.add("refused")
                 return
             f = self._waiting.get(rid)
             if f is None or f.peer != src:
-                self._c["late" if self._late.pop(rid, None) == src else "refused"] += 1
+                self._c.add("late" if self._late.pop(rid, None) == src else "refused")
                 return
         payload = memoryview(buf)[REPLY.size:]
         if status == MISS:
@@ -418,7 +418,7 @@ class PeerService(ServiceThread):
             result, outcome = bytes(payload), "hits"
         with self._lock:
             if not self._finish(f, result, outcome):
-                self._c["late"] += 1   # its caller gave up while the reply was being checked
+                self._c.add("late")   # its caller gave up while the reply was being checked
 
 
 @atexit.register

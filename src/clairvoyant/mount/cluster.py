@@ -43,6 +43,7 @@ import numpy as np
 
 from ..cache.entry import CorruptEntry, entry_size, read_sample
 from ..errors import ConfigError
+from ..tune.counters import Counters
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
 from .cluster_orders import CONTROL, HOMES
 
@@ -135,7 +136,7 @@ class LoopbackLink:
 
     def __init__(self, hub: dict, node: int, nodes: int) -> None:
         self.hub, self.node, self.nodes = hub, node, nodes
-        self._c: collections.Counter = collections.Counter()
+        self._c = Counters(["peer"]).space("peer")   # tune/counters.py's peer.*
 
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Mounts of one process list the same source: nothing to compare across processes."""
@@ -148,14 +149,14 @@ class LoopbackLink:
 
     def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
         serve = self.hub.get(peer)
-        self._c["fetches"] += 1
+        self._c.add("fetches")
         got = serve(number) if serve is not None else None
         got = got if got is not None and len(got) == size else None
-        self._c["hits" if got is not None else "misses"] += 1
+        self._c.add("hits" if got is not None else "misses")
         return got
 
     def counters(self) -> dict:
-        return dict(self._c)
+        return self._c.snapshot()
 
     def close(self) -> None:
         self.hub.pop(self.node, None)
@@ -201,7 +202,7 @@ class MountCluster:
         self._peer_files: collections.deque[tuple[float, str, int]] = collections.deque()
         self._peer_bytes = 0
         self.peer_files_cap = PEER_FILES_BYTES
-        self._c: collections.Counter = collections.Counter()
+        self._c = Counters(["cluster"]).space("cluster")   # tune/counters.py's cluster.*
         self._closed = False
         self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
         link.start(self.serve)
@@ -242,7 +243,7 @@ class MountCluster:
                 return
             duty = self._duty
             if not ahead and duty is not None and f in duty.store:   # the plan: its home does not hold it
-                self._c["plan_store"] += 1
+                self._c.add("plan_store")
                 miss = True
             else:
                 miss = False
@@ -256,7 +257,7 @@ class MountCluster:
                 return
             if os.path.exists(os.path.join(self.mount.handoff, str(f))):
                 if not ahead:
-                    self._c["asked_ready"] += 1
+                    self._c.add("asked_ready")
                 return
             self._asked.add(f)
         try:   # (the daemon removed the mark of an earlier ask that missed before it asked)
@@ -276,13 +277,13 @@ class MountCluster:
                 t0 = time.perf_counter()
                 data = self.link.fetch(home, f, size, self.ask_timeout)
                 with self._lock:
-                    self._c["peer_seconds"] += time.perf_counter() - t0
+                    self._c.add("peer_seconds", time.perf_counter() - t0)
             if data is not None:
                 self._leave(f, data, 0)
                 got = True
                 with self._lock:
-                    self._c["from_peers"] += 1
-                    self._c["bytes_from_peers"] += len(data)
+                    self._c.add("from_peers")
+                    self._c.add("bytes_from_peers", len(data))
         except Exception as e:   # the daemon reads the store: never an error in the program
             log.warning("clairvoyant: fetching %s from its home failed (%s: %s); the store serves it",
                         self._keys[f], type(e).__name__, e)
@@ -316,7 +317,7 @@ class MountCluster:
         except OSError:
             return   # the daemon's wait ends on its own
         with self._lock:
-            self._c["peer_misses"] += 1
+            self._c.add("peer_misses")
             self._peer_files.append((time.monotonic(), path, 0))
 
     def _forget_old(self) -> None:
@@ -344,13 +345,13 @@ class MountCluster:
             return
         self.ask(f, ahead=True)
         with self._lock:
-            self._c["ahead"] += 1
+            self._c.add("ahead")
 
     def _own_ahead(self, f: int, still: Callable[[], bool] | None = None, reserved: int = 0) -> None:
         try:
             if still is not None and not still():
                 with self._lock:
-                    self._c["ahead_too_late"] += 1
+                    self._c.add("ahead_too_late")
                 return
             self._get(f, "ahead")   # from the store, kept by the policy (a read of it, as a peer's would be)
         except Exception as e:
@@ -397,7 +398,7 @@ class MountCluster:
             data = self._from_tier(self._keys[f], int(self._sizes[f])) if why == "served" else None
             if data is not None:
                 with self._lock:
-                    self._c["served_not_home"] += 1
+                    self._c.add("served_not_home")
             return data
         key, size = self._keys[f], int(self._sizes[f])
         tiers = self.mount.tiers
@@ -407,7 +408,7 @@ class MountCluster:
         duty = self._duty
         if data is None and why == "served" and duty is not None and not duty.keep.get(f, False):
             with self._lock:   # the plan does not keep it here: the peer reads the store itself
-                self._c["served_absent"] += 1
+                self._c.add("served_absent")
             return None
         if data is None:
             # hold the key's node-wide lock: the home's own staging of it (from its daemon's read)
@@ -422,7 +423,7 @@ class MountCluster:
                         tiers.release(key)
         self._decide(f, True)
         with self._lock:
-            self._c[f"{why}_from_tier"] += 1
+            self._c.add(f"{why}_from_tier")
         return data
 
     def _await_copy(self, f: int) -> bool:
@@ -455,7 +456,7 @@ class MountCluster:
                 with self._lock:
                     self._policy.forget(f)
         with self._lock:
-            self._c[f"{why}_from_store"] += 1
+            self._c.add(f"{why}_from_store")
         return data
 
     def read_own(self, f: int, from_store: bool) -> bool:
@@ -495,7 +496,7 @@ class MountCluster:
             except Exception as e:
                 log.warning("clairvoyant: cannot evict %s: %s", key, e)
         with self._lock:
-            self._c["evicted"] += len(evicted)
+            self._c.add("evicted", len(evicted))
         return got.by == STORE and got.kept
 
     def _from_tier(self, key: str, size: int) -> bytes | None:
@@ -594,7 +595,7 @@ class MountCluster:
                         "takes them from a peer", e)
         with self._lock:
             self.homes, self.basis = homes, int(basis)
-            self._c["homes_from_epoch"] = int(basis)
+            self._c.set_many(homes_from_epoch=int(basis))
 
     def homes_digest(self) -> int:
         """xxh3-64 of the homes this node plans with (offered with its orders)."""
@@ -618,7 +619,7 @@ class MountCluster:
             self._duty = duty
             self._read_seen = set()
             if duty is not None:
-                self._c["plans"] += 1
+                self._c.add("plans")
                 return
         held = residents(self.mount.manifest, self.mount.tiers.local.entries(), self.entry_sizes)
         policy = HomesLRU(self.homes, [int(self.mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
@@ -663,7 +664,7 @@ class MountCluster:
                     return
                 if self.mount.tiers.local.put(key, data, v[1], self.mount.tiers.local_capacity) is not None:
                     with self._lock:
-                        self._c["taken_over"] += 1
+                        self._c.add("taken_over")
         except Exception as e:
             log.warning("clairvoyant: taking %s over from node %d failed (%s: %s); it is read when asked",
                         self._keys[f], holder, type(e).__name__, e)
@@ -701,7 +702,7 @@ class MountCluster:
             return 0
         if freed:
             with self._lock:
-                self._c["evicted"] += 1
+                self._c.add("evicted")
         return freed
 
     def used(self) -> int:
@@ -712,9 +713,7 @@ class MountCluster:
         return self.mount.tiers.local.ledger.read()[0] + staging
 
     def count(self, **amounts: float) -> None:
-        with self._lock:
-            for k, v in amounts.items():
-                self._c[k] += v
+        self._c.add_many(**amounts)
 
     # -- the rest ------------------------------------------------------------------------------
 
@@ -725,7 +724,7 @@ class MountCluster:
 
     def counters(self) -> dict:
         with self._lock:
-            out = dict(self._c)
+            out = self._c.snapshot()
         out.update(node=self.node, nodes=self.nodes, link=self.link.counters())
         return out
 

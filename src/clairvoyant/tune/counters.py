@@ -3,7 +3,11 @@
 
 - ``tier.*``: what the node's tiers did (staged, hit, evicted, found stale or corrupt, ...);
 - ``mount.*``: what the mount's staging did beside that (its plans, how far along, reads it
-  served from the source, ...).
+  served from the source, ...);
+- ``peer.*``: what a link to the other nodes did (the Loader's peer service over MPI, the
+  mounts' links): fetches asked and how each ended, requests answered, bytes each way;
+- ``cluster.*``: what the cluster mount did as a node of the cluster cache (files from peers,
+  from the store for a peer, ahead of their reads, plans and homes).
 
 The Loader's ``stats()["tiers"]`` is the ``tier`` namespace; ``clairvoyant mount --stats`` prints
 the ``mount`` namespace and the ``tier`` counters the mount moved, by the same short names, so one
@@ -61,6 +65,42 @@ NAMES: dict[str, str] = {
     "mount.kept_reads": "files kept after a read the staging heard late",
     "mount.evicted_unread": "evicted files never read",
     "mount.not_home": "reads of files whose home is another node",
+    # a link to the other nodes (dist/peers.py, mount/cluster.py's links)
+    "peer.fetches": "fetches asked of a peer",
+    "peer.sent": "requests sent",
+    "peer.hits": "fetches a peer answered with the bytes",
+    "peer.misses": "fetches a peer answered without them",
+    "peer.timeouts": "fetches given up after the deadline",
+    "peer.bad_checksum": "answers that failed their check",
+    "peer.failed": "fetches the transport failed",
+    "peer.passed_over": "fetches not sent to a peer passed over after a time-out",
+    "peer.late": "answers that came after their caller gave up",
+    "peer.refused": "messages dropped unread",
+    "peer.served": "requests answered with the bytes",
+    "peer.unserved": "requests answered without them",
+    "peer.errors": "transport errors met",
+    "peer.bytes_in": "bytes received in answers",
+    "peer.bytes_out": "bytes sent in answers",
+    # the cluster mount as a node of the cluster cache (mount/cluster.py)
+    "cluster.plans": "cluster plans run",
+    "cluster.gather_seconds": "seconds spent gathering the nodes' orders",
+    "cluster.homes_from_epoch": "the epoch the homes were planned from",
+    "cluster.plan_store": "reads the plan left to the store",
+    "cluster.asked_ready": "files asked of a peer that had them ready",
+    "cluster.from_peers": "files read from a peer's tier",
+    "cluster.bytes_from_peers": "bytes of those",
+    "cluster.peer_seconds": "seconds spent asking peers",
+    "cluster.peer_misses": "files a peer did not serve: read from the store",
+    "cluster.ahead": "files staged ahead of their reads at their home",
+    "cluster.ahead_too_late": "stagings ahead given up: their read came first",
+    "cluster.ahead_from_tier": "stagings ahead found in the tier",
+    "cluster.ahead_from_store": "stagings ahead read from the store",
+    "cluster.served_from_tier": "files served to a peer from the tier",
+    "cluster.served_from_store": "files served to a peer from the store",
+    "cluster.served_not_home": "files served from the tier by a node that is no longer their home",
+    "cluster.served_absent": "requests for files this home does not hold",
+    "cluster.taken_over": "files taken over from their former home",
+    "cluster.evicted": "files evicted by the cluster plan",
 }
 
 
