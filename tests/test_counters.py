@@ -13,7 +13,7 @@ from clairvoyant.tune.counters import NAMES, Counters, namespace
 
 
 def test_every_counter_is_declared_with_what_it_counts_in_a_namespace():
-    assert all(n.count(".") == 1 and n.split(".")[0] in ("tier", "mount", "peer", "cluster") and NAMES[n].strip()
+    assert all(n.count(".") == 1 and n.split(".")[0] in ("stage", "tier", "mount", "peer", "cluster") and NAMES[n].strip()
                for n in NAMES)
     assert not set(namespace("tier")) & set(namespace("mount"))   # a short name means one counter
     assert namespace("peer") and namespace("cluster")

@@ -1,6 +1,7 @@
 """MECHANISM: the one counter set. Every counter has a name in a namespace, declared once in
 ``NAMES`` with what it counts:
 
+- ``stage.*``: what the Loader's run did (samples read from the source, found, waited for);
 - ``tier.*``: what the node's tiers did (staged, hit, evicted, found stale or corrupt, ...);
 - ``mount.*``: what the mount's staging did beside that (its plans, how far along, reads it
   served from the source, ...);
@@ -22,6 +23,16 @@ import threading
 from typing import Iterable, Mapping
 
 NAMES: dict[str, str] = {
+    # what the Loader's run did (Loader.stats(), top level; tune/stats.py)
+    "stage.source_files": "samples read from the source by this loader",
+    "stage.source_bytes": "bytes of those",
+    "stage.staged_files": "samples this loader placed in a tier",
+    "stage.local_hits": "samples found in the local tier (an earlier epoch, run or another rank)",
+    "stage.on_demand": "samples still missing when the training loop asked for their batch",
+    "stage.waits": "next() calls that had to wait for their batch",
+    "stage.wait_seconds": "seconds the training loop waited inside next()",
+    "stage.batches": "batches delivered",
+    "stage.samples": "samples delivered",
     # what the tiers did (Loader.stats()["tiers"]; the mount's staging counts staged_local)
     "tier.local_hits": "planned hits found in the local tier",
     "tier.staged_local": "samples (files) staged into the local tier",

@@ -1,37 +1,35 @@
-"""Counters the loader keeps, shared by the staging threads and the consumer: changed and read
-only through these methods, under this object's own lock."""
+"""What the loader counts, shared by the staging threads and the consumer: its scalar counters
+are the ``stage.*`` namespace of the one counter set (tune/counters.py); beside them, what is
+counted by epoch, by cause, by reader and the samples skipped, changed and read only through
+these methods, under this object's own lock."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, fields
 
+from .counters import Counters
 from .timings import Timings
 
 
-@dataclass
 class Stats:
-    source_files: int = 0        # samples read from the source by this loader
-    source_bytes: int = 0
-    staged_files: int = 0        # samples this loader published to local_dir
-    local_hits: int = 0          # samples already in local_dir (earlier epoch, run or another rank)
-    on_demand: int = 0           # samples still missing when the training loop asked for their batch
-    waits: int = 0               # next() calls that had to wait for their batch
-    wait_seconds: float = 0.0    # total time the training loop waited inside next()
-    batches: int = 0
-    samples: int = 0
-    skipped: list = field(default_factory=list)  # keys skipped with on_error="skip"
-    epochs: dict = field(default_factory=dict)   # epoch -> source_files, source_bytes, from_local, from_ram, ...
-    wait_by_cause: dict = field(default_factory=dict)   # seconds the loop waited, by cause (tune/verdict.py)
-    reader: dict = field(default_factory=lambda: {"samples": 0, "read_s": 0.0, "decode_s": 0.0, "collate_s": 0.0,
-                                                  "batches": 0})
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    timings: Timings = field(default_factory=Timings, repr=False, compare=False)
+    """The loader's counters: ``stage.*`` by short name (``stats.source_files``), and by epoch."""
+
+    def __init__(self) -> None:
+        self.counters = Counters(["stage"]).space("stage")
+        self._lock = threading.Lock()
+        self.skipped: list = []             # keys skipped with on_error="skip"
+        self.epochs: dict = {}              # epoch -> source_files, source_bytes, from_local, from_ram, ...
+        self.wait_by_cause: dict = {}       # seconds the loop waited, by cause (tune/verdict.py)
+        self.reader: dict = {"samples": 0, "read_s": 0.0, "decode_s": 0.0, "collate_s": 0.0, "batches": 0}
+        self.timings = Timings()
+
+    def __getattr__(self, name: str) -> float:
+        if name.startswith("_") or name in ("counters",):
+            raise AttributeError(name)
+        return getattr(self.counters, name)
 
     def add(self, **deltas: float) -> None:
-        with self._lock:
-            for name, d in deltas.items():
-                setattr(self, name, getattr(self, name) + d)
+        self.counters.add_many(**deltas)
 
     def skip(self, keys) -> None:
         """Samples skipped with ``on_error="skip"``."""
@@ -80,16 +78,16 @@ class Stats:
             elif from_source:
                 d["source_files"] = d.get("source_files", 0) + 1
                 d["source_bytes"] = d.get("source_bytes", 0) + size
-                self.source_files += 1
-                self.source_bytes += size
-                self.staged_files += tier != "source"
-            else:
-                self.local_hits += 1
+        if peer >= 0:
+            return
+        if from_source:
+            self.counters.add_many(source_files=1, source_bytes=size, staged_files=int(tier != "source"))
+        else:
+            self.counters.add("local_hits")
 
     def snapshot(self) -> dict:
+        d = self.counters.snapshot()
         with self._lock:
-            d = {f.name: getattr(self, f.name) for f in fields(self)
-                 if not f.name.startswith("_") and f.name != "timings"}
             d["skipped"] = list(self.skipped)
             d["epochs"] = {e: {k: dict(v) if isinstance(v, dict) else v for k, v in c.items()}
                            for e, c in self.epochs.items()}
