@@ -1,7 +1,7 @@
 /* The local tier's on-disk format, for the C that writes or reads it: the stager
  * (cache/_stager.c) and the mount's daemon (mount/mountfs.c). Python's side of the same
  * format is cache/entry.py (the entry trailer) and cache/extents.py (the index and its
- * slots); tests/test_tier_format.py reads this header and checks that both sides agree.
+ * slots); tests/cache/test_tier_format.py reads this header and checks that both sides agree.
  *
  * An entry is the sample's bytes followed by a 32-byte trailer (little-endian):
  *   "CVENTRY1" | xxh3-64 of the bytes | the source's mtime in ns | the bytes' length.

@@ -44,7 +44,7 @@ WORK_PREFIX = "clairvoyant-mount-"
 STAGE_THREADS = 64   # the first epoch is latency-bound: requests in flight = threads (the Loader starts at 48)
 INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
-# the daemon's counters, as mount/mount_stats.h lays them out (tests/test_mount_stats.py checks)
+# the daemon's counters, as mount/mount_stats.h lays them out (tests/mount/test_mount_stats.py checks)
 _FIELDS = ("magic", "version", "size", "opens_local", "opens_source", "bytes_local", "bytes_source", "corrupt",
            "reads", "info_opens", "pid", "stale", "unused", "events_dropped", "no_open", "opens_seen",
            "opens_cached", "opens_peer", "bytes_peer", "asks", "ask_timeouts")

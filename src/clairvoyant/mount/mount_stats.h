@@ -1,6 +1,6 @@
 /* The counters of `clairvoyant mount`'s daemon (mountfs.c), in the --stats file it maps shared:
  * written down once for C here, read by mount/fs.py (its _FIELDS, in this order, and _MAGIC /
- * _VERSION); tests/test_mount_stats.py checks that the two agree. Change both, and STATS_VERSION. */
+ * _VERSION); tests/mount/test_mount_stats.py checks that the two agree. Change both, and STATS_VERSION. */
 #ifndef CLAIRVOYANT_MOUNT_STATS_H
 #define CLAIRVOYANT_MOUNT_STATS_H
 

@@ -29,7 +29,7 @@ typedef struct { int64_t nu, s; } Entry;
 
 /* THE eviction rule, for every heap here: sample sa (next use nua) gives way before sb (nub), the
  * larger next use first, then the smaller sample. plan/evict.py's FarthestNextUse.key is the same
- * rule in Python (tests/test_evict.py checks the two agree, through `farther` below). */
+ * rule in Python (tests/plan/test_evict.py checks the two agree, through `farther` below). */
 static inline int farther(int64_t nua, int64_t sa, int64_t nub, int64_t sb) {
     return nua > nub || (nua == nub && sa < sb);
 }

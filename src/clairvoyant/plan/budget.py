@@ -92,7 +92,7 @@ def steady_hit_rate(fraction: float, nodes: int) -> float:
     the next epoch: the planner keeps that (up to the capacity f), and each such sample is a hit.
     Room left over (f - 1/N^2) holds samples it read before, each read by it in a later epoch with
     chance 1/N. Hits over reads: N min(f, 1/N^2) + max(0, f - 1/N^2), at most 1; on one node, f.
-    Checked against the planner itself on 1-32 nodes (tests/test_budget.py)."""
+    Checked against the planner itself on 1-32 nodes (tests/plan/test_budget.py)."""
     q = 1.0 / nodes ** 2
     return min(1.0, nodes * min(fraction, q) + max(0.0, fraction - q))
 

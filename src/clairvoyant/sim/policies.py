@@ -146,7 +146,7 @@ class NodeSequences:
 
 def node_sequences(num_samples: int, job: Job, epoch: int) -> NodeSequences:
     """``node_sequence`` of every node of ``job`` (``job.layout``: ranks in node blocks of
-    ``job.gpus``) for ``epoch`` from its start; tests/test_simulate.py holds it equal to
+    ``job.gpus``) for ``epoch`` from its start; tests/sim/test_simulate.py holds it equal to
     ``node_sequence`` node by node."""
     rows = rank_rows(epoch_order(num_samples, job.seed, epoch, job.shuffle), job.world_size)   # a view
     lengths = batch_lengths(rows.shape[1], job.batch_size, job.drop_last)

@@ -27,7 +27,7 @@ a third for 10 s before this distinction).
 
 When the source's latency quadruples, fetch waits appear within one interval
 and the thread count grows geometrically, so it reaches the new need in a few
-intervals. Tested on recorded traces (tests/test_autotune.py).
+intervals. Tested on recorded traces (tests/tune/test_autotune.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run by tests/test_cluster.py under ``mpirun -n N``: each rank is its own "node" (CLAIRVOYANT_NODE),
+"""Run by tests/dist/test_cluster.py under ``mpirun -n N``: each rank is its own "node" (CLAIRVOYANT_NODE),
 with its own local directory, all reading one emulated store whose counters the processes share.
 
 argv: dataset, workdir, local_capacity, epochs, cluster (on/off), scenario, token (only marks the

@@ -1,8 +1,8 @@
-"""Run by tests/test_mount.py under ``mpirun -n 2``: each rank builds clairvoyant's DistributedSampler
+"""Run by tests/mount/test_mount.py under ``mpirun -n 2``: each rank builds clairvoyant's DistributedSampler
 with no rank or world size given (they come from the launcher's environment, as PyTorch's come from
 its process group), reads its files through the mount and compares them with the source.
 
-    python tests/mpi_mount_script.py MNT SRC TOKEN
+    python tests/mount/mpi_mount_script.py MNT SRC TOKEN
 
 Prints one JSON line per rank: rank, world size, the indices it read, files that differed."""
 

@@ -20,7 +20,7 @@ from clairvoyant import manifest as M
 from clairvoyant.cache.extents import key_digest
 from clairvoyant.errors import ManifestError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def old_fingerprint(keys, sizes, labels) -> str:

@@ -1,4 +1,4 @@
-"""One scenario of the peer service, run by tests/test_peers.py under ``mpirun -n 4``.
+"""One scenario of the peer service, run by tests/dist/test_peers.py under ``mpirun -n 4``.
 
 Usage: ``mpi_peers_script.py SCENARIO OUTDIR TOKEN``. Each rank writes what it saw as
 JSON to OUTDIR/rank-N.json (no rank's results travel over MPI, so a dead rank

