@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from clairvoyant.errors import ConfigError
 from clairvoyant.plan import plan_epoch
 from clairvoyant.plan import residency
-from clairvoyant.plan.cluster import home_nodes, plan_cluster_epoch
+from clairvoyant.plan.cluster import home_nodes, plan_cluster_epoch, plan_cluster_sequence
 from clairvoyant.plan.layout import NodeLayout
 from clairvoyant.plan.residency import simulate_epoch
-from clairvoyant.plan.sequence import cluster_sequence, node_sequence
+from clairvoyant.plan.sequence import cluster_sequence, interleave, node_sequence
 
 needs_c = pytest.mark.skipif(residency._c_simulate is None,
                              reason="the C helper is not built (or CLAIRVOYANT_NO_CEXT is set): nothing to compare")
@@ -483,6 +483,42 @@ def test_the_one_pass_c_plan_takes_the_home_by_home_decisions(trial):
     assert sum(len(d) for d in c.drop_at_start) > 50 and c.hit.any()   # the cases are exercised
     args["capacities"] = [x + 40 for x in small]
     assert not _plans_agree(c, plan_cluster_epoch(n, use_c=False, **args))   # control
+
+
+@needs_c
+@pytest.mark.parametrize("trial", range(5))
+def test_the_mounts_plan_runs_on_the_same_c_kernel_with_the_same_decisions(trial):
+    """The mount's plan (``plan_cluster_sequence``: orders its samplers published, so batches of
+    uneven counts, repeated files, ranks that stop early, a next epoch in any order or unknown)
+    runs on the C kernel the Loader's does, taking the interleaved accesses and the node of each;
+    it decides as the home-by-home Python reference. Control: a changed capacity is told apart."""
+    rng = np.random.default_rng(200 + trial)
+    n = int(rng.integers(2000, 6000))
+    layout = NodeLayout.blocks(int(rng.integers(2, 6)), int(rng.integers(1, 3)))
+    nodes, world = layout.num_nodes, layout.world_size
+    files, counts = [], []
+    for _ in range(world):
+        m = int(rng.integers(n // (2 * world), 2 * n // world))
+        files.append(rng.integers(0, n, m))   # repeats, and samples no rank reads
+        c = rng.integers(1, 33, m)
+        c = c[:int(np.searchsorted(np.cumsum(c), m)) + 1]
+        c[-1] -= int(c.sum()) - m
+        counts.append(c[c > 0])
+    seq = interleave(files, counts)
+    following = (np.zeros(0, np.int64) if trial == 4
+                 else np.concatenate([rng.permutation(n), rng.integers(0, n, n // 10)]))
+    home = rng.integers(0, nodes, n).astype(np.int32)
+    sizes = rng.integers(1, 100, n)
+    caps = [int(sizes.sum() * rng.uniform(0.05, 0.4) / nodes) for _ in range(nodes)]
+    held = [{int(s): int(sizes[s]) for s in rng.choice(n, n // (3 * nodes), replace=False)} for _ in range(nodes)]
+    held[0][n + 3] = 5   # one outside the data set
+    kw = dict(home=home, layout=layout, sizes=sizes, residents=held, batch_size=16)
+    c = plan_cluster_sequence(seq, following, capacities=caps, **kw)
+    py = plan_cluster_sequence(seq, following, capacities=caps, use_c=False, **kw)
+    assert _plans_agree(c, py)
+    assert c.hit.any() and c.keep.any() and sum(len(d) for d in c.drop_at_start) > 0   # the cases are exercised
+    assert not _plans_agree(c, plan_cluster_sequence(seq, following, capacities=[x + 400 for x in caps],
+                                                     use_c=False, **kw))   # control
 
 
 def test_the_plan_holds_no_copy_of_the_order_per_rank():

@@ -377,18 +377,18 @@ done:
 /* ---------------------------------------------------------------------------------------------
  * plan_homes: the cluster plan's farthest-next-use for every home at once (plan/cluster.py).
  *
- * plan_homes(seq, nsamples, next_order, next_full, next_rem, home, sizes, capacities, res_samples,
- *            res_sizes, res_cuts, node_of_rank, batch, full, rem, hit, keep, late)
+ * plan_homes(seq, nsamples, next_seq, home, sizes, capacities, res_samples, res_sizes, res_cuts,
+ *            reader, hit, keep, late)
  *     -> (drops, drop_cuts, after, after_sizes, after_cuts)
- *   seq:        int32 per access of this epoch, in cluster order (step, rank, place in the batch);
- *               its shape: `full` steps of whole batches, then `rem` samples per rank
- *   next_order: int32, the next epoch's order (empty: no next epoch); its cluster sequence from
- *               the start has the shape (next_full, next_rem); it gives the look-ahead
+ *   seq:        int32 per access of this epoch, in cluster order (every rank's batches interleaved:
+ *               the Loader's arithmetic order and the mount's published orders alike)
+ *   next_seq:   int32, the next epoch's accesses in cluster order (empty: no next epoch or none
+ *               known); a sample's first access there gives the look-ahead
  *   home:       int16 or int32 per sample: its home node (< 65,536 homes)
  *   sizes:      int64 or int32 per sample: bytes in a tier (each < 2**31)
  *   capacities: int64 per home
  *   res_*:      int32 residents held at the start, home by home (res_cuts: int64, homes + 1)
- *   node_of_rank: int32 per rank; batch: the batch size
+ *   reader:     int16 or int32 per access: the node that makes it
  *   hit, keep, late: writable bytes per access. late[i]: bit 0 the home cuts the sample after a
  *               peer's read at i (a late drop), bit 1 the epoch reads that sample once.
  * Returns, as bytes: drops (int32, home by home: residents homed elsewhere, then in the order the
@@ -571,21 +571,16 @@ static int by_first(const void *a, const void *b) {   /* E32 as (first use, samp
     if (x->nu != y->nu) return x->nu < y->nu ? -1 : 1;
     return (x->s > y->s) - (x->s < y->s);
 }
-/* the rank that makes access i of a cluster sequence of shape (full, rem) */
-static inline Py_ssize_t rank_of(Py_ssize_t i, Py_ssize_t W, Py_ssize_t B, Py_ssize_t head, Py_ssize_t rem) {
-    return i < head ? (i / B) % W : (i - head) / rem;
-}
-
 static PyObject *plan_homes(PyObject *self, PyObject *args) {
-    Py_buffer seq, nord, hom, siz, caps, rsb, rzb, rcb, nor, hit, keep, late;
-    Py_ssize_t N, nfull, nrem, B, full, rem;
-    if (!PyArg_ParseTuple(args, "y*ny*nny*y*y*y*y*y*y*nnnw*w*w*", &seq, &N, &nord, &nfull, &nrem, &hom, &siz, &caps,
-                          &rsb, &rzb, &rcb, &nor, &B, &full, &rem, &hit, &keep, &late))
+    Py_buffer seq, nseq, hom, siz, caps, rsb, rzb, rcb, rdr, hit, keep, late;
+    Py_ssize_t N;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*y*y*y*y*y*w*w*w*", &seq, &N, &nseq, &hom, &siz, &caps,
+                          &rsb, &rzb, &rcb, &rdr, &hit, &keep, &late))
         return NULL;
     PyObject *result = NULL, *drops_b = NULL, *dcuts_b = NULL, *after_b = NULL, *asz_b = NULL, *acuts_b = NULL;
-    Py_ssize_t L = seq.len / 4;
-    Py_ssize_t H = caps.len / 8, W = nor.len / 4, R = rsb.len / 4;
-    const int32_t *S = seq.buf, *NO = nord.buf, *NR = nor.buf, *RS = rsb.buf, *RZ = rzb.buf;
+    Py_ssize_t L = seq.len / 4, NL = nseq.len / 4;
+    Py_ssize_t H = caps.len / 8, R = rsb.len / 4;
+    const int32_t *S = seq.buf, *NS = nseq.buf, *RS = rsb.buf, *RZ = rzb.buf;
     const int64_t *CAP = caps.buf, *RC = rcb.buf;
     uint8_t *HI = hit.buf, *KE = keep.buf, *LA = late.buf;
     Plan p = {0};
@@ -594,12 +589,11 @@ static PyObject *plan_homes(PyObject *self, PyObject *args) {
     Pair *drops = NULL;
     E32 *later = NULL;
     int64_t ndrops = 0, capdrops = 0, nlater = 0;
-    Py_ssize_t head = (Py_ssize_t)full * W * B;
-    int home16 = hom.len == N * 2, size64 = siz.len == N * 8;
-    if (N < 0 || (!home16 && hom.len != N * 4) || (!size64 && siz.len != N * 4) || (nord.len && nord.len != N * 4) || rzb.len != rsb.len ||
-        rcb.len != (H + 1) * 8 || hit.len != L || keep.len != L || late.len != L || W < 1 || B < 1 || H < 1 ||
-        H > 65536 || (double)L + (double)N + (double)W + 2 >= (double)NEVER32 || head + (Py_ssize_t)rem * W != L ||
-        (nord.len && (Py_ssize_t)(nfull * B + nrem) * W > ((N + W - 1) / W) * W) || RC[0] != 0 || RC[H] != R) {
+    int home16 = hom.len == N * 2, size64 = siz.len == N * 8, reader16 = rdr.len == L * 2;
+    if (N < 0 || (!home16 && hom.len != N * 4) || (!size64 && siz.len != N * 4) || (!reader16 && rdr.len != L * 4) ||
+        seq.len % 4 || nseq.len % 4 || rzb.len != rsb.len || rcb.len != (H + 1) * 8 || hit.len != L ||
+        keep.len != L || late.len != L || H < 1 || H > 65536 ||
+        (double)L + (double)NL + (double)N + 2 >= (double)NEVER32 || RC[0] != 0 || RC[H] != R) {
         PyErr_SetString(PyExc_ValueError, "plan_homes: buffer sizes do not match");
         goto done;
     }
@@ -633,18 +627,11 @@ static PyObject *plan_homes(PyObject *self, PyObject *args) {
         }
     }
     /* next uses, backwards: the next epoch's first read of each sample, then this epoch's */
-    if (nord.len) {
-        Py_ssize_t nhead = (Py_ssize_t)nfull * B;
-        for (Py_ssize_t j = 0; j < N; j++) {
-            int32_t s = NO[j];
-            if (j + AHEAD < N && NO[j + AHEAD] >= 0 && NO[j + AHEAD] < N) PREFETCH(&C[NO[j + AHEAD]]);
-            Py_ssize_t r = j % W, k = j / W, at;
-            if (s < 0 || s >= N) { PyErr_SetString(PyExc_IndexError, "a sample is out of range"); goto done; }
-            if (k < nhead) at = (k / B) * W * B + r * B + k % B;
-            else if (k < nhead + nrem) at = nhead * W + r * nrem + (k - nhead);
-            else continue;   /* left out next epoch (drop_last) */
-            C[s].T = (int32_t)(L + at);
-        }
+    for (Py_ssize_t j = NL - 1; j >= 0; j--) {   /* backwards: a sample's first access there wins */
+        int32_t s = NS[j];
+        if (j >= AHEAD && NS[j - AHEAD] >= 0 && NS[j - AHEAD] < N) PREFETCH(&C[NS[j - AHEAD]]);
+        if (s < 0 || s >= N) { PyErr_SetString(PyExc_IndexError, "a sample is out of range"); goto done; }
+        C[s].T = (int32_t)(L + j);
     }
     for (Py_ssize_t i = L - 1; i >= 0; i--) {
         int32_t s = S[i];
@@ -680,6 +667,7 @@ static PyObject *plan_homes(PyObject *self, PyObject *args) {
         }
     }
     /* the epoch */
+#define READER(i) (reader16 ? (int64_t)((const int16_t *)rdr.buf)[i] : (int64_t)((const int32_t *)rdr.buf)[i])
     memset(HI, 0, (size_t)L);
     memset(KE, 0, (size_t)L);
     memset(LA, 0, (size_t)L);
@@ -703,7 +691,7 @@ static PyObject *plan_homes(PyObject *self, PyObject *args) {
             continue;
         }
         c->T = (int32_t)(-2 - i);   /* read now, kept or not: its latest access */
-        if (NR[rank_of(i, W, B, head, rem)] != c->home) continue;   /* a peer's miss: not kept */
+        if (READER(i) != c->home) continue;   /* a peer's miss: not kept */
         int r = h_admit(&p, h, s, size64 ? ((const int64_t *)siz.buf)[s] : ((const int32_t *)siz.buf)[s], nu);
         if (r < 0) { PyErr_NoMemory(); goto done; }
         if (r == 0) continue;
@@ -718,7 +706,7 @@ static PyObject *plan_homes(PyObject *self, PyObject *args) {
         }
     }
     for (Py_ssize_t i = 0; i < L; i++) {
-        int cut = HI[i] && !KE[i] && NR[rank_of(i, W, B, head, rem)] != C[S[i]].home;
+        int cut = HI[i] && !KE[i] && READER(i) != C[S[i]].home;
         LA[i] = cut ? (uint8_t)(1 | LA[i]) : 0;
     }
     free(nxt); nxt = NULL;
@@ -757,11 +745,12 @@ done:
     Py_XDECREF(drops_b); Py_XDECREF(dcuts_b); Py_XDECREF(after_b); Py_XDECREF(asz_b); Py_XDECREF(acuts_b);
     if (homes) for (Py_ssize_t h = 0; h < H; h++) free(homes[h].v);
     free(homes); free(p.C); free(nxt); free(drops); free(later); free(p.victims);
-    PyBuffer_Release(&seq); PyBuffer_Release(&nord); PyBuffer_Release(&hom); PyBuffer_Release(&siz);
+    PyBuffer_Release(&seq); PyBuffer_Release(&nseq); PyBuffer_Release(&hom); PyBuffer_Release(&siz);
     PyBuffer_Release(&caps); PyBuffer_Release(&rsb); PyBuffer_Release(&rzb); PyBuffer_Release(&rcb);
-    PyBuffer_Release(&nor); PyBuffer_Release(&hit); PyBuffer_Release(&keep); PyBuffer_Release(&late);
+    PyBuffer_Release(&rdr); PyBuffer_Release(&hit); PyBuffer_Release(&keep); PyBuffer_Release(&late);
     return result;
 }
+#undef READER
 
 static PyObject *py_farther(PyObject *self, PyObject *args) {
     long long nua, sa, nub, sb;
@@ -778,8 +767,8 @@ static PyMethodDef methods[] = {
     {"group_accesses", group_accesses, METH_VARARGS, "group_accesses(seq, home_local, ngroups, nthis, order, lseq, cuts, this_cuts) -> None"},
     {"group_by", group_by, METH_VARARGS, "group_by(keys, ngroups, order[, place]) -> None"},
     {"plan_homes", plan_homes, METH_VARARGS,
-     "plan_homes(seq, nsamples, next_order, next_full, next_rem, home, sizes, capacities, res_samples, res_sizes, res_cuts, "
-     "node_of_rank, batch, full, rem, hit, keep, late)"
+     "plan_homes(seq, nsamples, next_seq, home, sizes, capacities, res_samples, res_sizes, res_cuts, "
+     "reader, hit, keep, late)"
      " -> (drops, drop_cuts, after, after_sizes, after_cuts)"},
     {NULL, NULL, 0, NULL},
 };

@@ -43,20 +43,12 @@ import numpy as np
 from ..errors import ConfigError
 from .layout import NodeLayout
 from .order import epoch_order
-from .partition import batch_lengths
 from . import residency
 from .residency import EpochResidency, first_positions, group_positions, next_use_positions, simulate_from
 from .residents import ClusterResidents, Residents
 from .sequence import Interleaved, epoch_sequence
 
 __all__ = ["home_nodes", "first_readers", "plan_cluster_epoch", "plan_cluster_sequence", "ClusterEpoch", "NodeView", "ClusterSummary"]
-
-
-def _full_rem(per_rank: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
-    """``(full, rem)`` of an epoch's cluster sequence whose ranks hold ``per_rank`` samples each
-    (the C helper's terms): ``full`` steps of whole batches, then one step of ``rem`` samples per
-    rank (0: none)."""
-    return divmod(int(batch_lengths(per_rank, batch_size, drop_last).sum()), batch_size)
 
 
 def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout, shuffle: bool = True,
@@ -262,19 +254,9 @@ def plan_cluster_epoch(num_samples: int, *, seed: int, epoch: int, batch_size: i
         raise ConfigError(f"home must give each of the {num_samples} samples a node in [0, {nodes})")
     world = layout.world_size
     seq = epoch_sequence(num_samples, epoch=epoch, world_size=world, position=position, **kw)
-    samples = seq.samples
-    full, rem = divmod(len(samples) // world, batch_size)
-    fits = (len(samples) + num_samples + world < 2**31 - 2 and nodes <= 65536   # positions as int32
-            and (not num_samples or int(sizes.max()) < 2**31) and int(held.sizes.max(initial=0)) < 2**31
-            and int(held.samples.max(initial=0)) < 2**31 and int(held.samples.min(initial=0)) >= 0)
-    if use_c and residency._c_plan_homes is not None and fits:
-        following = np.zeros(0, np.int32) if final else epoch_order(num_samples, seed, epoch + 1, shuffle)
-        hit, keep, late, drops, afters = _plan_homes_c(samples, following, home, sizes, caps, held, layout,
-                                                       batch_size, drop_last, full, rem)
-    else:
-        following = (np.zeros(0, np.int64) if final else
-                     epoch_sequence(num_samples, epoch=epoch + 1, world_size=world, **kw).samples)
-        hit, keep, late, drops, afters = _plan_homes_py(seq, following, home, sizes, caps, held, layout, use_c)
+    following = (np.zeros(0, np.int64) if final else
+                 epoch_sequence(num_samples, epoch=epoch + 1, world_size=world, **kw).samples)
+    hit, keep, late, drops, afters = _plan_homes(seq, following, home, sizes, caps, held, layout, use_c)
     del following
     return _epoch_of(epoch, position, layout, batch_size, seq, home, sizes, hit, keep, late, drops, afters)
 
@@ -302,7 +284,8 @@ def plan_cluster_sequence(sequence: Interleaved, following: np.ndarray, *, home:
     epoch's cluster sequence (its samples; empty: unknown or none). The same decisions as
     ``plan_cluster_epoch`` (each home's farthest next use over every node's accesses, a miss
     admitted only at the home's own read), for orders that are not clairvoyant's arithmetic ones
-    (the mount's, published by its samplers and exchanged between the nodes). ``batch_size``:
+    (the mount's, published by its samplers and exchanged between the nodes), on the same C kernel.
+    ``batch_size``:
     accesses per step of a rank as ``sequence`` counts them (its steps, for the late drops)."""
     nodes = layout.num_nodes
     caps = [int(capacities)] * nodes if np.ndim(capacities) == 0 else [int(c) for c in capacities]
@@ -323,7 +306,7 @@ def plan_cluster_sequence(sequence: Interleaved, following: np.ndarray, *, home:
     held = ClusterResidents.of([{}] * nodes if residents is None else residents)
     if len(held) != nodes:
         raise ConfigError(f"residents holds {len(held)} tiers for {nodes} nodes: give one dict per node")
-    hit, keep, late, drops, afters = _plan_homes_py(sequence, following, home, sizes, caps, held, layout, use_c)
+    hit, keep, late, drops, afters = _plan_homes(sequence, following, home, sizes, caps, held, layout, use_c)
     return _epoch_of(epoch, 0, layout, batch_size, sequence, home, sizes, hit, keep, late, drops, afters)
 
 
@@ -347,18 +330,40 @@ def _epoch_of(epoch, position, layout, batch_size, seq, home, sizes, hit, keep, 
                         late_once=onces, residents_after=afters)
 
 
-def _plan_homes_c(samples, next_order, home, sizes, caps, held, layout, batch_size, drop_last, full, rem):
-    """Every home's farthest-next-use in one C pass (``_belady.plan_homes``); residents homed
-    elsewhere are dropped first. The next epoch is looked ahead into from its order."""
-    n, nodes, world, L = len(home), layout.num_nodes, layout.world_size, len(samples)
-    next_full, next_rem = _full_rem(-(-n // world), batch_size, drop_last)
+def _plan_homes(seq: Interleaved, following: np.ndarray, home, sizes, caps, held, layout, use_c):
+    """Every home's farthest-next-use over ``seq`` then ``following`` (the next epoch's cluster
+    sequence): in C where the helper is built and the sizes fit its int32 positions (the Loader's
+    arithmetic orders and the mount's published ones alike), else home by home in Python."""
+    n, samples = len(home), seq.samples
+    fits = (len(samples) + len(following) + n < 2**31 - 2 and layout.num_nodes <= 65536
+            and (not n or int(sizes.max()) < 2**31) and int(held.sizes.max(initial=0)) < 2**31
+            and int(held.samples.max(initial=0)) < 2**31 and int(held.samples.min(initial=0)) >= 0)
+    if use_c and residency._c_plan_homes is not None and fits:
+        return _plan_homes_c(seq, following, home, sizes, caps, held, layout)
+    return _plan_homes_py(seq, following, home, sizes, caps, held, layout, use_c)
+
+
+def _readers(seq: Interleaved, layout: NodeLayout) -> np.ndarray:
+    """int16 (int32 past 32,767 nodes) per access of ``seq``: the node that makes it."""
+    steps, ranks = seq.lengths.shape
+    nor = layout.node_of_rank().astype(np.int16 if layout.num_nodes < 2**15 else np.int32)
+    if not ranks:
+        return np.zeros(0, nor.dtype)
+    return np.repeat(np.tile(nor[:ranks], steps), seq.lengths.reshape(-1))
+
+
+def _plan_homes_c(seq: Interleaved, following: np.ndarray, home, sizes, caps, held, layout):
+    """Every home's farthest-next-use in one C pass (``_belady.plan_homes``) over the interleaved
+    accesses, each with the node that makes it; residents homed elsewhere are dropped first. The
+    next epoch is looked ahead into from its first access to each sample."""
+    n, nodes, L = len(home), layout.num_nodes, len(seq)
     hit, keep, late = np.empty(L, np.uint8), np.empty(L, np.uint8), np.empty(L, np.uint8)
-    out = residency._c_plan_homes(np.ascontiguousarray(samples, np.int32), n,
-                                  np.ascontiguousarray(next_order, np.int32), next_full, next_rem,
+    out = residency._c_plan_homes(np.ascontiguousarray(seq.samples, np.int32), n,
+                                  np.ascontiguousarray(following, np.int32),
                                   home if home.dtype in (np.int16, np.int32) else home.astype(np.int32), sizes,
                                   np.asarray(caps, np.int64), np.ascontiguousarray(held.samples, np.int32),
-                                  np.ascontiguousarray(held.sizes, np.int32), held.cuts, layout.node_of_rank(),
-                                  batch_size, full, rem, hit, keep, late)
+                                  np.ascontiguousarray(held.sizes, np.int32), held.cuts,
+                                  np.ascontiguousarray(_readers(seq, layout)), hit, keep, late)
     d, dc, a, az, ac = (np.frombuffer(b, t) for b, t in zip(out, (np.int32, np.int64, np.int32, np.int32, np.int64)))
     drops = [d[dc[h]:dc[h + 1]].astype(np.int64) for h in range(nodes)]
     return hit.view(bool), keep.view(bool), late, drops, ClusterResidents(a, az, ac)
