@@ -34,7 +34,31 @@ static inline int farther(int64_t nua, int64_t sa, int64_t nub, int64_t sb) {
     return nua > nub || (nua == nub && sa < sb);
 }
 
-static int above(Entry a, Entry b) { return farther(a.nu, a.s, b.nu, b.s); }
+/* THE heap, for every tier here: a max-heap on that rule, for entries of either width (a struct
+ * with fields nu and s): sift an entry up from place i, or the entry at i down among n. */
+#define HEAP_OF(T)                                                                                   \
+    static void T##_up(T *v, int64_t i, T e) {                                                      \
+        while (i > 0) {                                                                             \
+            int64_t q = (i - 1) / 2;                                                                \
+            if (!farther(e.nu, e.s, v[q].nu, v[q].s)) break;                                        \
+            v[i] = v[q];                                                                            \
+            i = q;                                                                                  \
+        }                                                                                           \
+        v[i] = e;                                                                                   \
+    }                                                                                               \
+    static void T##_down(T *v, int64_t n, int64_t i) {                                              \
+        T x = v[i];                                                                                 \
+        for (;;) {                                                                                  \
+            int64_t c = 2 * i + 1;                                                                  \
+            if (c >= n) break;                                                                      \
+            if (c + 1 < n && farther(v[c + 1].nu, v[c + 1].s, v[c].nu, v[c].s)) c++;                \
+            if (!farther(v[c].nu, v[c].s, x.nu, x.s)) break;                                        \
+            v[i] = v[c];                                                                            \
+            i = c;                                                                                  \
+        }                                                                                           \
+        v[i] = x;                                                                                   \
+    }
+HEAP_OF(Entry)
 
 typedef struct { Entry *v; Py_ssize_t n, cap; } Heap;
 
@@ -46,29 +70,16 @@ static int push(Heap *h, Entry e) {
         h->v = v;
         h->cap = cap;
     }
-    Py_ssize_t i = h->n++;
-    while (i > 0) {
-        Py_ssize_t p = (i - 1) / 2;
-        if (!above(e, h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = e;
+    Entry_up(h->v, h->n++, e);
     return 0;
 }
 
 static Entry pop(Heap *h) {
-    Entry top = h->v[0], last = h->v[--h->n];
-    Py_ssize_t i = 0;
-    for (;;) {
-        Py_ssize_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && above(h->v[c + 1], h->v[c])) c++;
-        if (!above(h->v[c], last)) break;
-        h->v[i] = h->v[c];
-        i = c;
+    Entry top = h->v[0];
+    if (--h->n) {
+        h->v[0] = h->v[h->n];
+        Entry_down(h->v, h->n, 0);
     }
-    if (h->n) h->v[i] = last;
     return top;
 }
 
@@ -436,19 +447,7 @@ static int32_t nu_of(const Plan *p, int32_t s) {
     int32_t t = p->C[s].T;
     return t >= 0 ? t : p->NX[-2 - t];
 }
-static int e_above(E32 a, E32 b) { return farther(a.nu, a.s, b.nu, b.s); }
-static void sift_down(E32 *v, int64_t n, int64_t i) {
-    E32 x = v[i];
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && e_above(v[c + 1], v[c])) c++;
-        if (!e_above(v[c], x)) break;
-        v[i] = v[c];
-        i = c;
-    }
-    v[i] = x;
-}
+HEAP_OF(E32)
 static int h_push(Home *h, E32 e) {
     if (h->n == h->cap) {
         int64_t cap = h->cap ? 2 * h->cap : 16;
@@ -458,22 +457,14 @@ static int h_push(Home *h, E32 e) {
         h->cap = cap;
     }
     int64_t i = h->n++;
-    if (h->heaped) {
-        while (i > 0) {
-            int64_t q = (i - 1) / 2;
-            if (!e_above(e, h->v[q])) break;
-            h->v[i] = h->v[q];
-            i = q;
-        }
-    }
-    h->v[i] = e;
+    if (h->heaped) E32_up(h->v, i, e);
+    else h->v[i] = e;
     return 0;
 }
 static void h_pop(Home *h) {
-    E32 last = h->v[--h->n];
-    if (h->n) {
-        h->v[0] = last;
-        sift_down(h->v, h->n, 0);
+    if (--h->n) {
+        h->v[0] = h->v[h->n];
+        E32_down(h->v, h->n, 0);
     }
 }
 /* keep only live entries (a resident's current next use), then heapify; `refresh`: the list of
@@ -488,7 +479,7 @@ static void h_rebuild(Home *h, const Plan *p, int refresh) {
     }
     h->n = k;
     h->heaped = 1;
-    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(h->v, k, i);
+    for (int64_t i = k / 2 - 1; i >= 0; i--) E32_down(h->v, k, i);
 }
 static int p_victim(Plan *p, E32 e) {
     if (p->nvict == p->capvict) {
