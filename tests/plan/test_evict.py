@@ -6,7 +6,27 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clairvoyant.plan.evict import NEVER, FarthestNextUse, next_uses, simulate_farthest_next_use, simulate_lru
+from clairvoyant.plan.evict import NEVER, FarthestNextUse, next_uses
+from clairvoyant.testing.reference import lru_hits
+
+
+def simulate_farthest_next_use(sequence, sizes, capacity) -> int:
+    """Hits of the Python policy (``FarthestNextUse``) on an access sequence, every miss admitted
+    when allowed."""
+    seq = np.asarray(sequence, dtype=np.int64)
+    nxt = next_uses(seq)
+    cache, hits = FarthestNextUse(capacity), 0
+    for i, s in enumerate(seq.tolist()):
+        if s in cache:
+            hits += 1
+            cache.touch(s, int(nxt[i]))
+        else:
+            cache.admit(s, int(sizes[s]), int(nxt[i]))
+    return hits
+
+
+def simulate_lru(sequence, sizes, capacity) -> int:
+    return sum(lru_hits(sequence, sizes, capacity))
 
 
 def naive_next_uses(seq):

@@ -10,7 +10,6 @@ asks this policy what to keep; it never decides by itself.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -118,37 +117,3 @@ class FarthestNextUse:
         self.used += size
         heapq.heappush(self._heap, (self.key(next_use, sample), sample))
         return victims
-
-
-def simulate_farthest_next_use(sequence: Sequence[int], sizes: Sequence[int], capacity: int) -> int:
-    """Hits of the policy above on an access sequence, every miss admitted when allowed."""
-    seq = np.asarray(sequence, dtype=np.int64)
-    nxt = next_uses(seq)
-    cache, hits = FarthestNextUse(capacity), 0
-    for i, s in enumerate(seq.tolist()):
-        if s in cache:
-            hits += 1
-            cache.touch(s, int(nxt[i]))
-        else:
-            cache.admit(s, int(sizes[s]), int(nxt[i]))
-    return hits
-
-
-def simulate_lru(sequence: Sequence[int], sizes: Sequence[int], capacity: int) -> int:
-    """Hits of least-recently-used eviction on the same sequence, for comparison."""
-    cache: OrderedDict[int, int] = OrderedDict()
-    used = hits = 0
-    for s in (int(x) for x in sequence):
-        if s in cache:
-            hits += 1
-            cache.move_to_end(s)
-            continue
-        size = int(sizes[s])
-        if size > capacity:
-            continue
-        while used + size > capacity:
-            _, freed = cache.popitem(last=False)
-            used -= freed
-        cache[s] = size
-        used += size
-    return hits

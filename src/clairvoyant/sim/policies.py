@@ -36,7 +36,6 @@ per node proportional to the node's accesses rather than to the data set.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
@@ -48,7 +47,7 @@ from ..plan.order import epoch_order
 from ..plan.partition import batch_lengths, rank_rows
 from ..plan.residency import EpochResidency, simulate_epoch
 from ..plan.residents import Residents
-from ..plan.sequence import interleave, node_sequence
+from ..plan.sequence import interleave
 from ..plan.unplanned import HomesLRU, ReadThrough, hash_homes
 from .model import Hardware, Job
 
@@ -174,11 +173,6 @@ class Policy:
     def _kw(self) -> dict:
         j = self.job
         return dict(seed=j.seed, batch_size=j.batch_size, shuffle=j.shuffle, drop_last=j.drop_last)
-
-    def node_accesses(self, node: int, epoch: int) -> np.ndarray:
-        j = self.job
-        return node_sequence(self.num_samples, epoch=epoch, world_size=j.world_size, ranks=j.layout.nodes[node],
-                             **self._kw())
 
     def _empty(self, epoch: int, lookahead: int, readers: int) -> EpochTraffic:
         z = np.zeros((self.steps, self.job.nodes), np.int64)
@@ -330,7 +324,6 @@ class ClusterPolicy(Policy):
                  per_node_views: bool = False) -> None:
         super().__init__(job, sizes, hw, overhead=overhead)
         self.per_node_views = per_node_views   # count through for_node (the stable API) only
-        self.last_plan = None
 
     def epochs(self) -> Iterator[EpochTraffic]:
         j, hw = self.job, self.hw
@@ -355,7 +348,6 @@ class ClusterPolicy(Policy):
                     write = v.keep & ~v.hit & (v.peer < 0)
                     self._count_arrays(t, v.samples, v.step, np.full(len(v.samples), n, np.int64), by, write,
                                        add=True)
-            self.last_plan = plan
             yield t
 
 class UnplannedPolicy(Policy):
@@ -409,11 +401,3 @@ def make_policy(name: str, job: Job, sizes: np.ndarray, hw: Hardware, *, overhea
     if name == "no-io":
         return NoIOPolicy(job, sizes, hw, overhead=overhead)
     raise ConfigError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
-
-
-def padded_accesses(num_samples: int, world_size: int, batch_size: int, drop_last: bool) -> int:
-    """Accesses of one epoch over all ranks (DistributedSampler pads; drop_last cuts)."""
-    per_rank = math.ceil(num_samples / world_size)
-    if drop_last:
-        per_rank = per_rank // batch_size * batch_size
-    return per_rank * world_size
