@@ -89,3 +89,36 @@ def test_the_environment_can_keep_staging_on_the_python_threads(dataset, tmp_pat
     # control: without it, the same run goes native
     _, sent_native, _, _ = _run(dataset, tmp_path / "n", monkeypatch, True, epochs=1)
     assert sent_native == 96
+
+
+def test_kept_samples_waiting_for_room_do_not_send_the_rest_back_to_python(dataset, tmp_path, monkeypatch):
+    """While kept samples wait in the RAM window for room (owed bytes), the route still gives the
+    native threads what fits beside them (the engine reserves within the room less what is owed)
+    instead of handing every kept miss back to the Python threads. Control: with the room all
+    owed, the route takes nothing and the Python threads stage every sample."""
+    from clairvoyant.cache.tiers import Tiers
+
+    def taken_by_native(owed):
+        taken: list[int] = []
+        real = native_mod.NativeRoute.submit
+
+        def counting(self, items):
+            back = real(self, items)
+            taken.append(len(items) - len(back))
+            return back
+
+        monkeypatch.setattr(native_mod.NativeRoute, "submit", counting)
+        monkeypatch.setattr(Tiers, "owed_bytes", property(lambda self: owed(self)))
+        with Loader(dataset, batch_size=8, local_dir=str(tmp_path / f"l{len(seen)}"), seed=4, decode=digest,
+                    num_workers=1) as L:
+            got = [bytes(x) for xb, _ in L for x in xb]
+            staged = L.stats()["tiers"]["staged_local"]
+        monkeypatch.undo()
+        seen.append(1)
+        return sum(taken), got, staged
+
+    seen: list[int] = []
+    n, got, staged = taken_by_native(lambda t: 4096)   # a little owed all along
+    assert n == 96 and staged == 96 and len(set(got)) == 96
+    n, got_all, staged = taken_by_native(lambda t: t.local_capacity)   # control: the whole room owed
+    assert n == 0 and sorted(got_all) == sorted(got)

@@ -321,3 +321,25 @@ def test_submit_many_hands_back_every_place_when_the_engine_refuses(tree, monkey
         assert all(run.done[t].loc is not None for t in range(3))
     finally:
         run.close()
+
+
+@pytest.mark.parametrize("engine", ["native", "thread"])
+def test_the_room_may_be_a_function_read_at_each_submission(tree, engine):
+    """The Loader's route gives the engine its tier's room less what kept samples waiting in the RAM
+    window are owed (stage/native.py): read at each submission, so that the engine takes files
+    while such samples wait, within the room they leave. Control: the same file refused while
+    the room is taken."""
+    from clairvoyant.stage.thread_files import ThreadStager
+    src, files, local = tree
+    room = [0]
+    run = Run(src, local, capacity=lambda: room[0], engine=None if engine == "native" else ThreadStager)
+    try:
+        keys = sorted(files)
+        assert run.stager.submit(0, keys[0], len(files[keys[0]])) is False   # control: no room now
+        room[0] = entry_size(len(files[keys[0]]))
+        assert run.stager.submit(1, keys[0], len(files[keys[0]])) is True
+        run.wait(1)
+        assert run.done[1].loc is not None
+        assert run.stager.submit(2, keys[1], len(files[keys[1]])) is False   # the room is used now
+    finally:
+        run.close()

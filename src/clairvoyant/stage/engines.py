@@ -21,7 +21,7 @@ import os
 from typing import Callable, Union
 
 from ..cache.local import LocalStore
-from .native_files import Done, NativeStager, available
+from .native_files import Capacity, Done, NativeStager, available
 from .thread_files import ThreadStager
 
 FileEngine = Union[NativeStager, ThreadStager]
@@ -33,7 +33,7 @@ def native_applies(store: LocalStore, plain_files: bool) -> bool:
             and store.codec is None)
 
 
-def file_engine(store: LocalStore, capacity: int, root: str, handoff: str | None, threads: int,
+def file_engine(store: LocalStore, capacity: Capacity, root: str, handoff: str | None, threads: int,
                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None, *,
                 plain_files: bool = True, twin: bool = True) -> FileEngine | None:
     """The engine that stages files of ``root`` into ``store`` within ``capacity``: the C threads

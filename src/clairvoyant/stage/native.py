@@ -6,7 +6,9 @@ threads do it at about 250 us of CPU per file (open, read, checksum, write and p
 step through the interpreter); the native engine the mount uses does it at about 60 us (a C
 thread per file reads and writes the entry; one Python thread publishes a batch under one lock
 of the index). ``NativeRoute`` hands those misses to that engine and tells the Loader's run of
-each outcome as the Python threads would. Anything it cannot stage (no room, the source
+each outcome as the Python threads would. The engine reserves within the tier's room less what
+kept samples waiting in the RAM window are owed (they go down first), as the Python threads do.
+Anything it cannot stage (no room, the source
 changed, an unreadable file, a full device) goes back to the Python threads, which stage it or
 raise the typed error naming the sample: errors are worded in one place.
 
@@ -60,15 +62,16 @@ class NativeRoute:
         self._by_sample: dict[int, list] = {}  # sample -> [jobs under way, Event set when none is]
         self._token = 0
         self._closed = False
-        self._engine = NativeStager(tiers.local, tiers.local_capacity, root, None, threads, self._done)
+        # the room left beside kept samples waiting in the RAM window for it (they go first: the
+        # Python threads reserve around them the same way, Tiers.stage)
+        room = lambda: tiers.local_capacity - tiers.owed_bytes   # noqa: E731
+        self._engine = NativeStager(tiers.local, room, root, None, threads, self._done)
 
     def submit(self, items: list[Item]) -> list[Item]:
         """Stage ``items`` (each a kept miss); returns those the engine did not take (no room: the
         Python threads place them, in the RAM window if need be)."""
         if not items:
             return []
-        if self._tiers.owed_bytes:   # kept samples wait in the RAM window for room: they go first,
-            return items             # and the Python threads reserve around them (Tiers.stage)
         keys, sizes = self._manifest.keys, self._manifest.sizes
         with self._lock:
             first = self._token

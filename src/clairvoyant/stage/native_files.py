@@ -18,7 +18,7 @@ import errno
 import logging
 import os
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Union
 
 from ..cache.entry import entry_size
 from ..cache.extents import Loc
@@ -48,6 +48,17 @@ def available() -> bool:
     return _Engine is not None
 
 
+Capacity = Union[int, Callable[[], int]]
+
+
+def capacity_of(capacity: Capacity) -> Callable[[], int]:
+    """The room a stager reserves within, as a function (a fixed number, or the caller's own)."""
+    if callable(capacity):
+        return capacity
+    fixed = int(capacity)
+    return lambda: fixed
+
+
 class Job(NamedTuple):
     """One file for the C threads (``_stager.c`` parses it as this tuple, in this order)."""
 
@@ -70,14 +81,16 @@ class Done(NamedTuple):
 
 class NativeStager:
     """Native threads staging the files of ``src_root`` (keys are paths relative to it) into
-    ``store`` within ``capacity`` bytes; ``on_done`` hears of each file once, from the collecting
+    ``store`` within ``capacity`` bytes (a number, or a function giving the room at each
+    submission: the Loader's tier less what kept samples waiting in RAM are owed); ``on_done`` hears of each file once, from the collecting
     thread; ``on_batch``, if given, after each batch of them."""
 
-    def __init__(self, store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
+    def __init__(self, store: LocalStore, capacity: Capacity, src_root: str, handoff: str | None, threads: int,
                  on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
         if _Engine is None:
             raise RuntimeError("the native stager is not built here (clairvoyant.cache._stager)")
-        self.store, self.capacity, self._on_done, self._on_batch = store, int(capacity), on_done, on_batch
+        self.store, self._on_done, self._on_batch = store, on_done, on_batch
+        self.capacity = capacity_of(capacity)
         self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(threads)))
         self._jobs: dict[int, tuple] = {}   # token -> (key, extent, offset, entry bytes)
         self._lock = threading.Lock()
@@ -99,7 +112,7 @@ class NativeStager:
             self._jobs[token] = None
         job, ok = None, False
         try:
-            if not store.ledger.reserve(n, self.capacity):
+            if not store.ledger.reserve(n, self.capacity()):
                 return False
             try:
                 ext, offset = store.place(n)
@@ -147,7 +160,7 @@ class NativeStager:
         if not mine:
             return out
         store, sizes = self.store, [entry_size(items[k][2]) for k in mine]
-        if len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity):
+        if len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity()):
             self._unclaim([items[k][0] for k in mine], [None] * len(mine))
             for k in mine:
                 try:

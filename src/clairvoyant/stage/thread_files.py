@@ -20,15 +20,15 @@ from typing import Callable
 from ..nodeio.fileio import read_with_mtime
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
-from .native_files import Done, _why
+from .native_files import Capacity, Done, _why, capacity_of
 
 
 class ThreadStager:
     """``NativeStager``'s contract on Python threads (module docstring)."""
 
-    def __init__(self, store: LocalStore, capacity: int, src_root: str, handoff: str | None, threads: int,
+    def __init__(self, store: LocalStore, capacity: Capacity, src_root: str, handoff: str | None, threads: int,
                  on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
-        self.store, self.capacity = store, int(capacity)
+        self.store, self.capacity = store, capacity_of(capacity)
         self._root, self._handoff = src_root, handoff
         self._on_done, self._on_batch = on_done, on_batch
         self._lock = threading.Lock()
@@ -45,7 +45,7 @@ class ThreadStager:
                 raise RuntimeError("the stager is closed")
             if token in self._jobs:
                 return None
-            if not self.store.ledger.reserve(n, self.capacity):
+            if not self.store.ledger.reserve(n, self.capacity()):
                 return False
             self._jobs.add(token)
         try:
