@@ -1,5 +1,6 @@
 """A state-machine test of the local tier against a model: fetch, read, evict, crash, restart,
-corrupt a byte, delete an extent file. Invariants: bytes within capacity, ledger equal to the
+corrupt a byte, delete an extent file; and the same with samples staged by each file engine
+(the C threads and their Python twin). Invariants: bytes within capacity, ledger equal to the
 bytes of the entries the index lists, no extent that no entry uses after a restart, every read returns the source's bytes or
 detects the damage."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -19,6 +21,8 @@ from clairvoyant.cache.local import LocalStore
 from clairvoyant.cache.tiers import LOCAL, Placement, Tiers
 from clairvoyant.errors import CorruptEntry
 from clairvoyant.source import Source
+from clairvoyant.stage import native_files
+from clairvoyant.stage.thread_files import ThreadStager
 
 from conftest import orphan_extents
 
@@ -165,3 +169,62 @@ class TierMachine(RuleBasedStateMachine):
 
 TestTierModel = TierMachine.TestCase
 TestTierModel.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
+
+
+class EngineTierMachine(TierMachine):
+    """The same machine with samples also staged by a file engine (stage/engines.py), the way the
+    mount and the Loader's native route stage them: the C threads or their Python twin, each
+    held to the same model and invariants."""
+
+    engine = None   # set by each subclass below
+
+    def _open(self) -> None:
+        super()._open()
+        src = os.path.join(self.dir, "src")
+        if not os.path.isdir(src):
+            os.makedirs(src)
+            for k, v in SOURCE.items():
+                with open(os.path.join(src, k), "wb") as f:
+                    f.write(v)
+        self.told: dict[int, object] = {}
+        self.cv = threading.Condition()
+        self.token = getattr(self, "token", 0)
+        self.stager = self.engine(self.tiers.local, CAPACITY, src, None, 2, self._on_done)
+
+    def _on_done(self, d) -> None:
+        with self.cv:
+            self.told[d.token] = d
+            self.cv.notify_all()
+
+    def _close(self) -> None:
+        self.stager.close()
+        super()._close()
+
+    @rule(key=st.sampled_from(KEYS))
+    def stage_on_the_engine(self, key):
+        self.token += 1
+        t = self.token
+        if self.stager.submit(t, key, len(SOURCE[key])) is not True:
+            return   # no room: nothing reserved, nothing changed
+        with self.cv:
+            assert self.cv.wait_for(lambda: t in self.told, 20)
+        d = self.told[t]
+        if d.loc is not None:
+            self.model[key] = "ok"
+        else:
+            assert d.present or d.error, d   # told why not
+
+
+class ThreadEngineMachine(EngineTierMachine):
+    engine = ThreadStager
+
+
+TestTierModelThreadEngine = ThreadEngineMachine.TestCase
+TestTierModelThreadEngine.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
+
+if native_files.available():
+    class NativeEngineMachine(EngineTierMachine):
+        engine = native_files.NativeStager
+
+    TestTierModelNativeEngine = NativeEngineMachine.TestCase
+    TestTierModelNativeEngine.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
