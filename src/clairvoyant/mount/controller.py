@@ -68,6 +68,9 @@ class Controller:
         self._stop = threading.Event()
         self._poll = poll
         self._counters = Counters(mount.info["staging"])
+        # the tiers count into the same set: an event of the shared tier code shows in --stats by the
+        # name the Loader's stats() gives it
+        self.tiers.counters = self._counters.space("tier")
         if mount.cluster is not None:
             self._counters.extra = lambda: {"cluster": mount.cluster.counters()}
         self._copies = Copies(mount, self._handoff_dir(), threads, self.sizes, self._counters, self._stop, poll)

@@ -50,6 +50,10 @@ class Counters:
     def set(self, **values: int) -> None:
         self._set.set({self._full(k): v for k, v in values.items()})
 
+    def space(self, ns: str):
+        """Namespace ``ns`` of this set by short names (the mount's tiers count into ``tier``)."""
+        return self._set.space(ns)
+
     def new_plan(self, epoch: int, ranks: int, sequence: int, following: int) -> None:
         """A plan starts: one more, its epoch, ranks and lengths; nothing of it staged or consumed."""
         self._set.set({"mount.epoch": epoch, "mount.ranks": ranks, "mount.sequence": sequence,
