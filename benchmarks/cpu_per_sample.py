@@ -12,7 +12,12 @@ file-system path and the FUSE daemon, whose own CPU is not counted here):
 - ``cold``: clairvoyant's first epoch into a fresh local tier (staging + readers);
 - ``warm``: its second epoch, every sample read back from the local tier.
 
-    python benchmarks/cpu_per_sample.py [--images 3200] [--fuse]
+    python benchmarks/cpu_per_sample.py [--images 3200] [--fuse | --shards 24]
+
+``--shards N``: the same images packed into about N tar shards (as ``packed_peers.py`` packs
+them), through the FuseStore mount, cold and warm only: a range read whole per shard.
+``--one-loader``: both epochs from one Loader, undecoded, so that the training process's own CPU
+per sample (user and kernel) shows without each epoch's start.
 """
 
 from __future__ import annotations
@@ -65,15 +70,17 @@ def decode_alone(root: str) -> dict:
     return measure("decode", lambda: sum(1 for b in blobs if decode_image(b) is not None))
 
 
-def run(root: str, batch: int) -> list[dict]:
-    rows = [decode_alone(root)]
+def run(root: str, batch: int, shards: bool = False, one_loader: bool = False) -> list[dict]:
+    rows = []
+    if not shards:   # (a tar shard is no image: the decoder and the DataLoader read the tree only)
+        rows.append(decode_alone(root))
 
-    def dataloader() -> int:
-        keys = [os.path.relpath(f, root) for f in files_of(root)]
-        ds = _ReadDataset(file_reader(root), keys, [0] * len(keys), decode_image)
-        dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=2)
-        return sum(len(y) for _, y in dl)
-    rows.append(measure("dataloader", dataloader))
+        def dataloader() -> int:
+            keys = [os.path.relpath(f, root) for f in files_of(root)]
+            ds = _ReadDataset(file_reader(root), keys, [0] * len(keys), decode_image)
+            dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=2)
+            return sum(len(y) for _, y in dl)
+        rows.append(measure("dataloader", dataloader))
     work = tempfile.mkdtemp(prefix="clairvoyant-cpu-")
     try:
         # the readers are reaped (and their CPU counted) when each loader closes: one loader per epoch
@@ -81,8 +88,14 @@ def run(root: str, batch: int) -> list[dict]:
             with Loader(root, batch_size=batch, local_dir=work, decode="numpy", num_workers=2) as ld:
                 ld.set_epoch(0 if first else 1)
                 return sum(len(y) for _, y in ld)
-        rows.append(measure("cold", lambda: epoch(True)))
-        rows.append(measure("warm", lambda: epoch(False)))
+        if not one_loader:
+            rows.append(measure("cold", lambda: epoch(True)))
+            rows.append(measure("warm", lambda: epoch(False)))
+        else:   # both epochs from one Loader, its start not counted: the training process's own CPU only
+            with Loader(root, batch_size=batch, local_dir=work, decode=None, num_workers=2) as ld:
+                for e, name in enumerate(("cold", "warm")):
+                    ld.set_epoch(e)
+                    rows.append(measure(name, lambda: sum(len(x) for x, _ in ld)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -93,19 +106,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=3200)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--fuse", action="store_true", help="read the tree through a FuseStore mount (no latency)")
+    p.add_argument("--shards", type=int, default=0,
+                   help="the same images packed into about this many tar shards (packed_peers.py's), through FUSE")
+    p.add_argument("--one-loader", action="store_true",
+                   help="both epochs from one Loader, samples not decoded: the training process's CPU alone "
+                        "(the readers' is counted only when they end)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
     root = make_dataset(os.path.join(cache_home(), "demo", f"synthetic-imagenet-{args.images}"), args.images)
+    if args.shards:
+        from packed_peers import prepare   # (this folder: run as a script)
+        name = f"synthetic-imagenet-{args.images}"
+        root = prepare(root, os.path.join(cache_home(), "bench", f"packed-peers-{name}-{args.shards}"),
+                       args.shards)["dirs"]["shards"]
+        args.fuse = True
     if args.fuse:
         from clairvoyant.testing import FuseStore
         with FuseStore(root, open_latency=0.0, read_latency=0.0, bandwidth=1e12) as fs:
-            rows = run(fs.path, args.batch)
+            rows = run(fs.path, args.batch, bool(args.shards), args.one_loader)
     else:
-        rows = run(root, args.batch)
+        rows = run(root, args.batch, one_loader=args.one_loader)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "cpu_per_sample.json")
     with open(path, "w") as f:
-        json.dump({"images": args.images, "fuse": args.fuse, "rows": rows}, f, indent=1)
+        json.dump({"images": args.images, "fuse": args.fuse, "shards": args.shards, "rows": rows}, f, indent=1)
     print(json.dumps({"json": path}))
     return 0
 
