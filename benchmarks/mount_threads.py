@@ -78,13 +78,15 @@ def run(args) -> dict:
         with FuseStore(data, open_latency=args.open_latency, read_latency=args.read_latency) as store:
             mnt = os.path.join(work, "mnt")
             os.makedirs(mnt)
+            store.reset()   # before the mount: the sampler publishes its order when made, and staging starts
             with Mount(store.path, mnt, local_dir=os.path.join(work, "local")) as m:
                 ds = FolderDataset(mnt, buffering=0 if args.unbuffered else -1)
                 sampler = RandomSampler(ds, seed=args.seed, mount=mnt)
                 dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, sampler=sampler,
                                                  num_workers=args.workers)
-                for _ in range(2):
-                    store.reset()
+                for k in range(2):
+                    if k:
+                        store.reset()
                     meter, before = CpuMeter(store=store.pid, mount=m.pid), task_cpu()
                     secs, n = epoch(dl)
                     after, cpu = task_cpu(), meter.per_sample_us(n)
