@@ -21,10 +21,10 @@ RAM tier keeps only its ledger and locks in such a directory
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import stat
-import logging
 import threading
 import weakref
 

@@ -206,8 +206,7 @@ class ServiceThread:
         return done_any
 
     def _count(self, key: str) -> None:
-        with self._lock:
-            self._c.add(key)
+        self._c.add(key)
 
     def _mpi_error(self, e: Exception, peer: int | None, fetch_id: int) -> None:
         """A failed peer (ULFM): acknowledge, and fail its fetches from now on. Anything else fails

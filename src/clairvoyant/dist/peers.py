@@ -94,7 +94,6 @@ CORRUPT_ON_SEND: set[int] = set()   # test hook: these indices' payloads get a b
 DELAY_REPLIES = 0.0   # test hook: seconds this rank's replies are held back (a slow peer; the thread goes on)
 
 _LATE_KEPT = 4096     # ids of requests whose callers gave up, so a late reply is told from garbage
-_OUTCOMES = ("hits", "misses", "timeouts", "bad_checksum", "failed", "passed_over")
 _LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
 
 
@@ -394,9 +393,10 @@ class PeerService(ServiceThread):
             if index in CORRUPT_ON_SEND and size:
                 out[REPLY.size + size // 2] ^= 1
         if self._isend(out, src, self._rep_tag, 0, DELAY_REPLIES):
-            with self._lock:
-                self._c.add("served" if data is not None else "unserved")
-                self._c.add("bytes_out", size if data is not None else 0)
+            if data is not None:   # (one step: a snapshot sees both or neither)
+                self._c.add_many(served=1, bytes_out=size)
+            else:
+                self._c.add("unserved")
 
     def _take_reply(self, buf: bytearray, src: int) -> None:
         magic, rid, status, length, checksum = REPLY.unpack_from(buf)

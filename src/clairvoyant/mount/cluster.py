@@ -43,8 +43,8 @@ import numpy as np
 
 from ..cache.entry import CorruptEntry, entry_size, read_sample
 from ..errors import ConfigError
-from ..tune.counters import Counters
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
+from ..tune.counters import Counters
 from .cluster_orders import CONTROL, HOMES
 
 log = logging.getLogger("clairvoyant")
@@ -276,14 +276,11 @@ class MountCluster:
             if home != self.node:
                 t0 = time.perf_counter()
                 data = self.link.fetch(home, f, size, self.ask_timeout)
-                with self._lock:
-                    self._c.add("peer_seconds", time.perf_counter() - t0)
+                self._c.add("peer_seconds", time.perf_counter() - t0)
             if data is not None:
                 self._leave(f, data, 0)
                 got = True
-                with self._lock:
-                    self._c.add("from_peers")
-                    self._c.add("bytes_from_peers", len(data))
+                self._c.add_many(from_peers=1, bytes_from_peers=len(data))   # (read together)
         except Exception as e:   # the daemon reads the store: never an error in the program
             log.warning("clairvoyant: fetching %s from its home failed (%s: %s); the store serves it",
                         self._keys[f], type(e).__name__, e)
@@ -344,14 +341,12 @@ class MountCluster:
             self.stage_own(f)
             return
         self.ask(f, ahead=True)
-        with self._lock:
-            self._c.add("ahead")
+        self._c.add("ahead")
 
     def _own_ahead(self, f: int, still: Callable[[], bool] | None = None, reserved: int = 0) -> None:
         try:
             if still is not None and not still():
-                with self._lock:
-                    self._c.add("ahead_too_late")
+                self._c.add("ahead_too_late")
                 return
             self._get(f, "ahead")   # from the store, kept by the policy (a read of it, as a peer's would be)
         except Exception as e:
@@ -397,8 +392,7 @@ class MountCluster:
         if not self.owns(f):   # held here from before the homes changed (a plan's first): from the tier only
             data = self._from_tier(self._keys[f], int(self._sizes[f])) if why == "served" else None
             if data is not None:
-                with self._lock:
-                    self._c.add("served_not_home")
+                self._c.add("served_not_home")
             return data
         key, size = self._keys[f], int(self._sizes[f])
         tiers = self.mount.tiers
@@ -407,8 +401,7 @@ class MountCluster:
             data = self._from_tier(key, size)   # this home's own copy of it has just been published
         duty = self._duty
         if data is None and why == "served" and duty is not None and not duty.keep.get(f, False):
-            with self._lock:   # the plan does not keep it here: the peer reads the store itself
-                self._c.add("served_absent")
+            self._c.add("served_absent")   # the plan does not keep it here: the peer reads the store itself
             return None
         if data is None:
             # hold the key's node-wide lock: the home's own staging of it (from its daemon's read)
@@ -422,8 +415,7 @@ class MountCluster:
                     if locked:
                         tiers.release(key)
         self._decide(f, True)
-        with self._lock:
-            self._c.add(f"{why}_from_tier")
+        self._c.add(f"{why}_from_tier")
         return data
 
     def _await_copy(self, f: int) -> bool:
@@ -455,8 +447,7 @@ class MountCluster:
             if loc is None:   # not kept after all: the policy must not count it
                 with self._lock:
                     self._policy.forget(f)
-        with self._lock:
-            self._c.add(f"{why}_from_store")
+        self._c.add(f"{why}_from_store")
         return data
 
     def read_own(self, f: int, from_store: bool) -> bool:
@@ -495,8 +486,7 @@ class MountCluster:
                 self.mount.tiers.drop(key)
             except Exception as e:
                 log.warning("clairvoyant: cannot evict %s: %s", key, e)
-        with self._lock:
-            self._c.add("evicted", len(evicted))
+        self._c.add("evicted", len(evicted))
         return got.by == STORE and got.kept
 
     def _from_tier(self, key: str, size: int) -> bytes | None:
@@ -663,8 +653,7 @@ class MountCluster:
                 if v is None or v[0] != size:
                     return
                 if self.mount.tiers.local.put(key, data, v[1], self.mount.tiers.local_capacity) is not None:
-                    with self._lock:
-                        self._c.add("taken_over")
+                    self._c.add("taken_over")
         except Exception as e:
             log.warning("clairvoyant: taking %s over from node %d failed (%s: %s); it is read when asked",
                         self._keys[f], holder, type(e).__name__, e)
@@ -701,8 +690,7 @@ class MountCluster:
             log.warning("clairvoyant: cannot evict %s: %s", self._keys[f], e)
             return 0
         if freed:
-            with self._lock:
-                self._c.add("evicted")
+            self._c.add("evicted")
         return freed
 
     def used(self) -> int:
@@ -723,8 +711,7 @@ class MountCluster:
             return bool(self._asked)
 
     def counters(self) -> dict:
-        with self._lock:
-            out = self._c.snapshot()
+        out = self._c.snapshot()
         out.update(node=self.node, nodes=self.nodes, link=self.link.counters())
         return out
 

@@ -284,9 +284,9 @@ def plan_cluster_sequence(sequence: Interleaved, following: np.ndarray, *, home:
     epoch's cluster sequence (its samples; empty: unknown or none). The same decisions as
     ``plan_cluster_epoch`` (each home's farthest next use over every node's accesses, a miss
     admitted only at the home's own read), for orders that are not clairvoyant's arithmetic ones
-    (the mount's, published by its samplers and exchanged between the nodes), on the same C kernel.
-    ``batch_size``:
-    accesses per step of a rank as ``sequence`` counts them (its steps, for the late drops)."""
+    (the mount's, published by its samplers and exchanged between the nodes), on the same C
+    kernel. ``batch_size``: accesses per step of a rank as ``sequence`` counts them (its steps, for
+    the late drops)."""
     nodes = layout.num_nodes
     caps = [int(capacities)] * nodes if np.ndim(capacities) == 0 else [int(c) for c in capacities]
     sizes = np.ascontiguousarray(np.asarray(sizes, np.int64))

@@ -82,8 +82,9 @@ class Done(NamedTuple):
 class NativeStager:
     """Native threads staging the files of ``src_root`` (keys are paths relative to it) into
     ``store`` within ``capacity`` bytes (a number, or a function giving the room at each
-    submission: the Loader's tier less what kept samples waiting in RAM are owed); ``on_done`` hears of each file once, from the collecting
-    thread; ``on_batch``, if given, after each batch of them."""
+    submission: the Loader's tier less what kept samples waiting in RAM are owed); ``on_done``
+    hears of each file once, from the collecting thread; ``on_batch``, if given, after each batch
+    of them."""
 
     def __init__(self, store: LocalStore, capacity: Capacity, src_root: str, handoff: str | None, threads: int,
                  on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
