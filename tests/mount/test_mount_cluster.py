@@ -516,7 +516,7 @@ def test_with_samplers_the_nodes_run_the_cluster_plan(tmp_path, many, monkeypatc
     quarter of 3 shuffled epochs: the nodes exchange their orders and run the Loader's cluster
     plan; the store is read within 10% of what that plan predicts for the same orders (1.40 per
     file; about 1.46 measured), every byte right, the homes fixed from the first epoch's first
-    readers. Control (``plan=False``): the same nodes keeping files by recency and fetching ahead
+    readers, the files staged ahead of their reads staged by the mount's file engine. Control (``plan=False``): the same nodes keeping files by recency and fetching ahead
     (what they do where the orders do not all come) read the store more than that (about 1.73)."""
     from clairvoyant.mount import cluster_plan
 
@@ -529,6 +529,7 @@ def test_with_samplers_the_nodes_run_the_cluster_plan(tmp_path, many, monkeypatc
         reads = _store_reads(ms)
         expected = _planned_store_reads(ms, files, 3)
         counters = [m.cluster.counters() for m in ms]
+        engine = sum(m.staging().get("staged_local", 0) - m.staging().get("handed_over", 0) for m in ms)
     finally:
         for m in ms:
             m.close()
@@ -536,6 +537,8 @@ def test_with_samplers_the_nodes_run_the_cluster_plan(tmp_path, many, monkeypatc
     if plan:
         assert all(c.get("plans") == 3 and c.get("homes_from_epoch") == 0 for c in counters), counters
         assert reads <= 1.1 * expected, (reads, expected, counters)
+        ahead = sum(c.get("ahead_from_store", 0) for c in counters)
+        assert 0 < ahead <= engine, (ahead, engine)   # staged ahead of their reads by the mount's file engine
     else:
         assert reads > 1.1 * expected, (reads, expected)
 

@@ -21,6 +21,10 @@ what it serves, and which asks go to the store at once. This module carries eith
 - **A read of one's own file** (:meth:`read_own`): the home's own read counts as recent, and a file
   it read from the store is kept by the same rule (the controller stages it from the daemon's
   handoff, as without a cluster).
+- **A home's own file ahead of its read** (:meth:`stage_own`, from the plan's walk or the fetch
+  ahead): handed to the mount's one file engine through its copies (``attach``: stage/engines.py,
+  the engine the Loader uses too), which reads it from the store into the tier; this module is
+  told of the copy and counts it.
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
 The link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve)``,
@@ -188,7 +192,8 @@ class MountCluster:
         self._residents: dict[int, tuple] = {}     # epoch -> (rank -> stamp, the residents offered)
         self._digest: tuple | None = None          # (homes, their digest)
         self.silent: set[int] = set()   # peers that offered no orders at the last epoch's gather
-        self._staging_bytes = 0                    # entries of stagings ahead under way (not yet in the ledger)
+        self._copies = None   # the mount's copies into its tier (``attach``): this home's files staged ahead
+        self._ahead_own: set[int] = set()   # this home's files staged ahead, their copies not told yet
         self._lock = threading.Lock()    # the policy, the counters, the peer files
         self._serving = 0                # peers' requests being answered (close waits for them)
         self._served = threading.Condition(self._lock)
@@ -333,29 +338,15 @@ class MountCluster:
             except FileNotFoundError:
                 pass
 
-    def ahead(self, f: int) -> None:
+    def ahead(self, f: int) -> bool:
         """File ``f`` comes up soon in this node's sequence (mount/cluster_ahead.py): one of its own
-        absent from the tier is read from the store and kept now; another node's is fetched from
-        its home into the handoff directory."""
+        absent from the tier is staged now (``stage_own``); another node's is fetched from its home
+        into the handoff directory. False: no staging slot is free now (ask again later)."""
         if self.owns(f):
-            self.stage_own(f)
-            return
+            return self.stage_own(f)
         self.ask(f, ahead=True)
         self._c.add("ahead")
-
-    def _own_ahead(self, f: int, still: Callable[[], bool] | None = None, reserved: int = 0) -> None:
-        try:
-            if still is not None and not still():
-                self._c.add("ahead_too_late")
-                return
-            self._get(f, "ahead")   # from the store, kept by the policy (a read of it, as a peer's would be)
-        except Exception as e:
-            log.warning("clairvoyant: staging %s ahead failed (%s: %s); it is read when asked",
-                        self._keys[f], type(e).__name__, e)
-        finally:
-            with self._lock:
-                self._asked.discard(f)
-                self._staging_bytes -= reserved
+        return True
 
     # -- this node is the home ------------------------------------------------------------------
 
@@ -373,7 +364,7 @@ class MountCluster:
                 return None
             self._serving += 1
         try:
-            data = self._get(f, "served")
+            data = self._get(f)
             duty = self._duty
             if data is not None and duty is not None and f in duty.cut_on_serve:   # the epoch's only read
                 duty.cut_on_serve.discard(f)
@@ -384,13 +375,13 @@ class MountCluster:
                 self._serving -= 1
                 self._served.notify_all()
 
-    def _get(self, f: int, why: str) -> bytes | None:
-        """``f``'s bytes at its home, from the tier or the store (counted ``<why>_from_tier`` or
-        ``<why>_from_store``: ``served`` for a peer, ``ahead`` for this node's coming read)."""
+    def _get(self, f: int) -> bytes | None:
+        """``f``'s bytes at its home for a peer, from the tier or the store (counted
+        ``served_from_tier`` or ``served_from_store``)."""
         if self._closed or not 0 <= f < len(self._keys):
             return None
         if not self.owns(f):   # held here from before the homes changed (a plan's first): from the tier only
-            data = self._from_tier(self._keys[f], int(self._sizes[f])) if why == "served" else None
+            data = self._from_tier(self._keys[f], int(self._sizes[f]))
             if data is not None:
                 self._c.add("served_not_home")
             return data
@@ -400,7 +391,7 @@ class MountCluster:
         if data is None and self._await_copy(f):
             data = self._from_tier(key, size)   # this home's own copy of it has just been published
         duty = self._duty
-        if data is None and why == "served" and duty is not None and not duty.keep.get(f, False):
+        if data is None and duty is not None and not duty.keep.get(f, False):
             self._c.add("served_absent")   # the plan does not keep it here: the peer reads the store itself
             return None
         if data is None:
@@ -410,19 +401,19 @@ class MountCluster:
             data = None if locked else self._from_tier(key, size)
             if data is None:
                 try:
-                    return self._from_store(f, key, size, why)
+                    return self._from_store(f, key, size)
                 finally:
                     if locked:
                         tiers.release(key)
         self._decide(f, True)
-        self._c.add(f"{why}_from_tier")
+        self._c.add("served_from_tier")
         return data
 
     def _await_copy(self, f: int) -> bool:
-        """Wait (up to COPY_WAIT seconds) while this mount is copying ``f`` into its tier; True if it
-        was. The copy may run on the native threads, whose POSIX lock on the key belongs to this
-        whole process and so does not keep this thread out: without the wait both would read the
-        store."""
+        """Wait (up to COPY_WAIT seconds) while this mount is copying ``f`` into its tier (after a
+        read of it, or ahead of one); True if it was. The copy may run on the native threads, whose
+        POSIX lock on the key belongs to this whole process and so does not keep this thread out:
+        without the wait both would read the store."""
         ctl = self.mount.controller
         if ctl is None or not ctl.copying(f):
             return False
@@ -431,8 +422,8 @@ class MountCluster:
             time.sleep(0.001)
         return True
 
-    def _from_store(self, f: int, key: str, size: int, why: str) -> bytes | None:
-        """``f`` read from the store by its home, kept if the policy says so."""
+    def _from_store(self, f: int, key: str, size: int) -> bytes | None:
+        """``f`` read from the store by its home for a peer, kept if the policy says so."""
         tiers = self.mount.tiers
         data, mtime_ns = self.mount.source.read_versioned(key)
         if len(data) != size:
@@ -440,14 +431,14 @@ class MountCluster:
         if self._decide(f, False):
             loc = None
             try:
-                if not self._closed:   # (close waits for answers under way; this is for the ahead pool's)
+                if not self._closed:
                     loc = tiers.local.put(key, data, mtime_ns, tiers.local_capacity)
             except Exception as e:   # a full device: served all the same, not kept
                 log.warning("clairvoyant: cannot keep %s in this home's tier (%s)", key, e)
             if loc is None:   # not kept after all: the policy must not count it
                 with self._lock:
                     self._policy.forget(f)
-        self._c.add(f"{why}_from_store")
+        self._c.add("served_from_store")
         return data
 
     def read_own(self, f: int, from_store: bool) -> bool:
@@ -661,26 +652,50 @@ class MountCluster:
             with self._lock:
                 self._asked.discard(f)
 
-    def stage_own(self, f: int, still: Callable[[], bool] | None = None) -> None:
-        """Read this home's file ``f`` from the store and keep it, ahead of its read (on the ahead
-        pool; nothing if it is there or under way, or if ``still()`` says no when its turn comes:
-        its reader reads it by then, and its copy is kept from that read). Its entry counts in
-        ``used`` from now on."""
+    def attach(self, copies) -> None:
+        """The mount's copies into its tier (mount/copies.py): this home stages its own files ahead
+        through them, the one file engine of the mount, and is told of each copy (``_told``)."""
+        self._copies = copies
+        copies.told = self._told
+
+    def stage_own(self, f: int) -> bool:
+        """Stage this home's file ``f`` ahead of its read: handed to the mount's file engine, which
+        reads it from the store into the tier, if the policy keeps it (nothing if it is there or
+        under way). Its entry counts in ``used`` from its submission (the engine reserves it).
+        False: no staging slot is free now (the caller asks again later)."""
         key, size = self._keys[f], int(self._sizes[f])
-        if not self.owns(f) or self.mount.tiers.find_local(key, size) is not None:
-            return
-        n = entry_size(size)
+        copies = self._copies
+        if copies is None or not self.owns(f) or self.mount.tiers.find_local(key, size) is not None:
+            return True
         with self._lock:
-            if self._closed or f in self._asked:
-                return
-            self._asked.add(f)
-            self._staging_bytes += n
-        try:
-            self._ahead_pool.submit(self._own_ahead, f, still, n)
-        except RuntimeError:
+            if self._closed or f in self._ahead_own:
+                return True
+        if not copies.take_slot(wait=False):
+            return False
+        if not self._decide(f, False):   # the policy does not keep it (larger than the tier)
+            copies.release()
+            return True
+        with self._lock:
+            self._ahead_own.add(f)
+        if copies.submit_files([f]):   # not on its way after all (no room, an error): not held
             with self._lock:
-                self._asked.discard(f)
-                self._staging_bytes -= n
+                self._ahead_own.discard(f)
+                self._policy.forget(f)
+        return True
+
+    def _told(self, d) -> None:
+        """The mount's file engine told of a copy (``native_files.Done``): one of this home's
+        stagings ahead is counted, and forgotten by the policy if it failed."""
+        with self._lock:
+            if d.token not in self._ahead_own:
+                return
+            self._ahead_own.discard(d.token)
+            if d.loc is None and not d.present:
+                self._policy.forget(d.token)
+        if d.loc is not None and not d.handed_over:
+            self._c.add("ahead_from_store")
+        elif d.present:
+            self._c.add("ahead_from_tier")
 
     def evict(self, f: int) -> int:
         """Delete this node's entry of ``f`` (the plan's cut): the bytes freed."""
@@ -694,11 +709,8 @@ class MountCluster:
         return freed
 
     def used(self) -> int:
-        """Bytes in this node's tier, those reserved for copies under way and those of stagings
-        ahead under way included."""
-        with self._lock:
-            staging = self._staging_bytes
-        return self.mount.tiers.local.ledger.read()[0] + staging
+        """Bytes in this node's tier, those reserved for copies under way included."""
+        return self.mount.tiers.local.ledger.read()[0]
 
     def count(self, **amounts: float) -> None:
         self._c.add_many(**amounts)
@@ -706,9 +718,9 @@ class MountCluster:
     # -- the rest ------------------------------------------------------------------------------
 
     def busy(self) -> bool:
-        """Whether a fetch (asked, or ahead) is under way."""
+        """Whether a fetch (asked, or ahead) or a staging ahead is under way."""
         with self._lock:
-            return bool(self._asked)
+            return bool(self._asked or self._ahead_own)
 
     def counters(self) -> dict:
         out = self._c.snapshot()

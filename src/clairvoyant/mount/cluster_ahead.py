@@ -6,7 +6,8 @@ The node's samplers publish their orders (mount/orders.py); merged into the node
 the Loader merges its ranks' batches (plan/sequence.py ``interleave``), they say which files the
 node reads next. A window of ``WINDOW`` files ahead of the readers' progress, each file is made
 ready where the cluster keeps it (``MountCluster.ahead``): one of this node's own files absent from
-its tier is read from the store and kept (the home's policy decides, plan/unplanned.py); another
+its tier is staged by the mount's file engine (if the home's policy keeps it, plan/unplanned.py),
+as far as staging slots are free; another
 node's file is fetched from its home into the handoff directory, where the daemon's ask then finds
 it at once. So the store is read once per file across the cluster while the homes have room, and
 the readers wait neither for the store nor for a peer. (The homes are the hashed ones of a cluster
@@ -52,9 +53,8 @@ class ClusterAhead:
                 self.current = False
                 return
             upto = min(len(seq), self._position() + WINDOW)
-            for f in seq[done:upto].tolist():
-                self._cluster.ahead(f)
-            done = max(done, upto)
+            while done < upto and self._cluster.ahead(int(seq[done])):   # False: no staging slot free now
+                done += 1
             p.counters.set(frontier=done)
             p.counters.maybe_publish()
             p.stop.wait(WATCH_EVERY)

@@ -233,8 +233,9 @@ class ClusterWalk:
                     continue                            # now, and its copy is kept from there (read_own)
                 if cl.used() + entry_size(int(cl.sizes[g])) > capacity:
                     break   # the readers free room as they go (the plan fits the tier at each read)
-                staged_at[g] = step = int(steps[stage[s]])
-                cl.stage_own(g, lambda step=step: step >= self.handed + MARGIN)
+                if not cl.stage_own(g):
+                    break   # no staging slot free: the copies under way go first
+                staged_at[g] = int(steps[stage[s]])
                 s += 1
             p.counters.set(frontier=int(max(stage[s - 1] if s else 0, fetch[fe - 1] if fe else 0)),
                            consumed=int(min(handed, 1 << 40)))

@@ -74,6 +74,8 @@ class Controller:
         if mount.cluster is not None:
             self._counters.extra = lambda: {"cluster": mount.cluster.counters()}
         self._copies = Copies(mount, self._handoff_dir(), threads, self.sizes, self._counters, self._stop, poll)
+        if mount.cluster is not None:   # a home stages its own files ahead through the same copies
+            mount.cluster.attach(self._copies)
         self._sampler = threading.Event()   # a sampler published an order: no guessing from the opens
         self._opens = Opens(self._copies, self._counters, self._sampler, self._stop, give_way=self._give_way,
                             cluster=mount.cluster)

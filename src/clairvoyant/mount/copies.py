@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -43,6 +43,7 @@ class Copies:
         self._slots_back = 0   # slots of copies told done in the collector's current batch
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._unread: set[int] = set()   # staged ahead by the plan and not read yet
+        self.told: Callable[[Done], None] | None = None   # told of each copy too (the cluster: mount/cluster.py)
         self._files = file_engine(self.tiers.local, self.tiers.local_capacity, mount.source.root, handoff,
                                   threads, self._copied, self._copies_told)
 
@@ -69,10 +70,11 @@ class Copies:
         self.submit_files([i])
         return True
 
-    def submit_files(self, files: list[int]) -> None:
+    def submit_files(self, files: list[int]) -> list[int]:
         """Stage ``files``, a slot taken for each, with one call into the stager; a file
-        already in the tier, or with no room for it, gives its slot back at once."""
-        items = []
+        already in the tier, or with no room for it, gives its slot back at once. Returns the files
+        that are neither in the tier nor on their way there (no room, or an error)."""
+        items, refused = [], []
         for i in files:
             key, size = self.manifest.keys[i], int(self.sizes[i])
             try:
@@ -82,10 +84,11 @@ class Copies:
                 self._counters.add(present=1)
             except Exception as e:
                 self._failed(key, e)
+                refused.append(i)
             self.discard(i)
             self._inflight.release()
         if not items:
-            return
+            return refused
         try:
             got = self._files.submit_many(items)
         except Exception as e:
@@ -93,7 +96,7 @@ class Copies:
                 self._failed(key, e)
                 self.discard(i)
             self._inflight.release(len(items))
-            return
+            return refused + [i for i, _, _ in items]
         back = 0
         for (i, key, _), g in zip(items, got):
             if g is True:
@@ -101,13 +104,14 @@ class Copies:
             back += 1
             if isinstance(g, Exception):
                 self._failed(key, g)
-                self.discard(i)
             elif g is False:
                 self._counters.add(not_staged=1)
+            if g is not None:   # None: its copy is under way; a handoff is that copy's to take
                 self.discard(i)
-            # None: its copy is under way; a handoff is that copy's to take
+                refused.append(i)
         if back:
             self._inflight.release(back)
+        return refused
 
     def in_flight(self, i: int | None = None) -> bool:
         """Whether a copy of file ``i`` (None: of any file) by this process is under way."""
@@ -133,6 +137,8 @@ class Copies:
                 self.discard(d.token)
             with self._lock:   # (the Python engine tells from several threads)
                 self._slots_back += 1   # given back with the batch's others: one wake of the plan's thread
+            if self.told is not None:
+                self.told(d)
 
     def _copies_told(self) -> None:
         with self._lock:

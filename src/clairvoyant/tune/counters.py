@@ -103,7 +103,6 @@ NAMES: dict[str, str] = {
     "cluster.peer_seconds": "seconds spent asking peers",
     "cluster.peer_misses": "files a peer did not serve: read from the store",
     "cluster.ahead": "files staged ahead of their reads at their home",
-    "cluster.ahead_too_late": "stagings ahead given up: their read came first",
     "cluster.ahead_from_tier": "stagings ahead found in the tier",
     "cluster.ahead_from_store": "stagings ahead read from the store",
     "cluster.served_from_tier": "files served to a peer from the tier",
