@@ -1,5 +1,5 @@
 """MECHANISM: the job's nodes as one cache: who is on which node, what each node can hold, and
-the peer service through which a node's tier serves the others (dist/peers.py, over MPI).
+the peer service through which a node's tier serves the others (dist/peers.py).
 
 Every rank of the job plans the whole cluster alike (plan/cluster.py) from what
 is exchanged here once, at start-up: the ranks of each node, each node's
@@ -8,25 +8,30 @@ holds. A fingerprint of everything else the plan depends on (manifest, seed,
 batch size, ...) is compared first, so that ranks that would plan differently
 stop with a clear error instead of serving each other wrong samples.
 
-Whether to run as a cluster: ``cluster="auto"`` turns it on where the launcher
-says the job spans more than one node (or ``CLAIRVOYANT_NODE`` names nodes)
-and mpi4py can be imported; without mpi4py the loader logs once that it runs
-node by node, and why.
+One transport, two backends, chosen by what the launcher gives (:func:`backend`): under an
+MPI launcher (``mpirun``, ``srun --mpi=pmix``) the exchanges are MPI collectives and the peer
+service runs over MPI; under torchrun and its kin (Lightning, Accelerate, a Kubernetes
+PyTorchJob) the exchanges go through torch.distributed's key-value store (dist/store.py) and
+the peer service over ZeroMQ (dist/wire_zmq.py), beside a training that uses NCCL. Whether to
+run as a cluster: ``cluster="auto"`` turns it on where the launcher says the job spans more than
+one node (or ``CLAIRVOYANT_NODE`` names nodes) and a backend is there; without one the loader
+logs once that it runs node by node, and why.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
-import time
 from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import ConfigError, PeerLost
+from ..errors import ConfigError
 from ..plan.layout import NodeLayout
-from .mpi import agree, available, node_groups
+from .group import agree, allgather_int64, node_groups
+from .mpi import available
 from .peers import PeerService
 from .topology import node_name
 
@@ -53,27 +58,52 @@ def multi_node(env: Mapping[str, str] | None = None) -> bool:
         return False
 
 
+def backend(env: Mapping[str, str] | None = None) -> str:
+    """"mpi" (started by an MPI launcher, mpi4py there), "store" (torch.distributed initialised, or
+    started by torchrun: its store, pyzmq there), or one line saying why neither is."""
+    env = os.environ if env is None else env
+    why_mpi = available()
+    if why_mpi is None:
+        return "mpi"
+    why = _store_missing(env)
+    if why is None:
+        return "store"
+    return f"{why_mpi}; and without MPI, {why}"
+
+
+def _store_missing(env: Mapping[str, str]) -> str | None:
+    if importlib.util.find_spec("zmq") is None:
+        return "pyzmq is not installed (pip install pyzmq)"
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return "torch is not installed"
+    if dist.is_available() and dist.is_initialized():
+        return None
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" and "MASTER_ADDR" in env:
+        return None
+    return ("the process was not started by torchrun (or Lightning, Accelerate) and torch.distributed is not "
+            "initialised: call torch.distributed.init_process_group() before making the Loader")
+
+
 def wanted(cluster: bool | str) -> bool:
     """Resolve the Loader's ``cluster=`` argument: True, False or "auto"."""
     if cluster not in (True, False, "auto"):
         raise ConfigError(f"cluster={cluster!r}: choose True, False or 'auto'")
     if cluster is False:
         return False
-    why = available()
-    if cluster is True:
-        if why is not None:
-            raise ConfigError(f"cluster=True needs MPI: {why}; `pip install clairvoyant[mpi]`, or pass cluster=False")
+    if cluster == "auto" and not multi_node():
+        return False
+    got = backend()
+    if got in ("mpi", "store"):
         return True
-    if not multi_node():
-        return False
-    if why is not None:
-        if not _warned:
-            _warned.append(why)
-            log.warning("clairvoyant: the job spans several nodes but runs node by node (each node reads "
-                        "what it does not hold from the shared store): %s; `pip install clairvoyant[mpi]` "
-                        "for the cluster cache, or pass cluster=False to silence this", why)
-        return False
-    return True
+    if cluster is True:
+        raise ConfigError(f"cluster=True needs MPI or torchrun's rendezvous: {got}; or pass cluster=False")
+    if not _warned:
+        _warned.append(got)
+        log.warning("clairvoyant: the job spans several nodes but runs node by node (each node reads what it "
+                    "does not hold from the shared store): %s; or pass cluster=False to silence this", got)
+    return False
 
 
 def fingerprint(**fields: object) -> bytes:
@@ -87,94 +117,51 @@ class Cluster:
 
     def __init__(self, *, plan_fingerprint: bytes, timeout: float = PEER_TIMEOUT) -> None:
         """Join the job's cluster (collective: every rank of the job makes its Loader alike)."""
-        from mpi4py import MPI   # imported here: clairvoyant runs without it
-        self.comm = MPI.COMM_WORLD
-        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
-        agree(self.comm, plan_fingerprint, "the data, seed, batch size, shuffle, drop_last or compression (compress=, "
+        self._service: PeerService | None = None
+        self._wire = None
+        if backend() == "mpi":
+            from mpi4py import MPI   # imported here: clairvoyant runs without it
+            from .mpi import MPIGroup
+            self._comm = MPI.COMM_WORLD
+            self.group = MPIGroup(self._comm, dead=self._dead)   # the epochs' exchanges, on a duplicate
+        else:
+            from .store import StoreGroup, job_store
+            got = job_store()
+            if isinstance(got, str):
+                raise ConfigError(f"the cluster cache cannot start: {got}; or pass cluster=False")
+            self.group = StoreGroup(*got)
+        g = self.group
+        self.rank, self.world_size = g.rank, g.size
+        agree(g, plan_fingerprint, "the data, seed, batch size, shuffle, drop_last or compression (compress=, "
               "its codec and measured ratio: install the same zstandard on every node)")
-        groups = node_groups(self.comm, node_name())
-        for g in groups:
-            if list(g) != list(range(g[0], g[0] + len(g))):
+        groups = node_groups(g, node_name())
+        for nodes in groups:
+            if list(nodes) != list(range(nodes[0], nodes[0] + len(nodes))):
                 raise ConfigError(
-                    f"ranks {g} share a node but are not numbered in one block: launch with the ranks of "
+                    f"ranks {nodes} share a node but are not numbered in one block: launch with the ranks of "
                     "each node numbered consecutively (Open MPI's default --map-by slot, not --map-by node), "
                     "or pass cluster=False")
-        self.layout = NodeLayout(tuple(tuple(g) for g in groups), self.rank, "MPI")
-        self._coll = self.comm.Dup()   # the epochs' exchanges: revocable without touching the caller's
+        self.layout = NodeLayout(tuple(tuple(n) for n in groups), self.rank, "MPI" if g.name == "MPI" else "torchrun")
+        if g.name != "MPI":   # the peer service over ZeroMQ: every rank's address, through the store
+            from .wire_zmq import ZmqWire, reachable_address
+            self._wire = ZmqWire(self.rank, self.world_size, reachable_address(os.environ.get("MASTER_ADDR")))
+            self._wire.connect([b.decode() for b in g.allgather(self._wire.address.encode(),
+                                                                "the exchange of the peer service's addresses")])
         self.timeout = timeout
         self.capacities: tuple[int, ...] = ()
-        self._service: PeerService | None = None
+
+    def _dead(self) -> set[int]:
+        return set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()
 
     def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
         caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
         self.capacities = tuple(int(caps[g[0]]) for g in self.layout.nodes)
-        self._service = PeerService(self.comm, serve)
+        self._service = PeerService(self._wire if self._wire is not None else self._comm, serve)
         self._service.start()
 
     def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:
-        out = np.zeros(self.world_size, dtype=np.int64)
-        self._collective(what, "Iallgather", np.array([value], dtype=np.int64), out)
-        return out
-
-    def _collective(self, what: str, name: str, *args: object) -> None:
-        """A non-blocking MPI collective over the whole job (on a communicator of its own), waited
-        for while watching for lost ranks: a rank that knows of one (its peer service met the death,
-        or MPI's failure detector did) revokes the communicator, so that every rank's collective ends
-        at once instead of hanging (ULFM, ``mpirun --with-ft ulfm``; plain MPI ends the job), and each
-        raises ``PeerLost`` saying what to do."""
-        from mpi4py import MPI
-        req, revoked_at = None, None
-        dead = self._known_dead()
-        if dead:   # known already (the peer service met it): start nothing that cannot finish
-            raise self._lost(what, dead, "")
-        try:
-            req = getattr(self._coll, name)(*args)
-            pause = 0.0005
-            while not req.Test():
-                if revoked_at is None and self._known_dead():
-                    self._revoke()   # the others' collectives end too; this one ends with an error
-                    revoked_at = time.monotonic()
-                elif revoked_at is not None and time.monotonic() - revoked_at > 10.0:
-                    break            # abandoned: MPI never ended it
-                time.sleep(pause)
-                pause = min(pause * 2, 0.02)
-        except MPI.Exception as e:
-            self._revoke()
-            raise self._lost(what, self._known_dead(), e.Get_error_string().strip()) from e
-        if revoked_at is not None:
-            raise self._lost(what, self._known_dead(), "")
-
-    def _known_dead(self) -> list[int]:
-        """Ranks this rank knows are gone: those its peer service met, and MPI's own list (ULFM)."""
-        dead = set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()
-        try:
-            from mpi4py import MPI
-            failed, mine = self._coll.Get_failed(), self._coll.Get_group()
-            if failed.Get_size():
-                ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
-                dead |= {r for r in ranks if r != MPI.UNDEFINED}
-            failed.Free()
-            mine.Free()
-        except Exception:   # noqa: BLE001 - no ULFM in this MPI: only the peer service's knowledge
-            pass
-        return sorted(dead)
-
-    def _revoke(self) -> None:
-        try:
-            self._coll.Revoke()
-        except Exception:   # noqa: BLE001 - no ULFM, or revoked already
-            pass
-
-    def _lost(self, what: str, dead: list[int], detail: str) -> PeerLost:
-        who = f"rank(s) {dead}" if dead else "a rank"
-        return PeerLost(
-            f"{who} of this job's {self.world_size} can no longer take part in {what} on rank {self.rank}"
-            f"{f' (MPI: {detail})' if detail else ''}: the cluster cache plans every epoch with every rank. "
-            "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
-            "left (the loader resumes elastically at its position), or pass cluster=False to run node by node. "
-            "End this process with os._exit() or comm.Abort(): Open MPI's MPI_Finalize can wait forever for "
-            "a dead rank")
+        return np.concatenate(allgather_int64(self.group, np.array([value], np.int64), what))
 
     def all_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank (collective)."""
@@ -183,20 +170,15 @@ class Cluster:
     def residents(self, mine: Mapping[int, int]) -> list[dict[int, int]]:
         """Every node's residents (sample -> entry bytes), from each node's first rank's ``mine``."""
         first = self.layout.local_rank == 0
-        idx = np.fromiter(mine.keys(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
-        val = np.fromiter(mine.values(), dtype=np.int64, count=len(mine)) if first else np.zeros(0, np.int64)
-        counts = self._allgather_int(len(idx), "the exchange of every node's residents")
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        all_idx = np.zeros(int(counts.sum()), dtype=np.int64)
-        all_val = np.zeros(int(counts.sum()), dtype=np.int64)
-        from mpi4py import MPI
-        what = "the exchange of every node's residents"
-        self._collective(what, "Iallgatherv", idx, [all_idx, counts, displs, MPI.INT64_T])
-        self._collective(what, "Iallgatherv", val, [all_val, counts, displs, MPI.INT64_T])
+        pairs = np.zeros((len(mine) if first else 0, 2), np.int64)
+        if first and mine:
+            pairs[:, 0] = np.fromiter(mine.keys(), np.int64, len(mine))
+            pairs[:, 1] = np.fromiter(mine.values(), np.int64, len(mine))
+        every = allgather_int64(self.group, pairs.ravel(), "the exchange of every node's residents")
         out = []
         for g in self.layout.nodes:
-            a, n = int(displs[g[0]]), int(counts[g[0]])
-            out.append(dict(zip(all_idx[a:a + n].tolist(), all_val[a:a + n].tolist())))
+            p = every[g[0]].reshape(-1, 2)
+            out.append(dict(zip(p[:, 0].tolist(), p[:, 1].tolist())))
         return out
 
     def fetch(self, node: int, index: int, size: int) -> bytes | None:
@@ -208,16 +190,12 @@ class Cluster:
         return self._service.fetch(g[self.layout.local_rank % len(g)], index, size, self.timeout)
 
     def counters(self) -> dict:
-        return self._service.counters() if self._service is not None else {}
+        out = self._service.counters() if self._service is not None else {}
+        return dict(out, transport=f"{self.group.name}, peers over {self._wire.name if self._wire else 'MPI'}")
 
     def close(self) -> None:
         if self._service is not None:
             self._service.close()
-        if self._coll is None:
-            return
-        try:
-            if not self._known_dead():
-                self._coll.Free()
-        except Exception:   # noqa: BLE001 - MPI finalized, or the communicator revoked
-            pass
-        self._coll = None
+        elif self._wire is not None:
+            self._wire.shut_down(0.0, set())
+        self.group.close()

@@ -1,6 +1,6 @@
-"""MECHANISM: MPI for the start-up of a job's nodes (dist/cluster.py): whether MPI can carry the
-peer service here (:func:`available`), the ranks of each node (:func:`node_groups`), and a check
-that every rank agrees on a fingerprint (:func:`agree`).
+"""MECHANISM: MPI for a job's nodes (dist/cluster.py): whether MPI can carry the cluster here
+(:func:`available`), and the job's ranks as a group (dist/group.py) over a communicator
+(:class:`MPIGroup`: non-blocking collectives watched for lost ranks).
 
 mpi4py is imported only inside the functions that need it, so clairvoyant imports without it.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import Counter
-from typing import Any
+import time
+from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import PeerLost
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 
@@ -50,39 +50,93 @@ def available() -> str | None:
     return None
 
 
-def node_groups(comm: Any, name: str) -> list[list[int]]:
-    """The ranks of each node (collective: every rank passes its node's name), nodes in the order
-    of their lowest rank. Names travel as fixed-width UTF-8 bytes."""
-    size = comm.Get_size()
-    raw = name.encode()
-    lengths = np.zeros(size, np.int64)
-    comm.Allgather(np.array([len(raw)], np.int64), lengths)
-    width = max(int(lengths.max()), 1)
-    mine = np.zeros(width, np.uint8)
-    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
-    names = np.zeros((size, width), np.uint8)
-    comm.Allgather(mine, names)
-    groups: dict[bytes, list[int]] = {}
-    for r in range(size):
-        groups.setdefault(names[r, :lengths[r]].tobytes(), []).append(r)
-    return list(groups.values())
+class MPIGroup:
+    """The ranks of ``comm`` as a group (dist/group.py), on a duplicate of it (``dup``) so that its
+    gathers never mix with the caller's. ``dead()``: ranks known to be gone from elsewhere (the
+    peer service met them)."""
 
+    name = "MPI"
 
-def agree(comm: Any, fingerprint: bytes, what: str) -> None:
-    """Collective: ConfigError on every rank, naming the ranks that differ from the majority
-    (a tie goes to the lowest rank's side), if the ranks' 32-byte fingerprints of ``what`` differ."""
-    if len(fingerprint) != 32:
-        raise ConfigError(f"a fingerprint is 32 bytes, got {len(fingerprint)}")
-    size = comm.Get_size()
-    everyone = np.zeros((size, 32), np.uint8)
-    comm.Allgather(np.frombuffer(bytes(fingerprint), np.uint8), everyone)
-    prints = [everyone[r].tobytes() for r in range(size)]
-    counts = Counter(prints)
-    if len(counts) == 1:
-        return
-    common = max(counts, key=counts.__getitem__)   # the first of the most frequent: the same on every rank
-    odd = [r for r, p in enumerate(prints) if p != common]
-    ranks = ", ".join(map(str, odd))
-    raise ConfigError(f"{what} differs across ranks: rank{'s' if len(odd) > 1 else ''} {ranks} "
-                      f"disagree{'' if len(odd) > 1 else 's'} with the other {size - len(odd)}; "
-                      "start every rank with the same settings and data")
+    def __init__(self, comm: Any, dup: bool = True, dead: Callable[[], set[int]] | None = None) -> None:
+        self.comm = comm.Dup() if dup else comm
+        self._own = dup
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.dead = dead or set
+
+    def allgather(self, blob: bytes, what: str) -> list[bytes]:
+        from mpi4py import MPI
+        counts = np.zeros(self.size, np.int64)
+        self._collective(what, "Iallgather", np.array([len(blob)], np.int64), counts)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        out = np.zeros(int(counts.sum()), np.uint8)
+        self._collective(what, "Iallgatherv", np.frombuffer(bytes(blob), np.uint8), [out, counts, displs, MPI.BYTE])
+        return [out[d:d + c].tobytes() for d, c in zip(displs.tolist(), counts.tolist())]
+
+    def _collective(self, what: str, name: str, *args: object) -> None:
+        """A non-blocking MPI collective, waited for while watching for lost ranks: a rank that
+        knows of one (its peer service met the death, or MPI's failure detector did) revokes the
+        communicator, so that every rank's collective ends at once instead of hanging (ULFM,
+        ``mpirun --with-ft ulfm``; plain MPI ends the job), and each raises ``PeerLost`` saying
+        what to do."""
+        from mpi4py import MPI
+        revoked_at = None
+        dead = self.known_dead()
+        if dead:   # known already (the peer service met it): start nothing that cannot finish
+            raise self._lost(what, dead, "")
+        try:
+            req = getattr(self.comm, name)(*args)
+            pause = 0.0005
+            while not req.Test():
+                if revoked_at is None and self.known_dead():
+                    self._revoke()   # the others' collectives end too; this one ends with an error
+                    revoked_at = time.monotonic()
+                elif revoked_at is not None and time.monotonic() - revoked_at > 10.0:
+                    break            # abandoned: MPI never ended it
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+        except MPI.Exception as e:
+            self._revoke()
+            raise self._lost(what, self.known_dead(), e.Get_error_string().strip()) from e
+        if revoked_at is not None:
+            raise self._lost(what, self.known_dead(), "")
+
+    def known_dead(self) -> list[int]:
+        """Ranks this rank knows are gone: ``dead()``'s, and MPI's own list (ULFM)."""
+        dead = set(self.dead())
+        try:
+            from mpi4py import MPI
+            failed, mine = self.comm.Get_failed(), self.comm.Get_group()
+            if failed.Get_size():
+                ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
+                dead |= {r for r in ranks if r != MPI.UNDEFINED}
+            failed.Free()
+            mine.Free()
+        except Exception:   # noqa: BLE001 - no ULFM in this MPI: only the peer service's knowledge
+            pass
+        return sorted(dead)
+
+    def _revoke(self) -> None:
+        try:
+            self.comm.Revoke()
+        except Exception:   # noqa: BLE001 - no ULFM, or revoked already
+            pass
+
+    def _lost(self, what: str, dead: list[int], detail: str) -> PeerLost:
+        who = f"rank(s) {dead}" if dead else "a rank"
+        return PeerLost(
+            f"{who} of this job's {self.size} can no longer take part in {what} on rank {self.rank}"
+            f"{f' (MPI: {detail})' if detail else ''}: the cluster cache plans every epoch with every rank. "
+            "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
+            "left (the loader resumes elastically at its position), or pass cluster=False to run node by node. "
+            "End this process with os._exit() or comm.Abort(): Open MPI's MPI_Finalize can wait forever for "
+            "a dead rank")
+
+    def close(self) -> None:
+        if not self._own or self.comm is None:
+            return
+        try:
+            if not self.known_dead():
+                self.comm.Free()
+        except Exception:   # noqa: BLE001 - MPI finalized, or the communicator revoked
+            pass
+        self.comm = None

@@ -5,13 +5,15 @@ A :class:`PeerService` per process answers the other ranks' requests with its
 from any number of threads). It decides nothing about *whom* to ask for *what*:
 that is planning's. What it does decide:
 
-- **The wire.** Fixed little-endian ``struct`` headers and raw bytes over
-  mpi4py's buffer API, on a private duplicate of the communicator. Nothing is
-  pickled or unpickled, ever: a message whose tag, size or magic is not ours is
-  drained into a small buffer (the rest truncated away, unread) and counted as
-  ``refused``. A request is :data:`REQUEST`; a reply is :data:`REPLY` followed by
-  the payload in the same message, with the payload's xxh3-64 in the header.
-- **One MPI thread.** Every MPI call of the service happens in its thread
+- **The wire.** Fixed little-endian ``struct`` headers and raw bytes, over one of
+  two backends with one interface (dist/wire.py): MPI (dist/wire_mpi.py, on a
+  private duplicate of the communicator; the default where ``comm`` is an MPI
+  communicator) or ZeroMQ over TCP (dist/wire_zmq.py, for jobs started by
+  torchrun and its kin). Nothing is pickled or unpickled, ever: a message whose
+  kind, size or magic is not ours is refused unread and counted as ``refused``.
+  A request is :data:`REQUEST`; a reply is :data:`REPLY` followed by the payload
+  in the same message, with the payload's xxh3-64 in the header.
+- **One thread.** Every call into the backend happens in the service's thread
   (``clairvoyant-peers``). Callers queue a request and wait on an Event with
   their own time-out; the thread sends it, polls for messages, calls ``serve``,
   replies, and hands each verified reply to its waiting caller.
@@ -26,7 +28,8 @@ that is planning's. What it does decide:
   unless it runs with ULFM (``mpirun --with-ft ulfm``); then MPI reports
   MPI_ERR_PROC_FAILED, the service acknowledges the failure and fetches from
   that rank return None at once (here, tens of ms after the kill); until MPI
-  notices, they time out.
+  notices, they time out. Over ZeroMQ a dead peer's fetches time out (then it is
+  passed over, below); the service goes on.
 - **A slow peer costs one time-out, not one per sample.** A peer that let a
   fetch time out (its request went out, no answer came in time) is passed over
   for :data:`PASS_OVER` times that time-out: fetches from it return None at
@@ -46,16 +49,14 @@ that is planning's. What it does decide:
   back the same way (a slow peer).
 - **Closing never waits on a peer.** :meth:`~PeerService.close` stops the
   thread, lets replies in flight leave for up to :data:`LINGER` seconds, then
-  abandons what is left: requests MPI may still write into are kept alive (with
-  their buffers) for the life of the process, and the private communicator is
-  freed only when nothing is outstanding and no peer has failed, since
-  MPI_Comm_free is collective in the standard's terms. No collective is called.
+  abandons what is left (the backend's ``shut_down``). No collective is called.
 
 This module holds the service's API and what its messages mean (a fetch asked,
 a request answered, a reply taken); the wire's formats and the emulated link
-are dist/wire.py's, the thread that moves the messages dist/peer_thread.py's.
-For the loader's start-up, :func:`available`, :func:`node_groups` and
-:func:`agree` are dist/mpi.py's (importable from here too, as are
+are dist/wire.py's, the backends dist/wire_mpi.py's and dist/wire_zmq.py's, the
+thread that moves the messages dist/peer_thread.py's.
+For the loader's start-up, :func:`available` is dist/mpi.py's, :func:`node_groups` and
+:func:`agree` dist/group.py's (importable from here too, as are
 :func:`node_name` and the wire's names). mpi4py is imported only inside the
 functions that need it, so clairvoyant imports without it.
 """
@@ -76,8 +77,10 @@ import xxhash
 
 from ..errors import ConfigError
 from ..tune.counters import Counters
-from .mpi import agree, available, node_groups
+from .group import agree, node_groups
+from .mpi import available
 from .peer_thread import LINGER, ServiceThread
+from .wire_mpi import MPIWire
 from .topology import node_name
 from .wire import (BANDWIDTH_VAR, HIT, LATENCY_VAR, MISS, REPLY, REPLY_MAGIC, REQUEST, REQUEST_MAGIC,
                    emulated_link)
@@ -112,7 +115,8 @@ class _Fetch:
 class PeerService(ServiceThread):
     """This rank's end of the data plane: serves ``serve(index)`` to the other ranks and fetches from them.
 
-    Constructing it is collective over ``comm`` (it duplicates the communicator);
+    ``comm``: an MPI communicator (constructing the service is then collective over it: it
+    duplicates the communicator) or a backend of dist/wire.py (a ``ZmqWire``, connected);
     :meth:`start` starts the thread. ``serve(index)`` returns the staged sample's
     verified bytes, or None for a miss; it runs in the service thread. ``latency`` (seconds) and
     ``bandwidth`` (bytes/s, 0: unlimited) emulate an interconnect (see the module's notes); None
@@ -122,7 +126,6 @@ class PeerService(ServiceThread):
     def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *, max_inflight: int = 32,
                  max_bytes: int = 64 << 20, tag_base: int = 7000, latency: float | None = None,
                  bandwidth: float | None = None, serve_threads: int = 0, idle_max: float = 1.6e-3) -> None:
-        from mpi4py import MPI
         if max_inflight < 1 or max_bytes < 1:
             raise ConfigError(f"max_inflight={max_inflight} and max_bytes={max_bytes} must be >= 1")
         if serve_threads < 0:
@@ -137,11 +140,8 @@ class PeerService(ServiceThread):
         self.bandwidth = env_bandwidth if bandwidth is None else float(bandwidth)
         if not (self.latency >= 0 and self.bandwidth >= 0):
             raise ConfigError(f"latency={latency} and bandwidth={bandwidth} must be >= 0")
-        if not 0 <= tag_base < MPI.COMM_WORLD.Get_attr(MPI.TAG_UB):
-            raise ConfigError(f"tag_base={tag_base} is not a valid MPI tag")
-        self._MPI = MPI
-        self.comm = comm.Dup()   # private: never mixes with the caller's messages
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.wire = comm if hasattr(comm, "post") else MPIWire(comm, tag_base)
+        self.rank, self.size = self.wire.rank, self.wire.size
         self.max_inflight, self.max_bytes = max_inflight, max_bytes
         self._serve = serve
         self._serve_failed = False   # a failing serve callback is logged once as a warning
@@ -151,7 +151,6 @@ class PeerService(ServiceThread):
         self._pool = (concurrent.futures.ThreadPoolExecutor(serve_threads, thread_name_prefix="clairvoyant-serve")
                       if serve_threads else None)
         self._answers: deque[tuple[int, int, int, int, bytes | None]] = deque()
-        self._req_tag, self._rep_tag = tag_base, tag_base + 1
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._wake = threading.Event()
@@ -166,18 +165,20 @@ class PeerService(ServiceThread):
         self._probing: set[int] = set()       # passed-over peers a fetch is asking again now
         self._stopping = self._closed = False
         self._thread: threading.Thread | None = None
-        # the service thread's own: receives (request, buffer, source, kind), sends (request, buffer, dest, fetch id)
-        self._recvs: list[tuple[Any, bytearray, int, str]] = []
-        self._sends: list[tuple[Any, bytearray, int, int]] = []
         self._backlog: Counter[int] = Counter()   # bytes being sent (or held back), by destination
-        # messages held back by the emulated link or DELAY_REPLIES: (due, seq, buffer, dest, tag, fetch id)
-        self._held: list[tuple[float, int, bytearray, int, int, int]] = []
+        # messages held back by the emulated link or DELAY_REPLIES: (due, seq, buffer, dest, kind, fetch id)
+        self._held: list[tuple[float, int, bytearray, int, str, int]] = []
         self._held_seq = itertools.count()
         self._link_free = 0.0   # when the emulated link has sent the bytes given to it so far
         self._queued: deque[tuple[int, int, int, int]] = deque()   # requests to answer: id, index, size, source
         self._c = Counters(["peer"]).space("peer")   # tune/counters.py's peer.*
         self._peer_hits: Counter[int] = Counter()
         self._peer_bytes: Counter[int] = Counter()
+
+    @property
+    def comm(self) -> Any:
+        """The MPI backend's private communicator."""
+        return self.wire.comm
 
     def __enter__(self) -> PeerService:
         self.start()
@@ -275,7 +276,7 @@ class PeerService(ServiceThread):
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if thread is None:
-            self._free_comm()
+            self.wire.shut_down(0.0, self._dead)
         elif thread is not threading.current_thread():
             thread.join(CLOSE_WAIT)
             if thread.is_alive():
@@ -392,7 +393,7 @@ class PeerService(ServiceThread):
             out[REPLY.size:] = data
             if index in CORRUPT_ON_SEND and size:
                 out[REPLY.size + size // 2] ^= 1
-        if self._isend(out, src, self._rep_tag, 0, DELAY_REPLIES):
+        if self._isend(out, src, "reply", 0, DELAY_REPLIES):
             if data is not None:   # (one step: a snapshot sees both or neither)
                 self._c.add_many(served=1, bytes_out=size)
             else:

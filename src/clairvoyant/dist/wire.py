@@ -1,11 +1,16 @@
-"""MECHANISM: the peer service's wire (dist/peers.py): what its messages are, and the emulated
-interconnect they may travel over.
+"""MECHANISM: the peer service's wire (dist/peers.py): what its messages are, what a backend
+that carries them reports, and the emulated interconnect they may travel over.
 
 A request is :data:`REQUEST`; a reply is :data:`REPLY` followed by the payload in the same
 message, with the payload's xxh3-64 in the header. Both are fixed little-endian ``struct``
-headers sent as raw bytes over mpi4py's buffer API: nothing is pickled or unpickled, ever. A
-message whose tag, size or magic is not ours is received into :data:`DRAIN` bytes (the rest
-truncated away, unread) and refused.
+headers sent as raw bytes: nothing is pickled or unpickled, ever. A message whose kind, size or
+magic is not ours is refused unread (over MPI it is received into :data:`DRAIN` bytes, the rest
+truncated away).
+
+Two backends carry them, with one interface (``post``, ``poll``, ``busy``, ``shut_down``;
+``rank``, ``size``, ``name``): dist/wire_mpi.py (MPI, under ``mpirun``/``srun``) and
+dist/wire_zmq.py (ZeroMQ over TCP, for jobs that torchrun and its kin start). ``poll`` reports
+what arrived (:data:`Received`), which sends completed and any :class:`Fault`.
 
 For benchmarks, ``CLAIRVOYANT_PEER_LATENCY`` (seconds) and ``CLAIRVOYANT_PEER_BANDWIDTH``
 (bytes per second) emulate an interconnect (:func:`emulated_link`); the service thread holds
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Mapping
+from typing import Mapping, NamedTuple, Tuple
 
 from ..errors import ConfigError
 
@@ -27,6 +32,21 @@ REQUEST_MAGIC, REPLY_MAGIC = b"CVPEERQ1", b"CVPEERR1"
 HIT, MISS = 0, 1
 DRAIN = 64           # bytes a refused message is received into; the rest is truncated away unread
 LATENCY_VAR, BANDWIDTH_VAR = "CLAIRVOYANT_PEER_LATENCY", "CLAIRVOYANT_PEER_BANDWIDTH"   # the emulated link
+
+# a message a backend received: its kind ("request", "reply" or "refused"), its bytes, its sender's rank
+Received = Tuple[str, bytearray, int]
+
+
+class Fault(NamedTuple):
+    """An error a backend met: the peer involved (None: none to blame), the fetch whose message
+    failed (0: none), the ranks the backend now knows are dead, and whether the service must stop
+    (an error with no peer to blame)."""
+
+    peer: int | None
+    fetch_id: int
+    dead: frozenset
+    fatal: bool
+    error: BaseException
 
 
 def emulated_link(env: Mapping[str, str] | None = None) -> tuple[float, float]:

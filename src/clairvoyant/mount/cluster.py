@@ -98,10 +98,10 @@ class MPILink:
         node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
         from mpi4py import MPI
 
-        from ..dist import mpi
+        from ..dist.group import node_groups
         from ..dist.topology import node_name
         comm = comm if comm is not None else MPI.COMM_WORLD
-        groups = mpi.node_groups(comm, node_name())
+        groups = node_groups(comm, node_name())
         rank = comm.Get_rank()
         leader = any(g[0] == rank for g in groups)
         sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
@@ -109,8 +109,8 @@ class MPILink:
 
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
-        from ..dist import mpi
-        mpi.agree(self._comm, fingerprint, what)
+        from ..dist.group import agree
+        agree(self._comm, fingerprint, what)
 
     def abort(self, code: int) -> None:
         """End the MPI job (a node that cannot start: the others would wait for it in collectives)."""
