@@ -1,0 +1,96 @@
+"""The cluster cache under torchrun, no MPI: two (or four) torchrun agents on this machine, each a
+"node" of 2 (or 1) ranks with its own local directory (tests/dist/torchrun_cluster_script.py), the
+ranks finding each other through torchrun's rendezvous store and serving each other over ZeroMQ.
+Every epoch must serve every sample exactly once, with the source's bytes; the store must be read
+about once per job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mpi_util import ours
+
+pytest.importorskip("torch")
+pytest.importorskip("zmq")
+SCRIPT = Path(__file__).with_name("torchrun_cluster_script.py")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def run(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epochs: int, mode: str = "auto",
+        when: str = "before", timeout: float = 200) -> dict:
+    """The job's result (rank 0's JSON line); every process of it gone afterwards."""
+    token, port = f"cvtorchrun-{uuid.uuid4().hex}", _port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT", "CLAIRVOYANT_NODE")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    agents = [subprocess.Popen([str(TORCHRUN), "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
+                                "--node-rank", str(i), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                f"127.0.0.1:{port}", "--rdzv-id", token, str(SCRIPT), dataset, str(tmp_path), cap,
+                                str(epochs), mode, when, token],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+              for i in range(nodes)]
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for a in agents:
+            outs.append(a.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    assert all(a.returncode == 0 for a in agents), "\n".join(err[-3000:] for _, err in outs)
+    time.sleep(0.5)
+    assert ours(token) == []   # no rank left behind
+    line = [ln for out, _ in outs for ln in out.splitlines() if ln.startswith("{")]
+    return json.loads(line[-1])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_torchrun_two_nodes_read_the_store_about_once_per_job(dataset, tmp_path, when):
+    """2 nodes x 2 ranks, each node's tier 60% of the data set (120% together), 4 epochs: the
+    store is read at most 1.1 times the data set over the job, every sample once per epoch, and
+    later epochs' samples come from the other node's tier. The Loader is made before the process
+    group (``before``: torchrun's agent store, as under Lightning) or after it (its store).
+    Control: the same job with cluster=False (each node alone) reads the store about 2 times."""
+    on = run(dataset, tmp_path / "on", 2, 2, "60%", 4, "auto", when)
+    n = on["samples"]
+    print("store opens per epoch:", on["opens"])
+    assert all(on["exact"]), on["exact"]
+    assert sum(on["opens"]) <= 1.1 * n, on["opens"]
+    peer = sum((r["cluster"] or {}).get("hits", 0) for r in on["ranks"])
+    assert peer >= 0.5 * n, on["ranks"]   # served by the other node's tier
+    assert all("ZeroMQ" in (r["cluster"] or {}).get("transport", "") for r in on["ranks"]), on["ranks"]
+    if when == "before":
+        off = run(dataset, tmp_path / "off", 2, 2, "60%", 4, "off", when)
+        assert all(off["exact"]), off["exact"]
+        print("node by node:", off["opens"])
+        assert sum(off["opens"]) >= 1.6 * n, off["opens"]
+
+
+@pytest.mark.timeout(600)
+def test_torchrun_four_nodes_at_30_percent_read_the_store_about_once(dataset, tmp_path):
+    """4 nodes x 1 rank, each node's tier 30% of the data set (120% together), 4 epochs: the store
+    is read at most 1.05 times the data set over the job, every sample once per epoch."""
+    on = run(dataset, tmp_path, 4, 1, "30%", 4)
+    print("store opens per epoch:", on["opens"])
+    assert all(on["exact"]), on["exact"]
+    assert sum(on["opens"]) <= 1.05 * on["samples"], on["opens"]
