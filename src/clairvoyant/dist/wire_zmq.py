@@ -1,0 +1,148 @@
+"""MECHANISM: the peer service's messages over ZeroMQ (one backend of dist/peers.py's transport),
+for jobs that torchrun, Lightning, Accelerate or a Kubernetes PyTorchJob start without MPI.
+
+Each rank binds one ROUTER socket (its requests come in there, its replies go out there, routed
+by the asking rank's identity) on an ephemeral TCP port of the address its peers reach it by,
+and asks each peer through a DEALER socket of its own whose identity is its rank. The addresses
+are exchanged once, through the job's rendezvous (dist/store.py), before the service starts.
+pyzmq's wheels carry libzmq: nothing is compiled here. ZeroMQ was measured against MPI and
+torch.distributed's gloo for this (benchmarks/transport_candidates.py, docs/benchmarks.md): a
+110 KB fetch in 0.7 ms against gloo's 0.9 ms, and a dead peer costs a time-out while the socket
+goes on, where gloo's group is dead for good.
+
+What comes in is checked as over MPI: a request must be exactly a request's size from a rank of
+the job other than this one; a reply at most its header plus the largest payload asked for. The
+rest is refused unread (``MAXMSGSIZE`` also drops an oversized request's connection). Sends
+never block: a full queue (a peer that does not take its messages) or a reply to a rank no
+longer connected fails that one message, as a fault naming the peer, and its fetch fails at
+once. ZeroMQ does not tell of a dead peer: its fetches time out, and the service passes it over. Nothing here is authenticated: bind on a
+network only the job's nodes reach, as with MPI over TCP.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from .wire import REPLY, REQUEST, Fault, Received
+
+ADDR_VAR = "CLAIRVOYANT_PEER_ADDR"   # the address peers reach this node by (else found from the route)
+HWM = 4096   # messages queued per socket before a send fails
+
+
+def reachable_address(toward: str | None = None) -> str:
+    """The IP address of this node that peers reach it by: ``CLAIRVOYANT_PEER_ADDR`` if set, else
+    the address of the interface that routes toward ``toward`` (the job's rendezvous host; no
+    packet is sent), else the host name's."""
+    given = os.environ.get(ADDR_VAR)
+    if given:
+        return given
+    if toward:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((toward, 9))   # a UDP socket's connect picks the route; nothing is sent
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+class ZmqWire:
+    """Rank ``rank`` of ``size``: its ROUTER bound on ``host`` (``address`` is where peers reach
+    it); ``connect`` with every rank's address before the service starts."""
+
+    name = "ZeroMQ"
+
+    def __init__(self, rank: int, size: int, host: str) -> None:
+        import zmq
+        self._zmq = zmq
+        self.rank, self.size = int(rank), int(size)
+        self._ctx = zmq.Context(io_threads=1)
+        self._router = self._socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)    # a reply to a rank not connected: an error, not a silent drop
+        self._router.setsockopt(zmq.MAXMSGSIZE, 4096)   # a peer that sends more is cut off (the handshake counts too)
+        port = self._router.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self._addresses: list[str] = []
+        self._dealers: dict[int, Any] = {}
+        self._poller = zmq.Poller()
+        self._poller.register(self._router, zmq.POLLIN)
+        self._of: dict[Any, int] = {}   # dealer socket -> its peer's rank
+        self._sent: list[tuple[int, int]] = []
+        self._closed = False
+
+    def _socket(self, kind: int) -> Any:
+        s = self._ctx.socket(kind)
+        s.setsockopt(self._zmq.LINGER, 0)
+        s.setsockopt(self._zmq.SNDHWM, HWM)
+        s.setsockopt(self._zmq.RCVHWM, HWM)
+        return s
+
+    def connect(self, addresses: list[str]) -> None:
+        """Every rank's address, by rank (sockets to peers are made at the first message to each)."""
+        if len(addresses) != self.size:
+            raise ValueError(f"{len(addresses)} addresses for {self.size} ranks")
+        self._addresses = list(addresses)
+
+    def _dealer(self, dest: int) -> Any:
+        d = self._dealers.get(dest)
+        if d is None:
+            zmq = self._zmq
+            d = self._socket(zmq.DEALER)
+            d.setsockopt(zmq.IDENTITY, str(self.rank).encode())
+            d.connect(self._addresses[dest])
+            self._dealers[dest] = d
+            self._of[d] = dest
+            self._poller.register(d, zmq.POLLIN)
+        return d
+
+    def post(self, buf: bytearray, dest: int, kind: str, fetch_id: int) -> Fault | None:
+        zmq = self._zmq
+        try:
+            if kind == "request":
+                self._dealer(dest).send(buf, zmq.NOBLOCK)
+            else:
+                self._router.send_multipart([str(dest).encode(), buf], zmq.NOBLOCK)
+        except zmq.ZMQError as e:   # its queue is full, or (a reply) it is not connected any more
+            return Fault(dest, fetch_id, frozenset(), False, e)
+        self._sent.append((dest, len(buf)))   # (ZeroMQ has it now)
+        return None
+
+    def poll(self, largest: int) -> tuple[list[Received], list[tuple[int, int]], list[Fault]]:
+        zmq = self._zmq
+        got: list[Received] = []
+        for sock, _ in self._poller.poll(0):
+            for _ in range(64):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if sock is self._router:
+                    got.append(self._request(frames))
+                else:
+                    src = self._of[sock]
+                    ok = len(frames) == 1 and REPLY.size <= len(frames[0]) <= REPLY.size + largest
+                    got.append(("reply" if ok else "refused", frames[-1], src))
+        sent, self._sent = self._sent, []
+        return got, sent, []
+
+    def _request(self, frames: list[bytes]) -> Received:
+        ident = frames[0].decode("ascii", "replace") if frames else ""
+        src = int(ident) if ident.isdigit() else -1
+        if len(frames) == 2 and len(frames[1]) == REQUEST.size and 0 <= src < self.size and src != self.rank:
+            return "request", frames[1], src
+        return "refused", b"", max(src, 0)
+
+    def busy(self) -> bool:
+        return False   # ZeroMQ's own threads carry what was handed to it
+
+    def shut_down(self, linger: float, dead: set[int]) -> None:
+        """Close the sockets, letting what is queued leave for up to ``linger`` seconds."""
+        if self._closed:
+            return
+        self._closed = True
+        ms = max(0, int(linger * 1000))
+        for s in [self._router, *self._dealers.values()]:
+            s.close(linger=ms)
+        self._ctx.term()
