@@ -20,6 +20,7 @@ exchange their orders and run the Loader's cluster plan, and the run prints what
     python benchmarks/mount_capacity.py --no-sampler
     python benchmarks/mount_capacity.py --no-sampler --cluster   # issue 23: the 4 mounts as one cache
     python benchmarks/mount_capacity.py --cluster --capacity 15%   # with samplers: the cluster plan
+    python benchmarks/mount_capacity.py --cluster --launcher torchrun   # issue 32: the mounts started by torchrun
     python benchmarks/mount_capacity.py --images 160 --epochs 2 --json   # a smoke run
 
 The 2 cores are shared by 4 mounts and 4 DataLoaders: the counts, not the times, are the result.
@@ -136,14 +137,22 @@ def run(args: argparse.Namespace) -> dict:
                                                     os.path.join(work, f"local{i}"), "--local-capacity",
                                                     args.capacity],
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            if args.cluster:   # one MPI job of 4 mounts, {node} their number
+            mount_args = [cv, "mount", "--cluster", store.path, os.path.join(work, "mnt{node}"), "--local-dir",
+                          os.path.join(work, "local{node}"), "--local-capacity", args.capacity]
+            if args.cluster and args.launcher == "mpirun":   # one MPI job of 4 mounts, {node} their number
                 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                            OMPI_MCA_btl="self,tcp")
                 mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
-                mounts.append(subprocess.Popen([mpirun, "-n", str(NODES), "--oversubscribe", cv, "mount", "--cluster",
-                                                store.path, os.path.join(work, "mnt{node}"), "--local-dir",
-                                                os.path.join(work, "local{node}"), "--local-capacity", args.capacity],
+                mounts.append(subprocess.Popen([mpirun, "-n", str(NODES), "--oversubscribe", *mount_args],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+            elif args.cluster:   # a torchrun agent per node, one mount each, c10d rendezvous on this machine
+                torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+                port = _free_port()
+                for i in range(NODES):
+                    mounts.append(subprocess.Popen(
+                        [torchrun, "--nnodes", str(NODES), "--nproc-per-node", "1", "--node-rank", str(i),
+                         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--no-python", *mount_args],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + 60
             while not all(mounted(m) for m in mnts):
                 if time.monotonic() > deadline:
@@ -199,6 +208,13 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=3200)
@@ -208,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--open-latency", type=float, default=0.002, help="the store's seconds per open")
     p.add_argument("--no-sampler", action="store_true", help="programs shuffle on their own")
     p.add_argument("--cluster", action="store_true", help="the 4 mounts as one cache (mpirun, issue 23)")
+    p.add_argument("--launcher", choices=("mpirun", "torchrun"), default="mpirun",
+                   help="what starts the cluster's mounts (issue 32: torchrun, no MPI)")
     p.add_argument("--data", help="where to keep the generated data set (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reader", help=argparse.SUPPRESS)

@@ -52,14 +52,14 @@ def node_main(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     from clairvoyant.mount import Mount
-    from clairvoyant.mount.cluster import MPILink
+    from clairvoyant.mount.cluster import PeerLink
 
     comm = MPI.COMM_WORLD
     rank, work, src = comm.Get_rank(), args.work, os.path.join(args.work, "src")
     mnt = os.path.join(work, f"mnt{rank}")
     os.makedirs(mnt, exist_ok=True)
     with Mount(src, mnt, local_dir=os.path.join(work, f"local{rank}"), local_capacity="100%",
-               cluster=MPILink()) as m:
+               cluster=PeerLink()) as m:
         keys = [m.manifest.keys[i] for i in range(len(m.manifest))]
         mine = [k for i, k in enumerate(keys) if m.cluster.owns(i)]
         theirs = [k for i, k in enumerate(keys) if not m.cluster.owns(i)]

@@ -1,6 +1,6 @@
 """``clairvoyant mount --cluster``: the mounts of several nodes as one cache (mount/cluster.py,
 mountfs.c's --homes). Two or four "nodes" in one process (each a mount with its own local
-directory, joined by a LoopbackLink), and under mpirun (MPILink). Each check has a control."""
+directory, joined by a LoopbackLink), and under mpirun (PeerLink). Each check has a control."""
 
 from __future__ import annotations
 
@@ -757,7 +757,7 @@ def _job_of_two_nodes(tmp_path, src: str, token: str, *mode: str, timeout: float
 
 @needs_mpirun
 def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
-    """``MPILink.node_leaders``: in a 4-rank job of 2 nodes (2 ranks each), the first rank of each
+    """``PeerLink.node_leaders``: in a 4-rank job of 2 nodes (2 ranks each), the first rank of each
     node mounts for it, as node 0 and 1 of one cache; every rank reads its quarter of the files
     through its node's mount, with the source's bytes; the store is read once per file in all.
     Control: the other ranks get no link (they mount nothing)."""

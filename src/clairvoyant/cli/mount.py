@@ -113,9 +113,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
         from ..errors import ConfigError
-        from ..mount.cluster import MPILink
+        from ..mount.cluster import PeerLink
         try:
-            link = MPILink()
+            link = PeerLink()
         except ConfigError as e:   # restarted by hand, outside the job: this node runs on its own
             print(f"clairvoyant: {e}; this mount runs alone, not as part of a cluster", file=sys.stderr, flush=True)
         # several "nodes" on one machine (a test, a benchmark): {node} in a path is this node's number
@@ -196,7 +196,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-stage", action="store_true", help="do not stage: only serve what is already there")
     p.add_argument("--cluster", action="store_true",
                    help="one cache of every node's tier: start one mount per node under an MPI launcher "
-                   "(mpirun --map-by ppr:1:node clairvoyant mount --cluster SRC MNT); a file is kept at its "
+                   "(mpirun --map-by ppr:1:node clairvoyant mount --cluster SRC MNT) or torchrun (torchrun "
+                   "--nnodes N --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --no-python "
+                   "clairvoyant mount --cluster SRC MNT); a file is kept at its "
                    "home node and read from there by the others; {node} in MNT or --local-dir stands for "
                    "the node's number (several nodes on one machine) (docs/mount.md)")
     p.add_argument("--reindex", action="store_true",

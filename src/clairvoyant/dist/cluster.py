@@ -24,13 +24,13 @@ import hashlib
 import importlib.util
 import logging
 import os
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..plan.layout import NodeLayout
-from .group import agree, allgather_int64, node_groups
+from .group import Group, agree, allgather_int64, node_groups
 from .mpi import available
 from .peers import PeerService
 from .topology import node_name
@@ -112,26 +112,56 @@ def fingerprint(**fields: object) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> tuple[Group, Any]:
+    """The job's group (collective) and what its peer service runs on (an MPI communicator, or a
+    ZeroMQ backend connected to every rank), by the launcher (:func:`backend`; ``comm``: over this
+    MPI communicator); ``dead()``: ranks the peer service met dead (MPI's watch)."""
+    got = "mpi" if comm is not None else backend()
+    if got == "mpi":
+        from mpi4py import MPI   # imported here: clairvoyant runs without it
+        from .mpi import MPIGroup
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        return MPIGroup(comm, dead=dead), comm
+    if got != "store":
+        raise ConfigError(f"the cluster needs MPI or torchrun's rendezvous: {got}")
+    from .store import StoreGroup, job_store
+    from .wire_zmq import ZmqWire, reachable_address
+    found = job_store()
+    if isinstance(found, str):
+        raise ConfigError(f"the cluster cannot start: {found}")
+    group = StoreGroup(*found)
+    wire = ZmqWire(group.rank, group.size, reachable_address(os.environ.get("MASTER_ADDR")))
+    try:
+        wire.connect([b.decode() for b in group.allgather(wire.address.encode(),
+                                                          "the exchange of the peer service's addresses")])
+    except BaseException:
+        wire.shut_down(0.0, set())
+        raise
+    return group, wire
+
+
 class Cluster:
     """This rank in the job's cluster: node layout (``layout``), capacities, and the peer service."""
 
     def __init__(self, *, plan_fingerprint: bytes, timeout: float = PEER_TIMEOUT) -> None:
         """Join the job's cluster (collective: every rank of the job makes its Loader alike)."""
         self._service: PeerService | None = None
-        self._wire = None
-        if backend() == "mpi":
-            from mpi4py import MPI   # imported here: clairvoyant runs without it
-            from .mpi import MPIGroup
-            self._comm = MPI.COMM_WORLD
-            self.group = MPIGroup(self._comm, dead=self._dead)   # the epochs' exchanges, on a duplicate
-        else:
-            from .store import StoreGroup, job_store
-            got = job_store()
-            if isinstance(got, str):
-                raise ConfigError(f"the cluster cache cannot start: {got}; or pass cluster=False")
-            self.group = StoreGroup(*got)
+        try:
+            self.group, self._on = transport(dead=self._dead)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; or pass cluster=False") from None
         g = self.group
         self.rank, self.world_size = g.rank, g.size
+        self.timeout = timeout
+        self.capacities: tuple[int, ...] = ()
+        try:
+            self._join(plan_fingerprint)
+        except BaseException:
+            self.close()
+            raise
+
+    def _join(self, plan_fingerprint: bytes) -> None:
+        g = self.group
         agree(g, plan_fingerprint, "the data, seed, batch size, shuffle, drop_last or compression (compress=, "
               "its codec and measured ratio: install the same zstandard on every node)")
         groups = node_groups(g, node_name())
@@ -142,13 +172,6 @@ class Cluster:
                     "each node numbered consecutively (Open MPI's default --map-by slot, not --map-by node), "
                     "or pass cluster=False")
         self.layout = NodeLayout(tuple(tuple(n) for n in groups), self.rank, "MPI" if g.name == "MPI" else "torchrun")
-        if g.name != "MPI":   # the peer service over ZeroMQ: every rank's address, through the store
-            from .wire_zmq import ZmqWire, reachable_address
-            self._wire = ZmqWire(self.rank, self.world_size, reachable_address(os.environ.get("MASTER_ADDR")))
-            self._wire.connect([b.decode() for b in g.allgather(self._wire.address.encode(),
-                                                                "the exchange of the peer service's addresses")])
-        self.timeout = timeout
-        self.capacities: tuple[int, ...] = ()
 
     def _dead(self) -> set[int]:
         return set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()
@@ -157,7 +180,7 @@ class Cluster:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
         caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
         self.capacities = tuple(int(caps[g[0]]) for g in self.layout.nodes)
-        self._service = PeerService(self._wire if self._wire is not None else self._comm, serve)
+        self._service = PeerService(self._on, serve)
         self._service.start()
 
     def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:
@@ -191,11 +214,11 @@ class Cluster:
 
     def counters(self) -> dict:
         out = self._service.counters() if self._service is not None else {}
-        return dict(out, transport=f"{self.group.name}, peers over {self._wire.name if self._wire else 'MPI'}")
+        return dict(out, transport=f"{self.group.name}, peers over {getattr(self._on, 'name', 'MPI')}")
 
     def close(self) -> None:
         if self._service is not None:
             self._service.close()
-        elif self._wire is not None:
-            self._wire.shut_down(0.0, set())
+        elif hasattr(self._on, "shut_down"):
+            self._on.shut_down(0.0, set())
         self.group.close()

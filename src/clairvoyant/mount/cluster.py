@@ -28,8 +28,8 @@ what it serves, and which asks go to the store at once. This module carries eith
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
 The link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve)``,
-``fetch(peer, number, size, timeout)``, ``counters()`` and ``close()``: :class:`MPILink` over the peer service (one mount per
-node under ``mpirun``), or :class:`LoopbackLink` between mounts of one process (tests).
+``fetch(peer, number, size, timeout)``, ``counters()`` and ``close()``: :class:`PeerLink` over the peer service (one mount per
+node under ``mpirun`` or ``torchrun``), or :class:`LoopbackLink` between mounts of one process (tests).
 """
 
 from __future__ import annotations
@@ -75,23 +75,25 @@ def files_fingerprint(manifest) -> bytes:
     return digest.digest()
 
 
-class MPILink:
-    """The mounts of a job's nodes over MPI: one rank per node (``mpirun --map-by ppr:1:node``)."""
+class PeerLink:
+    """The mounts of a job's nodes, one per node, over the cluster's one transport (dist/cluster.py
+    ``transport``): MPI under ``mpirun --map-by ppr:1:node`` (or over ``comm``), torchrun's store
+    and ZeroMQ under ``torchrun --nproc-per-node 1 ... --no-python clairvoyant mount``."""
 
     def __init__(self, comm: Any = None) -> None:
-        from ..dist import peers
-        why = peers.available()
-        if why is not None:
-            raise ConfigError(f"clairvoyant mount --cluster needs MPI: {why}; start one mount per node with "
-                              "mpirun --map-by ppr:1:node (docs/user-guide.md)")
-        from mpi4py import MPI
-        self._comm = comm if comm is not None else MPI.COMM_WORLD
-        self.node, self.nodes = self._comm.Get_rank(), self._comm.Get_size()
+        from ..dist import cluster, peers
         self._peers = peers
+        try:
+            self._group, self._on = cluster.transport(comm)
+        except ConfigError as e:
+            raise ConfigError(f"clairvoyant mount --cluster: {e}; start one mount per node with mpirun --map-by "
+                              "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 ... --no-python clairvoyant "
+                              "mount (docs/mount.md)") from None
+        self.node, self.nodes = self._group.rank, self._group.size
         self._service = None
 
     @classmethod
-    def node_leaders(cls, comm: Any = None) -> "MPILink | None":
+    def node_leaders(cls, comm: Any = None) -> "PeerLink | None":
         """For the ranks of an MPI training job that mount the data themselves (collective over
         ``comm``, COMM_WORLD by default): the link of the nodes' first ranks, each to mount for its
         node (``Mount(..., cluster=link)``), or None on every other rank (it reads through its
@@ -110,15 +112,19 @@ class MPILink:
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
         from ..dist.group import agree
-        agree(self._comm, fingerprint, what)
+        agree(self._group, fingerprint, what)
 
     def abort(self, code: int) -> None:
-        """End the MPI job (a node that cannot start: the others would wait for it in collectives)."""
-        self._comm.Abort(code)
+        """End the job (a node that cannot start: the others would wait for it in the start's
+        exchanges). Under MPI, MPI_Abort; under torchrun this process's error exit does it (the
+        agent ends every node's workers)."""
+        comm = getattr(self._group, "comm", None)
+        if comm is not None:
+            comm.Abort(code)
 
     def start(self, serve: Callable[[int], bytes | None]) -> None:
         # a program waits on each peer read: the service looks for messages every 200 us when idle
-        self._service = self._peers.PeerService(self._comm, serve, serve_threads=8, idle_max=2e-4)
+        self._service = self._peers.PeerService(self._on, serve, serve_threads=8, idle_max=2e-4)
         self._service.start()
 
     def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
@@ -132,6 +138,9 @@ class MPILink:
     def close(self) -> None:
         if self._service is not None:
             self._service.close()
+        elif hasattr(self._on, "shut_down"):
+            self._on.shut_down(0.0, set())
+        self._group.close()
 
 
 class LoopbackLink:
