@@ -2,7 +2,8 @@
 node's own tier, from another node's tier (a peer read), and from the source, beside a plain read
 of the source directory.
 
-Two "nodes" on this machine, one MPI job (``mpirun -n 2``, started by this script). Each mounts the
+Two "nodes" on this machine, one MPI job (``mpirun -n 2``, started by this script), or two torchrun
+agents (``--launcher torchrun``: the peer reads over ZeroMQ). Each mounts the
 same directory with its own local tier, large enough for the data set. Each node first reads its
 own home files through its own mount, so that they are staged there. Then node 0 reads, one
 thread, the kernel's pages of each file dropped first:
@@ -17,6 +18,7 @@ Prints microseconds per file (wall, and node 0's CPU). The source is a local dir
 are the mechanism's costs, not a store's latency.
 
     python benchmarks/mount_peer_cost.py                 # 400 files of 29 KB
+    python benchmarks/mount_peer_cost.py --launcher torchrun   # the same over ZeroMQ (issue 32)
     python benchmarks/mount_peer_cost.py --files 100 --json
 """
 
@@ -48,18 +50,18 @@ def _timed(paths: list[str]) -> tuple[float, float, int]:
     return t1 - t0, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), n
 
 
-def node_main(args: argparse.Namespace) -> None:
-    from mpi4py import MPI
-
+def node_main(work: str) -> None:
     from clairvoyant.mount import Mount
     from clairvoyant.mount.cluster import PeerLink
 
-    comm = MPI.COMM_WORLD
-    rank, work, src = comm.Get_rank(), args.work, os.path.join(args.work, "src")
+    link = PeerLink()   # MPI under mpirun, torchrun's store and ZeroMQ under torchrun
+    rank, src = link.node, os.path.join(work, "src")
+
+    def barrier() -> None:
+        link._group.allgather(b"", "a barrier")
     mnt = os.path.join(work, f"mnt{rank}")
     os.makedirs(mnt, exist_ok=True)
-    with Mount(src, mnt, local_dir=os.path.join(work, f"local{rank}"), local_capacity="100%",
-               cluster=PeerLink()) as m:
+    with Mount(src, mnt, local_dir=os.path.join(work, f"local{rank}"), local_capacity="100%", cluster=link) as m:
         keys = [m.manifest.keys[i] for i in range(len(m.manifest))]
         mine = [k for i, k in enumerate(keys) if m.cluster.owns(i)]
         theirs = [k for i, k in enumerate(keys) if not m.cluster.owns(i)]
@@ -69,7 +71,7 @@ def node_main(args: argparse.Namespace) -> None:
         deadline = time.monotonic() + 60
         while m.controller._in_flight() and time.monotonic() < deadline:
             time.sleep(0.05)
-        comm.Barrier()
+        barrier()
         out: dict = {}
         if rank == 0:
             out["local"] = _timed([os.path.join(mnt, k) for k in mine])
@@ -83,7 +85,7 @@ def node_main(args: argparse.Namespace) -> None:
             out["cluster"] = m.cluster.counters()
             with open(os.path.join(work, "result.json"), "w") as f:
                 json.dump(out, f)
-        comm.Barrier()
+        barrier()
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -96,16 +98,29 @@ def run(args: argparse.Namespace) -> dict:
             os.makedirs(d, exist_ok=True)
             with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as f:
                 f.write(rng.randbytes(args.size))
-        mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_btl="self,tcp")
-        subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable, HERE, "--node",
-                        "--work", work], check=True, env=env, timeout=600)
+        node = [sys.executable, HERE, "node", work]   # (positional: torchrun would take --node for --node-rank)
+        if args.launcher == "mpirun":
+            mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                       OMPI_MCA_btl="self,tcp")
+            subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none", *node], check=True, env=env,
+                           timeout=600)
+        else:   # two torchrun agents, one "node" each, c10d rendezvous on this machine
+            import socket
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+            agents = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                        "--rdzv-endpoint", f"127.0.0.1:{port}", "--no-python", *node])
+                      for _ in range(2)]
+            if any(a.wait(600) for a in agents):
+                raise RuntimeError("a node failed")
         with open(os.path.join(work, "result.json")) as f:
             got = json.load(f)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = {"files": args.files, "size": args.size}
+    out = {"files": args.files, "size": args.size, "launcher": args.launcher}
     for name in ("local", "peer", "source_through_mount", "source_directory"):
         wall, cpu, nbytes = got[name]
         files = max(1, round(nbytes / args.size))
@@ -118,18 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=400)
     p.add_argument("--size", type=int, default=29_000, help="bytes per file")
+    p.add_argument("--launcher", choices=("mpirun", "torchrun"), default="mpirun",
+                   help="mpirun: the peer reads over MPI; torchrun: over ZeroMQ, joined through torchrun's store")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.node:
-        node_main(args)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["node"]:   # one node of the job this script started
+        node_main(argv[1])
         return 0
+    args = p.parse_args(argv)
     out = run(args)
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{out['files']} files of {out['size']:,} bytes; node 0 reads, one thread, pages dropped first")
+    print(f"{out['files']} files of {out['size']:,} bytes; node 0 reads, one thread, pages dropped first; "
+          f"started by {out['launcher']}")
     print(f"{'read':34s} {'files':>6s} {'wall us/file':>13s} {'CPU us/file (node 0)':>21s}")
     for name, label in (("local", "own tier, through the mount"), ("peer", "another node's tier (peer read)"),
                         ("source_through_mount", "the source, through a mount"),
