@@ -471,7 +471,7 @@ def _planned_store_reads(ms: list[Mount], files: dict, epochs: int, seed: int = 
 
     from clairvoyant.cache.entry import entry_size
     from clairvoyant.mount.cluster_orders import NodeOrders
-    from clairvoyant.mount.cluster_plan import cluster_plan, plan_homes
+    from clairvoyant.plan.cluster_walk import cluster_plan, plan_homes
     from clairvoyant.mount.numbering import Numbered
     from clairvoyant.plan.order import epoch_order
 

@@ -622,7 +622,7 @@ class MountCluster:
     def between_plans(self) -> None:
         """While the next epoch's plan is made: the last plan's keeps stand, but an ask goes to the
         file's home (the last plan's reads from the store are not this epoch's)."""
-        from .cluster_plan import Duty
+        from ..plan.cluster_walk import Duty
         with self._lock:
             if self._duty is not None:
                 self._duty = Duty(self._duty.keep, frozenset())

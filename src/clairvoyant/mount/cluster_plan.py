@@ -14,21 +14,14 @@ order of the epoch, every tier's capacity and residents, and plans the whole clu
 - **each home keeps its files by farthest next use** over every node's reads, looking into the
   next epoch, a miss kept only where the home itself reads it (``plan_cluster_sequence``).
 
-This node then carries out its part (``NodeView``), ahead of its ranks' reported progress:
-
-- at the start, the residents the plan lets go are deleted; at the first plan, its own files that
-  its readers read before it (kept then by their hashed homes) are fetched from there and kept;
-- its own files that the plan keeps at their read are read from the store and kept, ``WINDOW``
-  files ahead, within the tier's capacity (staging waits for room the readers free); none within
-  ``MARGIN`` of the reported progress (its reader may be reading it: both would read the store),
-  whose copy is kept from the reader's read instead;
-- the files it will read from a peer's tier are fetched from there ahead, into the handoff
-  directory, where the daemon's ask finds them; an ask for a file the plan reads from the store
-  is answered at once (no round trip to a home that does not hold it);
-- a file of its own that the plan cuts after a read is deleted once the daemon reported that read
-  and the readers were handed past it (or ``LAG`` indices past it, unreported); one cut after a
-  peer's read goes once served, if that read is the epoch's only one, else ``LAG`` indices after
-  it. A file staged again for a later read meanwhile stays.
+This node then carries out its part ahead of its ranks' reported progress, as
+plan/cluster_walk.py decides it (``node_duty``, ``WalkCursor``: pure, and tested there): at the
+start, the residents the plan lets go are deleted; at the first plan, its own files that its
+readers read before it (kept then by their hashed homes) are fetched from there and kept; then,
+step by step, the cuts due, the fetches from peers' tiers into the handoff directory (where the
+daemon's ask finds them) and the stagings of its own files from the store through the mount's
+file engine, within the tier's capacity. An ask for a file the plan reads from the store is
+answered at once (no round trip to a home that does not hold it).
 
 Where the nodes' orders do not all come within ``GATHER_WAIT`` (a node without samplers, one that
 is gone, samplers on different epochs; ``QUICK_WAIT`` for nodes that offered nothing the epoch
@@ -40,67 +33,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from ..cache.entry import entry_size
 from ..cache.node import residents
-from ..plan.cluster import ClusterEpoch, first_readers, plan_cluster_sequence
-from ..plan.layout import NodeLayout
-from ..plan.sequence import Interleaved, interleave
+from ..plan.cluster import ClusterEpoch
+from ..plan.cluster_walk import WalkCursor, cluster_plan, node_duty, plan_homes
 from .cluster_orders import GATHER_WAIT, NodeOrders, gather
 from .numbering import Numbered
 from .orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
 from .walk import Parts
 
 log = logging.getLogger("clairvoyant")
-WINDOW = 256   # files ahead of the readers (staged from the store, or fetched from a peer)
 MARGIN = PROGRESS_EVERY   # indices past the reported progress that may be handed out already: not staged
-LAG = 256      # indices the readers are past a read of one of its files before it is deleted unheard
-               # (the daemon's report of the read lets it go as soon as the readers are past it)
-
-
-@dataclass
-class Duty:
-    """What the cluster (mount/cluster.py) consults in this node's part of the plan: ``keep``, its
-    own files it reads this epoch -> kept after the read; ``store``, other homes' files it reads
-    from the store; ``cut_on_serve``, its files to delete once a peer has them."""
-
-    keep: dict[int, bool]
-    store: frozenset[int]
-    cut_on_serve: set[int] = field(default_factory=set)
-
-
-def _cluster_sequence(orders: list[NodeOrders]) -> tuple[dict, list[int], NodeLayout, Interleaved]:
-    """The nodes' ranks (global rank -> its order), in order, their layout, and the epoch's cluster
-    sequence: every rank's indices interleaved index by index, ranks by their global number."""
-    ranks = {r: x for o in orders for r, x in o.ranks.items()}
-    world = sorted(ranks)
-    layout = NodeLayout(tuple(tuple(sorted(o.ranks)) for o in orders))
-    return ranks, world, layout, interleave([ranks[r].files for r in world], [ranks[r].counts for r in world])
-
-
-def cluster_plan(orders: list[NodeOrders], homes: np.ndarray, sizes: np.ndarray) -> ClusterEpoch:
-    """The plan of the epoch the nodes' ``orders`` are of (one per node, in node order): the cluster
-    sequence, the next epoch's where every rank sent one, every tier's capacity and residents."""
-    ranks, world, layout, seq = _cluster_sequence(orders)
-    following = (interleave([ranks[r].next_files for r in world], [ranks[r].next_counts for r in world]).samples
-                 if all(len(ranks[r].next_counts) for r in world) else np.zeros(0, np.int64))
-    return plan_cluster_sequence(seq, following, home=homes, layout=layout, capacities=[o.capacity for o in orders],
-                                 sizes=sizes, residents=[o.residents for o in orders], epoch=orders[0].epoch)
-
-
-def plan_homes(orders: list[NodeOrders], fallback: np.ndarray) -> np.ndarray:
-    """The homes the nodes fix from these orders: a file a tier holds already stays there (read
-    before the nodes first planned together: kept by its hashed home, or read by the node itself);
-    any other, its first reader in the epoch; ``fallback`` for the rest."""
-    _, _, layout, seq = _cluster_sequence(orders)
-    homes = first_readers(seq, layout, fallback)
-    for o in reversed(orders):   # (a file two tiers hold: the lower node's)
-        held = np.fromiter(o.residents, np.int64, len(o.residents))
-        homes[held[(held >= 0) & (held < len(homes))]] = o.node
-    return homes
 
 
 class ClusterWalk:
@@ -176,68 +120,28 @@ class ClusterWalk:
     def _run(self) -> None:
         assert self.plan is not None
         cl, p = self._cl, self._p
-        v = self.plan.for_node(cl.node)
-        f = v.samples
-        own = self.plan.home[f] == cl.node
-        keep: dict[int, bool] = {}
-        for i in np.flatnonzero(own).tolist():   # (a file read twice by the node: kept if either read keeps it)
-            keep[int(f[i])] = keep.get(int(f[i]), False) or bool(v.keep[i])
-        store = frozenset(f[~own & (v.peer < 0)].tolist())
-        once = v.late_drops[v.late_once, 1] if len(v.late_drops) else np.zeros(0, np.int64)   # (also by LAG)
-        cl.follow_plan(Duty(keep, store, set(once.tolist())))
-        p.counters.new_plan(epoch=self._epoch, ranks=len(self._ranks), sequence=len(f), following=0)
-        for g in v.drop_at_start.tolist():
+        d = node_duty(self.plan.for_node(cl.node), self.plan.home, cl.node)
+        cl.follow_plan(d.duty)
+        p.counters.new_plan(epoch=self._epoch, ranks=len(self._ranks), sequence=len(d.files), following=0)
+        for g in d.drop_at_start.tolist():
             cl.evict(int(g))
-        stage = np.flatnonzero(own & v.keep & ~v.hit)  # read from the store and kept here
         if cl.basis != self._epoch:   # kept since the snapshot the plan started from: the plan does not
-            wanted = set(f[stage].tolist())   # count them; they go unless it stages them this epoch
+            wanted = set(d.files[d.stage].tolist())   # count them; they go unless it stages them this epoch
             m = cl.mount
             now = residents(m.manifest, m.tiers.local.entries(), cl.entry_sizes)
             for g in now.keys() - self._snapshot.keys() - wanted:
                 cl.evict(int(g))
-        steps = v.step.astype(np.int64)               # per own access: its index among its rank's
-        fetch = np.flatnonzero(v.peer >= 0)            # read from a peer's tier
-        cuts = np.flatnonzero(own & v.hit & ~v.keep)   # deleted after this node's read
-        late = v.late_drops if len(v.late_drops) else np.zeros((0, 2), np.int64)
-        if cl.basis == self._epoch:   # the first plan: files read before it were kept by their hashed homes
-            handed = self._handed()
-            for i in stage[steps[stage] < handed].tolist():
-                cl.take_over(int(f[i]), int(cl.hashed_homes[f[i]]))
-        staged_at: dict[int, int] = {}   # file -> the step of its latest staging issued
-        s = fe = c = lt = 0
+        else:   # the first plan: files read before it were kept by their hashed homes
+            for g in d.take_over(self._handed()).tolist():
+                cl.take_over(int(g), int(cl.hashed_homes[g]))
+        walk = WalkCursor(d, len(self._ranks), MARGIN)
         capacity = int(cl.mount.tiers.local_capacity)
+
+        def stage(g: int) -> bool:   # room in the tier, and a staging slot free
+            return cl.used() + entry_size(int(cl.sizes[g])) <= capacity and cl.stage_own(g)
         while not self._moved():
             handed = self.handed = self._handed()
-            # deletions first: what the readers are LAG past (unless staged again for a later read)
-            while c < len(cuts) and steps[cuts[c]] < handed:
-                g = int(f[cuts[c]])
-                if steps[cuts[c]] + LAG >= handed and not cl.was_read(g):
-                    break   # its read may not have come yet (the DataLoader reads behind the sampler)
-                if staged_at.get(g, -1) <= steps[cuts[c]]:
-                    cl.evict(g)
-                c += 1
-            while lt < len(late) and late[lt, 0] + LAG < handed:
-                g = int(late[lt, 1])
-                if staged_at.get(g, -1) <= late[lt, 0]:
-                    cl.evict(g)
-                lt += 1
-            ahead = np.searchsorted(steps, handed + WINDOW // max(1, len(self._ranks)), side="left")
-            while fe < len(fetch) and fetch[fe] < ahead:
-                if steps[fetch[fe]] >= handed:   # (one handed out already: its reader asks for it now)
-                    cl.ask(int(f[fetch[fe]]), ahead=True)
-                fe += 1
-            while s < len(stage) and stage[s] < ahead:
-                g = int(f[stage[s]])
-                if steps[stage[s]] < handed + MARGIN:   # handed out already, or may be (progress comes every
-                    s += 1                              # PROGRESS_EVERY): its reader reads it from the store
-                    continue                            # now, and its copy is kept from there (read_own)
-                if cl.used() + entry_size(int(cl.sizes[g])) > capacity:
-                    break   # the readers free room as they go (the plan fits the tier at each read)
-                if not cl.stage_own(g):
-                    break   # no staging slot free: the copies under way go first
-                staged_at[g] = int(steps[stage[s]])
-                s += 1
-            p.counters.set(frontier=int(max(stage[s - 1] if s else 0, fetch[fe - 1] if fe else 0)),
-                           consumed=int(min(handed, 1 << 40)))
+            walk.advance(handed, cl.was_read, cl.evict, lambda g: cl.ask(g, ahead=True), stage)
+            p.counters.set(frontier=walk.frontier(), consumed=int(min(handed, 1 << 40)))
             p.counters.maybe_publish()
             p.stop.wait(WATCH_EVERY)
