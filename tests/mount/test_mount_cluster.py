@@ -323,7 +323,7 @@ def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
         theirs = int((hash_homes(N, 2) == 1).sum())
         assert s0.opens_peer == 0 and s0.opens_source == N and s0.asks == theirs, s0
         # node 1 is back: the misses of before send no later read to the store (its miss marks go)
-        ms[1].cluster.link.start(ms[1].cluster.serve)
+        ms[1].cluster.link.start(ms[1].cluster.serve, ms[1].cluster._state)
         mine = [k for i, k in enumerate(ms[0].manifest.keys[j] for j in range(N)) if hash_homes(N, 2)[i] == 1]
         drop_pages(os.path.join(ms[0].path, k) for k in mine)
         for key in mine:

@@ -21,7 +21,7 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from ..tune.counters import Space
-from .wire import REQUEST, REQUEST_MAGIC, Fault
+from .wire import REQUEST, REQUEST_MAGIC, STATE_MAGIC, Fault
 
 log = logging.getLogger("clairvoyant")
 
@@ -96,7 +96,7 @@ class ServiceThread:
             for f in batch:
                 f.sent = True
         for f in batch:
-            buf = bytearray(REQUEST.pack(REQUEST_MAGIC, f.id, f.index, f.size))
+            buf = bytearray(REQUEST.pack(STATE_MAGIC if f.state else REQUEST_MAGIC, f.id, f.index, f.size))
             if self._isend(buf, f.peer, "request", f.id):
                 with self._lock:
                     self._c.add("sent")

@@ -82,11 +82,11 @@ from .mpi import available
 from .peer_thread import LINGER, ServiceThread
 from .wire_mpi import MPIWire
 from .topology import node_name
-from .wire import (BANDWIDTH_VAR, HIT, LATENCY_VAR, MISS, REPLY, REPLY_MAGIC, REQUEST, REQUEST_MAGIC,
+from .wire import (BANDWIDTH_VAR, HIT, LATENCY_VAR, MISS, REPLY, REPLY_MAGIC, REQUEST, REQUEST_MAGIC, STATE_MAGIC,
                    emulated_link)
 
 __all__ = ["PeerService", "available", "emulated_link", "node_groups", "agree", "node_name", "REQUEST",
-           "REPLY", "REQUEST_MAGIC", "REPLY_MAGIC", "HIT", "MISS", "LINGER", "CLOSE_WAIT", "PASS_OVER",
+           "REPLY", "REQUEST_MAGIC", "REPLY_MAGIC", "STATE_MAGIC", "HIT", "MISS", "LINGER", "CLOSE_WAIT", "PASS_OVER",
            "CORRUPT_ON_SEND", "DELAY_REPLIES", "LATENCY_VAR", "BANDWIDTH_VAR"]
 
 log = logging.getLogger("clairvoyant")
@@ -103,10 +103,10 @@ _LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
 class _Fetch:
     """One caller's request, from queueing to its outcome."""
 
-    __slots__ = ("id", "peer", "index", "size", "sent", "result", "done")
+    __slots__ = ("id", "peer", "index", "size", "state", "sent", "result", "done")
 
-    def __init__(self, rid: int, peer: int, index: int, size: int) -> None:
-        self.id, self.peer, self.index, self.size = rid, peer, index, size
+    def __init__(self, rid: int, peer: int, index: int, size: int, state: bool = False) -> None:
+        self.id, self.peer, self.index, self.size, self.state = rid, peer, index, size, state
         self.sent = False
         self.result: bytes | None = None
         self.done = threading.Event()
@@ -123,7 +123,8 @@ class PeerService(ServiceThread):
     takes them from the environment (:func:`emulated_link`).
     """
 
-    def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *, max_inflight: int = 32,
+    def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *,
+                 state: Callable[[int], bytes | None] | None = None, max_inflight: int = 32,
                  max_bytes: int = 64 << 20, tag_base: int = 7000, latency: float | None = None,
                  bandwidth: float | None = None, serve_threads: int = 0, idle_max: float = 1.6e-3) -> None:
         if max_inflight < 1 or max_bytes < 1:
@@ -144,6 +145,7 @@ class PeerService(ServiceThread):
         self.rank, self.size = self.wire.rank, self.wire.size
         self.max_inflight, self.max_bytes = max_inflight, max_bytes
         self._serve = serve
+        self._state = state   # answers requests for this node's state (a kind of message of its own); None: misses
         self._serve_failed = False   # a failing serve callback is logged once as a warning
         # serve_threads > 0: ``serve`` may block (a home reading the store for a peer, the mount's
         # cluster cache): it runs in a pool of that many threads, and the service thread sends each
@@ -170,7 +172,8 @@ class PeerService(ServiceThread):
         self._held: list[tuple[float, int, bytearray, int, str, int]] = []
         self._held_seq = itertools.count()
         self._link_free = 0.0   # when the emulated link has sent the bytes given to it so far
-        self._queued: deque[tuple[int, int, int, int]] = deque()   # requests to answer: id, index, size, source
+        # requests to answer: id, index, size, source, whether it asks for the node's state
+        self._queued: deque[tuple[int, int, int, int, bool]] = deque()
         self._c = Counters(["peer"]).space("peer")   # tune/counters.py's peer.*
         self._peer_hits: Counter[int] = Counter()
         self._peer_bytes: Counter[int] = Counter()
@@ -196,10 +199,11 @@ class PeerService(ServiceThread):
         _LIVE.add(self)
         self._thread.start()
 
-    def fetch(self, peer: int, index: int, size: int, timeout: float) -> bytes | None:
+    def fetch(self, peer: int, index: int, size: int, timeout: float, *, state: bool = False) -> bytes | None:
         """Sample ``index`` (``size`` bytes at most: a caller that needs exactly that many checks the
         length) from rank ``peer``, verified, or None: a miss, no answer within ``timeout`` seconds,
-        a longer answer or a bad checksum, a failed peer, a closed service."""
+        a longer answer or a bad checksum, a failed peer, a closed service. ``state``: piece
+        ``index`` of the peer's state instead (its ``state`` callback answers it)."""
         if not 0 <= peer < self.size or peer == self.rank or size < 0:
             raise ConfigError(f"fetch from rank {peer} of {self.size} (this is rank {self.rank}), size {size}")
         deadline = time.monotonic() + max(timeout, 0.0)
@@ -213,13 +217,14 @@ class PeerService(ServiceThread):
             if probe:
                 self._probing.add(peer)
         try:
-            return self._fetch(peer, index, size, timeout, deadline)
+            return self._fetch(peer, index, size, timeout, deadline, state)
         finally:
             if probe:
                 with self._lock:
                     self._probing.discard(peer)
 
-    def _fetch(self, peer: int, index: int, size: int, timeout: float, deadline: float) -> bytes | None:
+    def _fetch(self, peer: int, index: int, size: int, timeout: float, deadline: float,
+               state: bool = False) -> bytes | None:
         with self._lock:
             while not self._closed and peer not in self._dead and not self._has_room(size):
                 left = deadline - time.monotonic()
@@ -230,7 +235,7 @@ class PeerService(ServiceThread):
             if self._closed or self._thread is None or peer in self._dead:
                 self._c.add("failed")
                 return None
-            f = _Fetch(next(self._ids), peer, index, size)
+            f = _Fetch(next(self._ids), peer, index, size, state)
             self._inflight += 1
             self._inflight_bytes += size
             self._largest = max(self._largest, size)
@@ -325,38 +330,40 @@ class PeerService(ServiceThread):
 
     def _queue_request(self, buf: bytearray, src: int) -> None:
         magic, rid, index, size = REQUEST.unpack(buf)
-        if magic != REQUEST_MAGIC or index < 0:
+        if magic not in (REQUEST_MAGIC, STATE_MAGIC) or index < 0:
             self._count("refused")
         else:
-            self._queued.append((rid, index, size, src))
+            self._queued.append((rid, index, size, src, magic == STATE_MAGIC))
 
     def _answer_queued(self) -> bool:
         """Answer the requests queued, in order, but none of a requester with ``max_bytes`` of
         replies still leaving for it."""
-        waiting: deque[tuple[int, int, int, int]] = deque()
+        waiting: deque[tuple[int, int, int, int, bool]] = deque()
         before = len(self._queued)
         while self._queued:
-            q = rid, index, size, src = self._queued.popleft()
+            q = rid, index, size, src, state = self._queued.popleft()
             if src in self._dead:
                 continue
             if self._backlog[src] and self._backlog[src] + size > self.max_bytes:
                 waiting.append(q)
             else:
-                self._answer(rid, index, size, src)
+                self._answer(rid, index, size, src, state)
         self._queued = waiting
         return len(waiting) < before
 
-    def _answer(self, rid: int, index: int, size: int, src: int) -> None:
+    def _answer(self, rid: int, index: int, size: int, src: int, state: bool = False) -> None:
         if self._pool is not None:
             try:
-                self._pool.submit(self._serve_apart, rid, index, size, src)
+                self._pool.submit(self._serve_apart, rid, index, size, src, state)
                 return
             except RuntimeError:   # the pool is shut down: the service is closing
                 return
-        self._reply(rid, index, size, src, self._serve_one(index, src))
+        self._reply(rid, index, size, src, self._serve_one(index, src, state))
 
-    def _serve_one(self, index: int, src: int) -> bytes | None:
+    def _serve_one(self, index: int, src: int, state: bool = False) -> bytes | None:
         try:
+            if state:
+                return None if self._state is None else self._state(index)
             return self._serve(index)
         except Exception as e:   # the caller's tier failed: a miss for the peer, not our end
             level = logging.DEBUG if self._serve_failed else logging.WARNING   # the first one is shown
@@ -365,9 +372,9 @@ class PeerService(ServiceThread):
                     "from the store", index, src, type(e).__name__, e)
             return None
 
-    def _serve_apart(self, rid: int, index: int, size: int, src: int) -> None:
+    def _serve_apart(self, rid: int, index: int, size: int, src: int, state: bool = False) -> None:
         """``serve`` in a pool thread; its answer goes out from the service thread."""
-        data = self._serve_one(index, src)
+        data = self._serve_one(index, src, state)
         with self._lock:
             self._answers.append((rid, index, size, src, data))
         self._wake.set()

@@ -1,8 +1,9 @@
 """MECHANISM: the peer service's wire (dist/peers.py): what its messages are, what a backend
 that carries them reports, and the emulated interconnect they may travel over.
 
-A request is :data:`REQUEST`; a reply is :data:`REPLY` followed by the payload in the same
-message, with the payload's xxh3-64 in the header. Both are fixed little-endian ``struct``
+A request is :data:`REQUEST` (its magic says its kind: a sample, or, :data:`STATE_MAGIC`, a piece
+of the node's state such as the mount's orders and homes); a reply is :data:`REPLY` followed by the
+payload in the same message, with the payload's xxh3-64 in the header. Both are fixed little-endian ``struct``
 headers sent as raw bytes: nothing is pickled or unpickled, ever. A message whose kind, size or
 magic is not ours is refused unread (over MPI it is received into :data:`DRAIN` bytes, the rest
 truncated away).
@@ -29,6 +30,7 @@ from ..errors import ConfigError
 REQUEST = struct.Struct("<8sQqQ")   # magic, request id, sample index, size in bytes
 REPLY = struct.Struct("<8sQqQQ")    # magic, request id, status, payload length, xxh3-64 of the payload
 REQUEST_MAGIC, REPLY_MAGIC = b"CVPEERQ1", b"CVPEERR1"
+STATE_MAGIC = b"CVPEERS1"   # a request for a node's state (the mount's orders and homes), not a sample
 HIT, MISS = 0, 1
 DRAIN = 64           # bytes a refused message is received into; the rest is truncated away unread
 LATENCY_VAR, BANDWIDTH_VAR = "CLAIRVOYANT_PEER_LATENCY", "CLAIRVOYANT_PEER_BANDWIDTH"   # the emulated link

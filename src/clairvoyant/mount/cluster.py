@@ -27,8 +27,9 @@ what it serves, and which asks go to the store at once. This module carries eith
   told of the copy and counts it.
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
-The link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve)``,
-``fetch(peer, number, size, timeout)``, ``counters()`` and ``close()``: :class:`PeerLink` over the peer service (one mount per
+The link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve,
+state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a piece of a node's state:
+its orders, its homes), ``counters()`` and ``close()``: :class:`PeerLink` over the peer service (one mount per
 node under ``mpirun`` or ``torchrun``), or :class:`LoopbackLink` between mounts of one process (tests).
 """
 
@@ -49,7 +50,7 @@ from ..cache.entry import CorruptEntry, entry_size, read_sample
 from ..errors import ConfigError
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
 from ..tune.counters import Counters
-from .cluster_orders import CONTROL, HOMES
+from .cluster_orders import HOMES
 
 log = logging.getLogger("clairvoyant")
 ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
@@ -122,14 +123,15 @@ class PeerLink:
         if comm is not None:
             comm.Abort(code)
 
-    def start(self, serve: Callable[[int], bytes | None]) -> None:
+    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
         # a program waits on each peer read: the service looks for messages every 200 us when idle
-        self._service = self._peers.PeerService(self._on, serve, serve_threads=8, idle_max=2e-4)
+        self._service = self._peers.PeerService(self._on, serve, state=state, serve_threads=8, idle_max=2e-4)
         self._service.start()
 
-    def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
-        """``size`` bytes exactly from ``peer`` (the service's answer may be shorter), or None."""
-        got = None if self._service is None else self._service.fetch(peer, number, size, timeout)
+    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
+        """``size`` bytes exactly from ``peer`` (the service's answer may be shorter), or None:
+        file ``number``, or (``state``) piece ``number`` of the peer's state."""
+        got = None if self._service is None else self._service.fetch(peer, number, size, timeout, state=state)
         return got if got is not None and len(got) == size else None
 
     def counters(self) -> dict:
@@ -157,13 +159,13 @@ class LoopbackLink:
         if len(set(self.hub["fingerprints"].values())) > 1:
             raise ConfigError(f"{what} differs across the nodes of this hub: mount the same source")
 
-    def start(self, serve: Callable[[int], bytes | None]) -> None:
-        self.hub[self.node] = serve
+    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
+        self.hub[self.node] = (serve, state)
 
-    def fetch(self, peer: int, number: int, size: int, timeout: float) -> bytes | None:
-        serve = self.hub.get(peer)
+    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
+        answer = self.hub.get(peer, (None, None))[int(state)]
         self._c.add("fetches")
-        got = serve(number) if serve is not None else None
+        got = answer(number) if answer is not None else None
         got = got if got is not None and len(got) == size else None
         self._c.add("hits" if got is not None else "misses")
         return got
@@ -219,7 +221,7 @@ class MountCluster:
         self._c = Counters(["cluster"]).space("cluster")   # tune/counters.py's cluster.*
         self._closed = False
         self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
-        link.start(self.serve)
+        link.start(self.serve, self._state)
 
     def _adopt(self) -> None:
         """What the tier holds from an earlier session: this node's own files are counted by the
@@ -366,8 +368,6 @@ class MountCluster:
         """A peer asks for file ``f`` of this home: from the tier, or read from the store now and
         kept by the policy. None: not this node's, or the store failed (the peer reads it), or
         closing (``close`` waits for the answers under way, so none touches a closed tier)."""
-        if f >= HOMES:
-            return self._control(f)
         with self._lock:
             if self._closed:
                 return None
@@ -534,21 +534,22 @@ class MountCluster:
         with self._lock:
             self._offers.pop(epoch, None)
 
-    def _control(self, number: int) -> bytes | None:
-        """A peer's request past the files: this node's offered orders or its homes."""
+    def _state(self, number: int) -> bytes | None:
+        """A peer's request for a piece of this node's state: its offered orders or its homes
+        (mount/cluster_orders.py)."""
         from .cluster_orders import homes_answer, length_answer
         with self._lock:
             homes, basis = self.homes, self.basis
-            epoch, body = divmod(number - CONTROL, 2)
+            epoch, body = divmod(number - 1, 2)
             blob = self._offers.get(epoch)
         if number == HOMES:
             return None if basis < 0 else homes_answer(homes, basis)
         return blob if body else length_answer(blob)
 
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
-        """A peer's answer to a request past the files (its orders, its homes), or None."""
+        """A peer's answer to a request for a piece of its state (its orders, its homes), or None."""
         try:   # (a node's orders can be megabytes: more time than a file's ask)
-            return self.link.fetch(peer, number, size, max(self.ask_timeout, CONTROL_WAIT))
+            return self.link.fetch(peer, number, size, max(self.ask_timeout, CONTROL_WAIT), state=True)
         except Exception as e:   # a peer that is gone: not offered
             log.debug("clairvoyant: asking node %d for %d failed: %s", peer, number, e)
             return None

@@ -7,11 +7,11 @@ next), its tier's capacity and residents, and the epoch its homes were fixed fro
 The blob is made once per epoch and set of ranks (the residents are those of its first making),
 so that every node that gathers the same ranks plans from the same bytes.
 
-The blobs travel over the cluster's link as requests for numbers past every file number
-(``CONTROL``): ``CONTROL + 2e`` answers 16 bytes, the length of the node's blob of epoch ``e`` (0:
-none yet) and its xxh3-64 (a gatherer fetches a blob again only when these change), ``CONTROL +
-2e + 1`` the blob. ``HOMES`` answers the homes a node plans with (8 bytes,
-the epoch they came from, then 4 per file). The format is a fixed header, a JSON description and
+The blobs travel over the cluster's link as requests of their own kind, for a piece of the node's
+state (dist/wire.py ``STATE_MAGIC``; a file is never asked for this way): piece ``1 + 2e`` answers
+16 bytes, the length of the node's blob of epoch ``e`` (0: none yet) and its xxh3-64 (a gatherer
+fetches a blob again only when these change), ``2 + 2e`` the blob. Piece ``HOMES`` answers the
+homes a node plans with (8 bytes, the epoch they came from, then 4 per file). The format is a fixed header, a JSON description and
 little-endian int64 arrays; nothing is pickled. A blob that does not parse is refused (treated as
 not offered), never trusted: every file number, count and size is checked against the listing.
 """
@@ -31,8 +31,7 @@ import xxhash
 from .numbering import Numbered
 
 log = logging.getLogger("clairvoyant")
-CONTROL = 1 << 40        # request numbers from here on are not files
-HOMES = CONTROL - 1      # the homes a node plans with
+HOMES = 0                # the piece of a node's state that is the homes it plans with
 MAGIC, VERSION = b"CVNORDR1", 1
 _HEAD = struct.Struct("<8sII")   # magic, version, length of the JSON description
 LENGTH = 16              # bytes of the answer to a request for a blob's length
@@ -60,7 +59,7 @@ class NodeOrders:
 
 def orders_number(epoch: int, body: bool) -> int:
     """The request number of a node's blob of ``epoch`` (``body``) or of its length."""
-    return CONTROL + 2 * int(epoch) + int(bool(body))
+    return 1 + 2 * int(epoch) + int(bool(body))
 
 
 def encode(o: NodeOrders) -> bytes:

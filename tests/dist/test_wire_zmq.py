@@ -1,0 +1,118 @@
+"""The peer service over ZeroMQ (dist/wire_zmq.py), the backend of jobs without MPI: services of
+one process joined on loopback. Each check has a control."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+from clairvoyant.dist import peers  # noqa: E402
+from clairvoyant.dist.peers import PeerService  # noqa: E402
+from clairvoyant.dist.wire import REQUEST, REQUEST_MAGIC  # noqa: E402
+from clairvoyant.dist.wire_zmq import ZmqWire  # noqa: E402
+
+
+def _services(n: int, serve, state=None, **kw) -> list[PeerService]:
+    wires = [ZmqWire(r, n, "127.0.0.1") for r in range(n)]
+    for w in wires:
+        w.connect([x.address for x in wires])
+    out = [PeerService(w, serve(r), state=None if state is None else state(r), **kw) for r, w in enumerate(wires)]
+    for s in out:
+        s.start()
+    return out
+
+
+def _peer_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("clairvoyant-peers")]
+
+
+def test_fetches_over_zeromq_return_the_served_bytes_and_misses():
+    """Every fetch returns the serving rank's bytes, verified; an index it lacks is a miss. Control:
+    the bytes of another rank's sample differ."""
+    data = {r: {i: os.urandom(500 + i) for i in range(r * 50, (r + 1) * 50)} for r in range(3)}
+    svcs = _services(3, lambda r: data[r].get)
+    try:
+        for i in range(50, 150):
+            r = i // 50
+            assert svcs[0].fetch(r, i, 10_000, 5.0) == data[r][i]
+        assert svcs[0].fetch(1, 5, 10_000, 5.0) is None            # rank 1 does not hold 5
+        assert svcs[0].fetch(1, 60, 10_000, 5.0) != data[2][110]   # control
+        c = svcs[0].counters()
+        assert c["hits"] == 101 and c["misses"] == 1 and c["timeouts"] == 0, c
+    finally:
+        for s in svcs:
+            s.close()
+    assert _peer_threads() == []
+
+
+def test_a_request_for_state_is_a_kind_of_its_own():
+    """A fetch of a node's state is answered by its state callback, never by its samples' serve,
+    and a sample's fetch never by the state. Control: the same number asked as a sample gets the
+    sample."""
+    svcs = _services(2, lambda r: (lambda i: b"sample%d" % i), lambda r: (lambda i: b"state%d" % i))
+    try:
+        assert svcs[0].fetch(1, 7, 100, 5.0, state=True) == b"state7"
+        assert svcs[0].fetch(1, 7, 100, 5.0) == b"sample7"   # control
+    finally:
+        for s in svcs:
+            s.close()
+    bare = _services(2, lambda r: (lambda i: b"sample%d" % i))   # no state callback: state requests miss
+    try:
+        assert bare[0].fetch(1, 7, 100, 5.0, state=True) is None
+        assert bare[0].fetch(1, 7, 100, 5.0) == b"sample7"
+    finally:
+        for s in bare:
+            s.close()
+
+
+def test_corrupt_bytes_and_foreign_messages_are_refused(monkeypatch):
+    """A payload flipped after its checksum is dropped (a miss for the caller, counted); messages
+    that are not ours (wrong magic, wrong size, a pickle) are refused unread. Control: the next
+    clean fetch succeeds."""
+    monkeypatch.setattr(peers, "CORRUPT_ON_SEND", {3})
+    svcs = _services(3, lambda r: (lambda i: b"x" * 1000))   # rank 2 never asks rank 1: the intruder is "2"
+    try:
+        assert svcs[0].fetch(1, 3, 2000, 5.0) is None
+        assert svcs[0].counters()["bad_checksum"] == 1
+        ctx = zmq.Context()
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.IDENTITY, b"2")
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(svcs[1].wire.address)
+        d.send(REQUEST.pack(b"NOTOURS!", 1, 2, 3))               # right size, wrong magic
+        d.send(b"\x80\x04\x95" + b"p" * 40)                      # a pickle's opening, wrong size
+        d.send(REQUEST.pack(REQUEST_MAGIC, 9, 4, 1000))          # a real request: answered
+        assert d.poll(5000) and len(d.recv()) > 1000
+        time.sleep(0.2)
+        d.close()
+        ctx.term()
+        assert svcs[1].counters()["refused"] == 2, svcs[1].counters()
+        assert svcs[0].fetch(1, 4, 2000, 5.0) == b"x" * 1000      # control
+    finally:
+        for s in svcs:
+            s.close()
+
+
+def test_a_dead_peer_costs_one_time_out_then_is_passed_over():
+    """A peer whose service is gone: the first fetch times out, the next ones return at once
+    (passed over), the service goes on with the others. Control: a live peer still answers."""
+    svcs = _services(3, lambda r: (lambda i: b"y" * 100))
+    try:
+        svcs[2].close()
+        t0 = time.monotonic()
+        assert svcs[0].fetch(2, 1, 200, 0.5) is None
+        assert 0.4 < time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        assert svcs[0].fetch(2, 1, 200, 0.5) is None
+        assert time.monotonic() - t0 < 0.1
+        assert svcs[0].counters()["passed_over"] == 1
+        assert svcs[0].fetch(1, 1, 200, 5.0) == b"y" * 100   # control
+    finally:
+        for s in svcs:
+            s.close()
+    assert _peer_threads() == []
