@@ -94,3 +94,46 @@ def test_torchrun_four_nodes_at_30_percent_read_the_store_about_once(dataset, tm
     print("store opens per epoch:", on["opens"])
     assert all(on["exact"]), on["exact"]
     assert sum(on["opens"]) <= 1.05 * on["samples"], on["opens"]
+
+
+def run_plain(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epochs: int,
+              timeout: float = 200) -> dict:
+    """The same job started without torchrun, as Lightning's own launcher or ``srun`` starts it:
+    each process given RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT,
+    no agent store; the Loader is made before the process group."""
+    token, port = f"cvplain-{uuid.uuid4().hex}", _port()
+    procs = []
+    for rank in range(nodes * per_node):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC") and k != "CLAIRVOYANT_NODE"}
+        env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RANK=str(rank), WORLD_SIZE=str(nodes * per_node),
+                   LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), dataset, str(tmp_path), cap, str(epochs), "auto",
+                                       "before", token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env, start_new_session=True))
+    deadline, outs = time.monotonic() + timeout, []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in outs)
+    assert ours(token) == []
+    return json.loads([ln for out, _ in outs for ln in out.splitlines() if ln.startswith("{")][-1])
+
+
+@pytest.mark.timeout(600)
+def test_a_loader_made_before_the_group_without_torchrun_forms_the_cluster_at_its_first_pass(dataset, tmp_path):
+    """Lightning's own launcher (or srun) starts each rank with the job's variables but no
+    rendezvous store, and Lightning starts the process group in Trainer.fit, after the Loader is
+    made: the cluster forms at the first pass, through the group's store. 2 nodes x 2 ranks at 60%,
+    4 epochs: the store read once, every sample once per epoch. (The control, each node alone,
+    reads it 1.99 times: the first test.)"""
+    out = run_plain(dataset, tmp_path, 2, 2, "60%", 4)
+    print("store opens per epoch:", out["opens"])
+    assert all(out["exact"]), out["exact"]
+    assert sum(out["opens"]) <= 1.1 * out["samples"], out["opens"]
+    assert all("ZeroMQ" in (r["cluster"] or {}).get("transport", "") for r in out["ranks"]), out["ranks"]

@@ -71,6 +71,31 @@ def backend(env: Mapping[str, str] | None = None) -> str:
     return f"{why_mpi}; and without MPI, {why}"
 
 
+def _torch_later() -> bool:
+    """Whether a process group may still come (torch.distributed and pyzmq are there)."""
+    if importlib.util.find_spec("zmq") is None or importlib.util.find_spec("torch") is None:
+        return False
+    import torch.distributed as dist
+    return dist.is_available() and not dist.is_initialized()
+
+
+def formed_late(fingerprint: bytes, insist: bool = False) -> "Cluster | None":
+    """At the first pass of a Loader whose cluster was put off (``wanted`` said "later"): the
+    cluster, joined through the process group's store now there (collective: every rank iterates),
+    or None with a warning (no group was started: the job runs node by node; ``insist``, for
+    ``cluster=True``: a ConfigError instead)."""
+    if backend() != "store":
+        if insist:
+            raise ConfigError("cluster=True: no torch.distributed process group was started by the Loader's first "
+                              "pass and no MPI launcher started the job; start the group first (e.g. Trainer.fit, "
+                              "init_process_group()), launch with torchrun or mpirun, or pass cluster=False")
+        log.warning("clairvoyant: the job spans several nodes but runs node by node: no torch.distributed process "
+                    "group was started by the first pass (start it first, e.g. Trainer.fit or "
+                    "init_process_group(), or launch with torchrun), or pass cluster=False to silence this")
+        return None
+    return Cluster(plan_fingerprint=fingerprint)
+
+
 def _store_missing(env: Mapping[str, str]) -> str | None:
     if importlib.util.find_spec("zmq") is None:
         return "pyzmq is not installed (pip install pyzmq)"
@@ -86,8 +111,11 @@ def _store_missing(env: Mapping[str, str]) -> str | None:
             "initialised: call torch.distributed.init_process_group() before making the Loader")
 
 
-def wanted(cluster: bool | str) -> bool:
-    """Resolve the Loader's ``cluster=`` argument: True, False or "auto"."""
+def wanted(cluster: bool | str) -> bool | str:
+    """Resolve the Loader's ``cluster=`` argument (True, False or "auto"): True, False, or "later":
+    the job spans several nodes and torch.distributed will have a process group to join through,
+    but not yet (Lightning starts it in ``Trainer.fit``, after the Loader is made): the cluster
+    forms at the first pass, where every rank iterates (:func:`formed_late`)."""
     if cluster not in (True, False, "auto"):
         raise ConfigError(f"cluster={cluster!r}: choose True, False or 'auto'")
     if cluster is False:
@@ -97,6 +125,8 @@ def wanted(cluster: bool | str) -> bool:
     got = backend()
     if got in ("mpi", "store"):
         return True
+    if _torch_later():
+        return "later"
     if cluster is True:
         raise ConfigError(f"cluster=True needs MPI or torchrun's rendezvous: {got}; or pass cluster=False")
     if not _warned:

@@ -219,16 +219,19 @@ class Loader:
         self._codec, self.compress_ratio = codec_mod.choose(compress, lambda: compress_sample(self.source,
                                                                                              self.manifest))
         self._cluster: Cluster | None = None
-        if cluster_mod.wanted(cluster):   # the job's nodes as one cache, over MPI (dist/cluster.py)
-            self._cluster = Cluster(plan_fingerprint=cluster_mod.fingerprint(
+        self._cluster_later: bytes | None = None   # the fingerprint, where the cluster forms at the first pass
+        self._cluster_insist = False   # cluster=True: no cluster at the first pass is an error
+        join = cluster_mod.wanted(cluster)
+        if join:   # the job's nodes as one cache (dist/cluster.py)
+            fingerprint = cluster_mod.fingerprint(
                 manifest=self.manifest.fingerprint, seed=int(seed), batch_size=int(batch_size),
                 shuffle=bool(shuffle), drop_last=bool(drop_last),
-                compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}"))
-            t, c = topology, self._cluster
-            if (c.rank, c.world_size) != (t.rank, t.world_size):
-                raise ConfigError(f"MPI says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
-                                  f"of {t.world_size}: pass the MPI rank and size, or cluster=False")
-            topology = c.layout
+                compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}")
+            if join == "later":
+                self._cluster_later, self._cluster_insist = fingerprint, cluster is True
+            else:
+                self._cluster = self._checked(Cluster(plan_fingerprint=fingerprint), topology)
+                topology = self._cluster.layout
         self._output = Output(output, pin_memory)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
@@ -340,8 +343,35 @@ class Loader:
         per_rank = -(-len(self.manifest) // self.world_size)
         return num_batches(per_rank, self.batch_size, self.drop_last)
 
+    @staticmethod
+    def _checked(c: Cluster, t: NodeLayout) -> Cluster:
+        if (c.rank, c.world_size) != (t.rank, t.world_size):
+            c.close()
+            raise ConfigError(f"the cluster says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
+                              f"of {t.world_size}: pass the launcher's rank and size, or cluster=False")
+        return c
+
+    def _form_cluster(self) -> None:
+        """The cluster put off at construction, formed at the first pass (dist/cluster.py
+        ``formed_late``): the node's topology, tiers and serving follow it."""
+        fingerprint, self._cluster_later = self._cluster_later, None
+        c = cluster_mod.formed_late(fingerprint, self._cluster_insist)
+        if c is None:
+            return
+        self._cluster = self._checked(c, self._node.where())   # (the process group's place now)
+        node = self._node
+        node.cluster, node.topology = c, c.layout
+        node.drop_carry()
+        self.tiers.direct = node.direct(self.tiers.local_capacity)
+        node.open_progress()
+        c.start(self.tiers.local_capacity, node.serve)
+        log.info("clairvoyant: rank %d of %d joined the cluster cache of %d nodes at its first pass (%s)",
+                 c.rank, c.world_size, c.layout.num_nodes, c.counters().get("transport", ""))
+
     def _begin(self) -> EpochRun:
         """Plan the pass and start its run: at the first ``next()`` of an iterator."""
+        if self._cluster_later is not None:
+            self._form_cluster()
         self._node.bind()
         start = self._cursor.next_pass()
         plan = self._node.plan(self._cursor.epoch, start)

@@ -1,0 +1,47 @@
+"""dist/cluster.py's choice of the cluster's backend and of when it forms, from what the launcher
+gives. Each case has its control."""
+
+from __future__ import annotations
+
+import pytest
+
+from clairvoyant.dist import cluster
+
+pytest.importorskip("torch")
+pytest.importorskip("zmq")
+
+TORCHRUN = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_NNODES",
+                "CLAIRVOYANT_NODE", "TORCHELASTIC_USE_AGENT_STORE", *TORCHRUN):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_one_node_runs_alone_and_several_under_torchrun_join_through_its_store(env):
+    """One node: no cluster. Several under torchrun (its agent store): the store backend, at once.
+    Control: the same variables without the agent store: the cluster is put off to the first pass
+    (Lightning starts the process group after the Loader is made)."""
+    assert cluster.wanted("auto") is False
+    for k, v in TORCHRUN.items():
+        env.setenv(k, v)
+    assert cluster.multi_node()
+    assert cluster.wanted("auto") == "later"                        # control: no store yet
+    env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert cluster.backend() == "store" and cluster.wanted("auto") is True
+    assert cluster.wanted(False) is False
+
+
+def test_a_cluster_put_off_warns_or_refuses_when_no_group_came(env, caplog):
+    """At the first pass without a process group: cluster="auto" warns and runs node by node;
+    cluster=True is a ConfigError saying what to do. Control: the warning names the way out."""
+    from clairvoyant.errors import ConfigError
+    with caplog.at_level("WARNING", logger="clairvoyant"):
+        assert cluster.formed_late(bytes(32)) is None
+    assert "init_process_group" in caplog.text and "cluster=False" in caplog.text
+    with pytest.raises(ConfigError, match="cluster=True"):
+        cluster.formed_late(bytes(32), insist=True)
