@@ -46,21 +46,25 @@ def run(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epoch
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True)
               for i in range(nodes)]
-    deadline = time.monotonic() + timeout
-    outs = []
+    return _result(agents, token, timeout)
+
+
+def _result(procs: list[subprocess.Popen], token: str, timeout: float) -> dict:
+    """Rank 0's JSON line, once every process ended well (any left after ``timeout`` is killed with
+    what it started); none of the job's processes left behind."""
+    deadline, outs = time.monotonic() + timeout, []
     try:
-        for a in agents:
-            outs.append(a.communicate(timeout=max(1.0, deadline - time.monotonic())))
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
     finally:
-        for a in agents:
-            if a.poll() is None:
-                os.killpg(a.pid, signal.SIGKILL)
-                a.wait()
-    assert all(a.returncode == 0 for a in agents), "\n".join(err[-3000:] for _, err in outs)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in outs)
     time.sleep(0.5)
     assert ours(token) == []   # no rank left behind
-    line = [ln for out, _ in outs for ln in out.splitlines() if ln.startswith("{")]
-    return json.loads(line[-1])
+    return json.loads([ln for out, _ in outs for ln in out.splitlines() if ln.startswith("{")][-1])
 
 
 @pytest.mark.timeout(600)
@@ -111,18 +115,7 @@ def run_plain(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str,
         procs.append(subprocess.Popen([sys.executable, str(SCRIPT), dataset, str(tmp_path), cap, str(epochs), "auto",
                                        "before", token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env, start_new_session=True))
-    deadline, outs = time.monotonic() + timeout, []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in outs)
-    assert ours(token) == []
-    return json.loads([ln for out, _ in outs for ln in out.splitlines() if ln.startswith("{")][-1])
+    return _result(procs, token, timeout)
 
 
 @pytest.mark.timeout(600)

@@ -17,7 +17,7 @@ import pytest
 
 from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import Mount, mount_available, read_info, read_stats
-from clairvoyant.mount.cluster import LoopbackLink
+from clairvoyant.mount.cluster_links import LoopbackLink
 from clairvoyant.plan.unplanned import hash_homes
 from clairvoyant.testing import drop_pages
 
@@ -221,7 +221,7 @@ def test_an_ask_during_a_fetch_ahead_that_fails_gets_its_miss_mark(tmp_path, tre
 
 def test_peers_bytes_in_the_handoff_directory_are_bounded(tmp_path, tree):
     """Files read from a peer stay in the handoff directory for later reads of them, outside the
-    tier's capacity: their bytes are bounded (``peer_files_cap``), the oldest go first, the newest
+    tier's capacity: their bytes are bounded (``peer_files.cap``), the oldest go first, the newest
     stays. Control: under the default bound (256 MiB) every one of them is still there."""
     src, files = tree
     keys = sorted(files)
@@ -234,7 +234,7 @@ def test_peers_bytes_in_the_handoff_directory_are_bounded(tmp_path, tree):
         ms = _mounts(tmp_path / name, src, 2)
         try:
             if cap is not None:
-                ms[1].cluster.peer_files_cap = cap
+                ms[1].cluster.peer_files.cap = cap
             for f in theirs:
                 with open(os.path.join(ms[1].path, keys[f]), "rb") as fh:
                     assert fh.read() == files[keys[f]]

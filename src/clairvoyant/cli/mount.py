@@ -113,7 +113,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
         from ..errors import ConfigError
-        from ..mount.cluster import PeerLink
+        from ..mount.cluster_links import PeerLink
         try:
             link = PeerLink()
         except ConfigError as e:   # restarted by hand, outside the job: this node runs on its own

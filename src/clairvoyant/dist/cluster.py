@@ -170,6 +170,15 @@ def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> t
     return group, wire
 
 
+def close_transport(group: Group, on: Any, service: PeerService | None) -> None:
+    """Close what ``transport`` gave and the peer service started on it (if it was)."""
+    if service is not None:
+        service.close()
+    elif hasattr(on, "shut_down"):   # a ZeroMQ backend no service took
+        on.shut_down(0.0, set())
+    group.close()
+
+
 class Cluster:
     """This rank in the job's cluster: node layout (``layout``), capacities, and the peer service."""
 
@@ -247,8 +256,4 @@ class Cluster:
         return dict(out, transport=f"{self.group.name}, peers over {getattr(self._on, 'name', 'MPI')}")
 
     def close(self) -> None:
-        if self._service is not None:
-            self._service.close()
-        elif hasattr(self._on, "shut_down"):
-            self._on.shut_down(0.0, set())
-        self.group.close()
+        close_transport(self.group, self._on, self._service)

@@ -27,7 +27,7 @@ what it serves, and which asks go to the store at once. This module carries eith
   told of the copy and counts it.
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
-The link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve,
+The links are mount/cluster_links.py's. A link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve,
 state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a piece of a node's state:
 its orders, its homes), ``counters()`` and ``close()``: :class:`PeerLink` over the peer service (one mount per
 node under ``mpirun`` or ``torchrun``), or :class:`LoopbackLink` between mounts of one process (tests).
@@ -35,21 +35,20 @@ node under ``mpirun`` or ``torchrun``), or :class:`LoopbackLink` between mounts 
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import hashlib
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from ..cache.entry import CorruptEntry, entry_size, read_sample
-from ..errors import ConfigError
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
 from ..tune.counters import Counters
+from .cluster_handoff import PeerFiles
+from .cluster_homes import HOMES_FILE, load_homes, save_homes, tell_daemon
 from .cluster_orders import HOMES
 
 log = logging.getLogger("clairvoyant")
@@ -59,122 +58,6 @@ COPY_WAIT = 5.0       # seconds a home's answer waits for its own copy of the fi
 CONTROL_WAIT = 2.0   # seconds a request for a peer's orders or homes may take (one that times out
                      # passes the peer over for 5x that: less than GATHER_WAIT, so a gather can end)
 CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
-# peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
-# and at thousands of peer reads a second 30 s of them would be gigabytes
-PEER_FILES_BYTES = 256 << 20
-HOMES_FILE = "cluster-homes"   # beside the tier: the planned homes, for a mount started again
-KEEP_PEER_FILES = 30.0   # seconds a peer's bytes stay in the handoff directory (fetched ahead, or
-                         # later parts of the file)
-
-
-def files_fingerprint(manifest) -> bytes:
-    """32 bytes that differ when two nodes' manifests number files differently (a file is asked for
-    by its number): every key and size, in order."""
-    digest = hashlib.sha256()
-    for i in range(len(manifest)):
-        digest.update(manifest.keys[i].encode() + b"\0" + int(manifest.sizes[i]).to_bytes(8, "little"))
-    return digest.digest()
-
-
-class PeerLink:
-    """The mounts of a job's nodes, one per node, over the cluster's one transport (dist/cluster.py
-    ``transport``): MPI under ``mpirun --map-by ppr:1:node`` (or over ``comm``), torchrun's store
-    and ZeroMQ under ``torchrun --nproc-per-node 1 ... --no-python clairvoyant mount``."""
-
-    def __init__(self, comm: Any = None) -> None:
-        from ..dist import cluster, peers
-        self._peers = peers
-        try:
-            self._group, self._on = cluster.transport(comm)
-        except ConfigError as e:
-            raise ConfigError(f"clairvoyant mount --cluster: {e}; start one mount per node with mpirun --map-by "
-                              "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 ... --no-python clairvoyant "
-                              "mount (docs/mount.md)") from None
-        self.node, self.nodes = self._group.rank, self._group.size
-        self._service = None
-
-    @classmethod
-    def node_leaders(cls, comm: Any = None) -> "PeerLink | None":
-        """For the ranks of an MPI training job that mount the data themselves (collective over
-        ``comm``, COMM_WORLD by default): the link of the nodes' first ranks, each to mount for its
-        node (``Mount(..., cluster=link)``), or None on every other rank (it reads through its
-        node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
-        from mpi4py import MPI
-
-        from ..dist.group import node_groups
-        from ..dist.topology import node_name
-        comm = comm if comm is not None else MPI.COMM_WORLD
-        groups = node_groups(comm, node_name())
-        rank = comm.Get_rank()
-        leader = any(g[0] == rank for g in groups)
-        sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
-        return cls(sub) if leader else None
-
-    def agree(self, fingerprint: bytes, what: str) -> None:
-        """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
-        from ..dist.group import agree
-        agree(self._group, fingerprint, what)
-
-    def abort(self, code: int) -> None:
-        """End the job (a node that cannot start: the others would wait for it in the start's
-        exchanges). Under MPI, MPI_Abort; under torchrun this process's error exit does it (the
-        agent ends every node's workers)."""
-        comm = getattr(self._group, "comm", None)
-        if comm is not None:
-            comm.Abort(code)
-
-    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        # a program waits on each peer read: the service looks for messages every 200 us when idle
-        self._service = self._peers.PeerService(self._on, serve, state=state, serve_threads=8, idle_max=2e-4)
-        self._service.start()
-
-    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
-        """``size`` bytes exactly from ``peer`` (the service's answer may be shorter), or None:
-        file ``number``, or (``state``) piece ``number`` of the peer's state."""
-        got = None if self._service is None else self._service.fetch(peer, number, size, timeout, state=state)
-        return got if got is not None and len(got) == size else None
-
-    def counters(self) -> dict:
-        return {} if self._service is None else self._service.counters()
-
-    def close(self) -> None:
-        if self._service is not None:
-            self._service.close()
-        elif hasattr(self._on, "shut_down"):
-            self._on.shut_down(0.0, set())
-        self._group.close()
-
-
-class LoopbackLink:
-    """Mounts of one process joined directly (tests and the benchmark's single-process runs): node
-    ``node`` of a ``hub`` (a dict shared by the nodes' links, node -> serve)."""
-
-    def __init__(self, hub: dict, node: int, nodes: int) -> None:
-        self.hub, self.node, self.nodes = hub, node, nodes
-        self._c = Counters(["peer"]).space("peer")   # tune/counters.py's peer.*
-
-    def agree(self, fingerprint: bytes, what: str) -> None:
-        """Mounts of one process list the same source: nothing to compare across processes."""
-        self.hub.setdefault("fingerprints", {})[self.node] = fingerprint
-        if len(set(self.hub["fingerprints"].values())) > 1:
-            raise ConfigError(f"{what} differs across the nodes of this hub: mount the same source")
-
-    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        self.hub[self.node] = (serve, state)
-
-    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
-        answer = self.hub.get(peer, (None, None))[int(state)]
-        self._c.add("fetches")
-        got = answer(number) if answer is not None else None
-        got = got if got is not None and len(got) == size else None
-        self._c.add("hits" if got is not None else "misses")
-        return got
-
-    def counters(self) -> dict:
-        return self._c.snapshot()
-
-    def close(self) -> None:
-        self.hub.pop(self.node, None)
 
 
 class MountCluster:
@@ -189,10 +72,10 @@ class MountCluster:
         self.hashed_homes = hash_homes(len(self._keys), self.nodes)
         self.homes = self.hashed_homes
         self.basis = -1   # the epoch the planned homes came from (mount/cluster_plan.py); -1: hashed
-        kept = _load_homes(os.path.join(mount.tiers.local.root, HOMES_FILE), len(self._keys), self.nodes)
+        kept = load_homes(os.path.join(mount.tiers.local.root, HOMES_FILE), len(self._keys), self.nodes)
         if kept is not None:   # planned by an earlier session of this job's mounts: its tier holds by them
             self.homes, self.basis = kept
-            _tell_daemon(mount, self.homes)
+            tell_daemon(mount, self.homes)
         self.sizes = self._sizes
         self.entry_sizes = self._sizes + entry_size(0)
         self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
@@ -214,10 +97,7 @@ class MountCluster:
         self._ahead_pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ahead")
         self._asked: set[int] = set()
         self._waited: set[int] = set()   # asked by the daemon while a fetch ahead of it was under way
-        # peers' bytes and miss marks in the handoff directory: (when, path, bytes), oldest first
-        self._peer_files: collections.deque[tuple[float, str, int]] = collections.deque()
-        self._peer_bytes = 0
-        self.peer_files_cap = PEER_FILES_BYTES
+        self.peer_files = PeerFiles(mount.handoff, lambda: self._c.add("peer_misses"))   # mount/cluster_handoff.py
         self._c = Counters(["cluster"]).space("cluster")   # tune/counters.py's cluster.*
         self._closed = False
         self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
@@ -264,7 +144,7 @@ class MountCluster:
             else:
                 miss = False
         if miss:
-            self._miss(f)
+            self.peer_files.miss(f)
             return
         with self._lock:
             if f in self._asked:   # fetched ahead right now: the daemon waits on that fetch
@@ -282,7 +162,7 @@ class MountCluster:
             with self._lock:
                 self._asked.discard(f)
             if not ahead:
-                self._miss(f)
+                self.peer_files.miss(f)
 
     def _answer(self, f: int, ahead: bool = False) -> None:
         got = False
@@ -294,7 +174,7 @@ class MountCluster:
                 data = self.link.fetch(home, f, size, self.ask_timeout)
                 self._c.add("peer_seconds", time.perf_counter() - t0)
             if data is not None:
-                self._leave(f, data, 0)
+                self.peer_files.leave(f, data, 0)
                 got = True
                 self._c.add_many(from_peers=1, bytes_from_peers=len(data))   # (read together)
         except Exception as e:   # the daemon reads the store: never an error in the program
@@ -306,48 +186,8 @@ class MountCluster:
                 self._asked.discard(f)
                 self._waited.discard(f)
             if not got and waited:
-                self._miss(f)   # the daemon reads the store now, not after its whole wait
-            self._forget_old()
-
-    def _leave(self, f: int, data: bytes, mtime_ns: int) -> None:
-        """The bytes of ``f`` where the daemon waits for them (then renamed into place)."""
-        final = os.path.join(self.mount.handoff, str(f))
-        tmp = os.path.join(self.mount.handoff, f".peer.{f}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.write(int(mtime_ns).to_bytes(8, "little"))
-        os.replace(tmp, final)
-        with self._lock:
-            self._peer_files.append((time.monotonic(), final, len(data)))
-            self._peer_bytes += len(data)
-        self._forget_old()
-
-    def _miss(self, f: int) -> None:
-        path = os.path.join(self.mount.handoff, f"{f}.miss")
-        try:
-            with open(path, "wb"):
-                pass
-        except OSError:
-            return   # the daemon's wait ends on its own
-        with self._lock:
-            self._c.add("peer_misses")
-            self._peer_files.append((time.monotonic(), path, 0))
-
-    def _forget_old(self) -> None:
-        """Remove peers' bytes and miss marks older than KEEP_PEER_FILES seconds, and the oldest
-        peers' bytes while they add up to more than ``peer_files_cap`` (the newest stays)."""
-        now, gone = time.monotonic(), []
-        with self._lock:
-            while self._peer_files and (now - self._peer_files[0][0] > KEEP_PEER_FILES
-                                        or (self._peer_bytes > self.peer_files_cap and len(self._peer_files) > 1)):
-                _, path, n = self._peer_files.popleft()
-                self._peer_bytes -= n
-                gone.append(path)
-        for path in gone:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+                self.peer_files.miss(f)   # the daemon reads the store now, not after its whole wait
+            self.peer_files.forget_old()
 
     def ahead(self, f: int) -> bool:
         """File ``f`` comes up soon in this node's sequence (mount/cluster_ahead.py): one of its own
@@ -578,9 +418,9 @@ class MountCluster:
         homes = np.ascontiguousarray(homes, np.int32)
         if basis == self.basis and homes is self.homes:
             return
-        _tell_daemon(self.mount, homes)
+        tell_daemon(self.mount, homes)
         try:
-            _save_homes(self._homes_file(), homes, basis, self.nodes)
+            save_homes(self._homes_file(), homes, basis, self.nodes)
         except OSError as e:
             log.warning("clairvoyant: cannot keep the cluster's homes beside the tier (%s); a restarted mount "
                         "takes them from a peer", e)
@@ -746,43 +586,4 @@ class MountCluster:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._ahead_pool.shutdown(wait=True, cancel_futures=True)
         self.link.close()
-        with self._lock:
-            files, self._peer_files = [p for _, p, _ in self._peer_files], collections.deque()
-            self._peer_bytes = 0
-        for path in files:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-
-
-def _tell_daemon(mount, homes: np.ndarray) -> None:
-    """``homes`` into the homes file the mount's daemon maps (it asks each file's home by it)."""
-    path = getattr(mount, "homes_path", None)
-    if path:
-        with open(path, "r+b") as f:
-            os.pwrite(f.fileno(), np.asarray(homes, "<u4").tobytes(), 0)
-
-
-def _save_homes(path: str, homes: np.ndarray, basis: int, nodes: int) -> None:
-    """The planned homes beside the tier (a header of basis, nodes and files, then 4 bytes per
-    file), written whole under a temporary name and renamed."""
-    from .listing import publish_bytes
-    head = np.array([int(basis), int(nodes), len(homes)], "<i8").tobytes()
-    publish_bytes(path, head + np.asarray(homes, "<u4").tobytes())
-
-
-def _load_homes(path: str, num_files: int, nodes: int) -> tuple[np.ndarray, int] | None:
-    """``(homes, basis)`` kept by ``_save_homes`` for this many files and nodes, else None."""
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
-        return None
-    if len(blob) != 24 + 4 * num_files:
-        return None
-    basis, n, files = np.frombuffer(blob, "<i8", 3).tolist()
-    homes = np.frombuffer(blob, "<u4", num_files, 24)
-    if n != nodes or files != num_files or basis < 0 or (num_files and int(homes.max()) >= nodes):
-        return None
-    return homes.astype(np.int32), int(basis)
+        self.peer_files.close()

@@ -181,7 +181,7 @@ class Mount:
         if len(self.manifest) == 0:
             raise ConfigError(f"{src.root} holds no files to mount")
         if cluster is not None:   # collective, before anything is mounted: a node that differs stops them all
-            from .cluster import files_fingerprint
+            from .cluster_links import files_fingerprint
             cluster.agree(files_fingerprint(self.manifest), "the mounted source's files (names and sizes)")
         binary = DAEMON.binary()
         node = open_tiers(src, np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0), local_dir=local_dir,
