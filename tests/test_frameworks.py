@@ -276,3 +276,45 @@ def test_accelerate_save_state_holds_the_loaders_position(data, tmp_path):
         out.append(json.loads(p.stdout.strip().splitlines()[-1]))
     full, rest = out
     assert len(full) == N // 32 and rest == full[3:]   # a state not restored would give all of full
+
+
+@pytest.mark.timeout(400)
+def test_lightning_on_two_nodes_under_torchrun_reads_the_store_once(tmp_path):
+    """Lightning DDP, ``num_nodes=2``, one torchrun agent per "node" (CLAIRVOYANT_NODE), the Loader
+    made in train_dataloader with each node's tier at 60% of the data set, 3 epochs: the nodes form
+    one cache (over ZeroMQ, through torchrun's store: no MPI), the store is read once (64, 0, 0
+    opens), and every epoch trains on every sample once. Control: the check of exactly-once fails
+    on an epoch with a sample dropped."""
+    import hashlib
+
+    images = tmp_path / "data" / "images"
+    make_dataset(str(images), 64, num_classes=4, size=8)
+    truth = sorted(hashlib.md5(p.read_bytes()).hexdigest() for p in images.rglob("*.jpg"))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "ledger").mkdir()
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **NO_MPI_SHM)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    agents = [subprocess.Popen([str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
+                                "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", str(Path(__file__).with_name("lightning_multinode_script.py")),
+                                str(tmp_path / "data"), str(tmp_path / "work"), str(tmp_path / "ledger")],
+                               env=dict(env, CLAIRVOYANT_NODE=f"node{n}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True) for n in range(2)]
+    outs = []
+    try:
+        for a in agents:
+            outs.append(a.communicate(timeout=300))
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    assert all(a.returncode == 0 for a in agents), "\n".join(err[-4000:] for _, err in outs)
+    ranks = [json.loads((tmp_path / "ledger" / f"rank{r}.json").read_text()) for r in range(2)]
+    print("store opens per epoch:", ranks[0]["opens"])
+    assert ranks[0]["opens"] == ranks[1]["opens"] and sum(ranks[0]["opens"]) <= 1.1 * len(truth), ranks[0]["opens"]
+    for e in ("0", "1", "2"):
+        assert sorted(ranks[0]["seen"][e] + ranks[1]["seen"][e]) == truth, e
+    assert sorted(ranks[0]["seen"]["0"] + ranks[1]["seen"]["0"][1:]) != truth   # control
+    assert all("ZeroMQ" in r["cluster"]["transport"] and r["cluster"]["hits"] > 0 for r in ranks), ranks
