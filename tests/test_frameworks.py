@@ -278,13 +278,9 @@ def test_accelerate_save_state_holds_the_loaders_position(data, tmp_path):
     assert len(full) == N // 32 and rest == full[3:]   # a state not restored would give all of full
 
 
-@pytest.mark.timeout(400)
-def test_lightning_on_two_nodes_under_torchrun_reads_the_store_once(tmp_path):
-    """Lightning DDP, ``num_nodes=2``, one torchrun agent per "node" (CLAIRVOYANT_NODE), the Loader
-    made in train_dataloader with each node's tier at 60% of the data set, 3 epochs: the nodes form
-    one cache (over ZeroMQ, through torchrun's store: no MPI), the store is read once (64, 0, 0
-    opens), and every epoch trains on every sample once. Control: the check of exactly-once fails
-    on an epoch with a sample dropped."""
+def _two_nodes(tmp_path: Path, command) -> tuple[list[str], list[dict]]:
+    """A job of two "nodes" on this machine (``command(node, port)``: one launcher per node, told
+    apart by CLAIRVOYANT_NODE) over 64 JPEGs: the md5s of the data set, and each rank's ledger."""
     import hashlib
 
     images = tmp_path / "data" / "images"
@@ -296,11 +292,9 @@ def test_lightning_on_two_nodes_under_torchrun_reads_the_store_once(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **NO_MPI_SHM)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    agents = [subprocess.Popen([str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
-                                "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", str(Path(__file__).with_name("lightning_multinode_script.py")),
-                                str(tmp_path / "data"), str(tmp_path / "work"), str(tmp_path / "ledger")],
-                               env=dict(env, CLAIRVOYANT_NODE=f"node{n}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True) for n in range(2)]
+    agents = [subprocess.Popen(command(n, port), env=dict(env, CLAIRVOYANT_NODE=f"node{n}"), cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+              for n in range(2)]
     outs = []
     try:
         for a in agents:
@@ -311,10 +305,40 @@ def test_lightning_on_two_nodes_under_torchrun_reads_the_store_once(tmp_path):
                 os.killpg(a.pid, signal.SIGKILL)
                 a.wait()
     assert all(a.returncode == 0 for a in agents), "\n".join(err[-4000:] for _, err in outs)
-    ranks = [json.loads((tmp_path / "ledger" / f"rank{r}.json").read_text()) for r in range(2)]
+    return truth, [json.loads((tmp_path / "ledger" / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _one_cache(truth: list[str], ranks: list[dict]) -> None:
+    """The store read once over the job, every epoch every sample once, peers serving over ZeroMQ."""
     print("store opens per epoch:", ranks[0]["opens"])
     assert ranks[0]["opens"] == ranks[1]["opens"] and sum(ranks[0]["opens"]) <= 1.1 * len(truth), ranks[0]["opens"]
     for e in ("0", "1", "2"):
         assert sorted(ranks[0]["seen"][e] + ranks[1]["seen"][e]) == truth, e
     assert sorted(ranks[0]["seen"]["0"] + ranks[1]["seen"]["0"][1:]) != truth   # control
     assert all("ZeroMQ" in r["cluster"]["transport"] and r["cluster"]["hits"] > 0 for r in ranks), ranks
+
+
+@pytest.mark.timeout(400)
+def test_lightning_on_two_nodes_under_torchrun_reads_the_store_once(tmp_path):
+    """Lightning DDP, ``num_nodes=2``, one torchrun agent per "node" (CLAIRVOYANT_NODE), the Loader
+    made in train_dataloader with each node's tier at 60% of the data set, 3 epochs: the nodes form
+    one cache (over ZeroMQ, through torchrun's store: no MPI), the store is read once (64, 0, 0
+    opens), and every epoch trains on every sample once. Control: the check of exactly-once fails
+    on an epoch with a sample dropped."""
+    script = Path(__file__).with_name("lightning_multinode_script.py")
+    _one_cache(*_two_nodes(tmp_path, lambda n, port: [
+        str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", str(script), "data", "work", "ledger"]))
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(shutil.which("accelerate", path=str(BIN)) is None, reason="accelerate is not installed")
+def test_accelerate_on_two_machines_reads_the_store_once(tmp_path):
+    """``accelerate launch --num_machines 2`` (one process a machine, each a "node"), the Loader made
+    after ``Accelerator()``, each tier at 60%, 3 epochs: one cache, the store read once, every epoch
+    every sample once. Control: as above."""
+    script = Path(__file__).with_name("accelerate_multinode_script.py")
+    _one_cache(*_two_nodes(tmp_path, lambda n, port: [
+        str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "2",
+        "--machine_rank", str(n), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+        "--mixed_precision", "no", "--dynamo_backend", "no", str(script), "data", "work", "ledger"]))
