@@ -33,7 +33,7 @@ def _port() -> str:
 
 
 def run(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epochs: int, mode: str = "auto",
-        when: str = "before", timeout: float = 200) -> dict:
+        when: str = "before", timeout: float = 200, first: int = 0) -> dict:
     """The job's result (rank 0's JSON line); every process of it gone afterwards."""
     token, port = f"cvtorchrun-{uuid.uuid4().hex}", _port()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
@@ -42,7 +42,7 @@ def run(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epoch
     agents = [subprocess.Popen([str(TORCHRUN), "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
                                 "--node-rank", str(i), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                                 f"127.0.0.1:{port}", "--rdzv-id", token, str(SCRIPT), dataset, str(tmp_path), cap,
-                                str(epochs), mode, when, token],
+                                str(epochs), mode, when, token, str(first)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True)
               for i in range(nodes)]
@@ -130,3 +130,21 @@ def test_a_loader_made_before_the_group_without_torchrun_forms_the_cluster_at_it
     assert all(out["exact"]), out["exact"]
     assert sum(out["opens"]) <= 1.1 * out["samples"], out["opens"]
     assert all("ZeroMQ" in (r["cluster"] or {}).get("transport", "") for r in out["ranks"]), out["ranks"]
+
+
+@pytest.mark.timeout(600)
+def test_a_job_restarted_on_three_of_its_four_nodes_reuses_their_tiers(dataset, tmp_path):
+    """4 nodes x 1 rank at 30% run epochs 0-1; the job restarts on 3 of them (the same local
+    directories) at epoch 2, as an elastic restart after a node's loss does: their tiers are the
+    new run's homes for what they hold, so epoch 2 reads from the store about the lost node's share
+    (a quarter) and epoch 3 about what 3 tiers of 30% cannot hold; every sample once per epoch.
+    Control: the same 3 nodes with empty tiers read far more (each epoch at least 0.4 of the data)."""
+    first = run(dataset, tmp_path / "job", 4, 1, "30%", 2)
+    assert all(first["exact"]) and first["opens"][1] == 0, first["opens"]
+    total = first["bytes"][0]   # epoch 0 read the data set once
+    again = run(dataset, tmp_path / "job", 3, 1, "30%", 2, first=2)
+    fresh = run(dataset, tmp_path / "fresh", 3, 1, "30%", 2, first=2)
+    print("bytes from the store, epochs 2-3: restarted", again["bytes"], "fresh tiers", fresh["bytes"], "of", total)
+    assert all(again["exact"]) and all(fresh["exact"])
+    assert again["bytes"][0] <= 0.35 * total and again["bytes"][1] <= 0.25 * total, again["bytes"]
+    assert fresh["bytes"][0] >= 0.9 * total and fresh["bytes"][1] >= 0.4 * total, fresh["bytes"]   # control

@@ -6,7 +6,8 @@ processes share.
 argv: dataset, workdir, local_capacity, epochs, cluster ("auto" or "off"), when ("before": the
 Loader is made before torch.distributed is initialised, as Lightning does, and finds its peers
 through torchrun's agent store; "after": through the process group's store), token (only marks the
-processes). Rank 0 prints one JSON line: store opens per epoch, whether every epoch served every
+processes), and optionally the first epoch (a job restarted at an epoch boundary: epochs first to
+first + epochs - 1). Rank 0 prints one JSON line: store opens per epoch, whether every epoch served every
 sample exactly once with the source's bytes, and each rank's counters.
 """
 
@@ -39,6 +40,7 @@ def barrier() -> None:
 
 def main() -> None:
     dataset, work, cap, epochs, mode, when = sys.argv[1:7]   # argv[7]: the test's token
+    first = int(sys.argv[8]) if len(sys.argv) > 8 else 0
     node = int(os.environ["GROUP_RANK"])
     store = EmulatedStore(dataset, open_latency=0.0, read_latency=0.0, state_dir=os.path.join(work, "emu"))
 
@@ -50,8 +52,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     ld = ld or make()
     rank, size = dist.get_rank(), dist.get_world_size()
-    opens, served = [], []
-    for e in range(int(epochs)):
+    opens, reads, served = [], [], []
+    for e in range(first, first + int(epochs)):
         barrier()
         if rank == 0:
             store.reset()
@@ -60,6 +62,7 @@ def main() -> None:
         mine = [bytes(row).hex() for x, _ in ld for row in np.asarray(x)]
         barrier()
         opens.append(store.counters().opens)
+        reads.append(store.counters().bytes)
         every: list = [None] * size
         dist.all_gather_object(every, mine)   # (the test's own results, between its own processes)
         served.append(every)
@@ -71,7 +74,7 @@ def main() -> None:
         truth = sorted(hashlib.md5(open(os.path.join(r, f), "rb").read()).hexdigest()
                        for r, _, fs in os.walk(dataset) for f in fs if not f.startswith("."))
         exact = [sorted(h for part in s for h in part) == truth for s in served]
-        print(json.dumps({"opens": opens, "exact": exact, "samples": len(truth), "ranks": per_rank}, default=str))
+        print(json.dumps({"opens": opens, "bytes": reads, "exact": exact, "samples": len(truth), "ranks": per_rank}, default=str))
     dist.destroy_process_group()
 
 

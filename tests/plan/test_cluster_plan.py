@@ -545,3 +545,21 @@ def test_the_plan_holds_no_copy_of_the_order_per_rank():
     assert peak(lambda: plan_cluster_epoch(n, epoch=1, residents=p0.residents_after, **kw).for_node(3)) < bound
     order = np.arange(n)
     assert peak(lambda: [np.concatenate([order, order[:r % 7]]) for r in range(64)]) > bound   # control
+
+
+def test_a_runs_homes_keep_what_the_tiers_hold():
+    """homes_held: a sample a node's tier holds is homed there (the lowest such node); any other at
+    its first reader, as home_nodes. Control: without residents it is home_nodes exactly, and the
+    held samples' first readers are mostly other nodes."""
+    from clairvoyant.plan.cluster import home_nodes, homes_held
+
+    layout = NodeLayout(((0,), (1,), (2,)))
+    kw = dict(seed=3, batch_size=4, layout=layout)
+    base = home_nodes(90, **kw)
+    held = {s: 10 for s in range(0, 90, 3)}   # node 1 holds every third sample
+    home = homes_held(90, residents=[{}, held, {5: 10}], **kw)
+    assert all(home[s] == 1 for s in held) and home[5] == 2
+    rest = [s for s in range(90) if s not in held and s != 5]
+    assert (home[rest] == base[rest]).all()
+    assert (homes_held(90, residents=[{}, {}, {}], **kw) == base).all()   # control
+    assert (base[list(held)] != 1).sum() > 10                               # control: they moved

@@ -178,7 +178,7 @@ class NodeSession:
         if c is not None:   # every node's residents: carried over where every rank can, else exchanged
             carried = c.all_true(carried)   # (collective calls, taken alike by every rank)
             held = last[0].cluster_residents if carried else c.residents(self.residents())
-            spec = ClusterTiers(c.layout, c.capacities, tuple(held))
+            spec = ClusterTiers(c.layout, c.capacities, tuple(held), last[0].cluster_home if carried else None)
         residents = last[0].residents_after if carried else ({} if c is not None else self.residents())
         reader = self.range_reader() if spec is None else None
         return plan_rank_epoch(self.entry_sizes, self.config, self.topology, epoch=epoch,

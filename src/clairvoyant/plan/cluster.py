@@ -67,6 +67,22 @@ def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
     return home
 
 
+def homes_held(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout,
+               residents: Sequence[Mapping[int, int]], shuffle: bool = True, drop_last: bool = False,
+               first_epoch: int = 0) -> np.ndarray:
+    """The homes of a run that starts from tiers filled before it (a job restarted on fewer nodes,
+    or another layout): a sample a node's tier holds stays there (the lowest such node), any other
+    goes to its first reader (``home_nodes``). Where the tiers hold only what their homes kept,
+    these are the job's homes as they were; after a restart on other nodes, the survivors' tiers
+    are reused instead of dropped. Every rank computes the same from the exchanged residents."""
+    home = np.array(_homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last))
+    for n in range(len(residents) - 1, -1, -1):   # (a sample two tiers hold: the lower node's)
+        held = np.fromiter(residents[n].keys() if isinstance(residents[n], Mapping) else residents[n].samples,
+                           np.int64)
+        home[held[(held >= 0) & (held < num_samples)]] = n
+    return home
+
+
 @functools.lru_cache(maxsize=2)
 def _homes(num_samples: int, nodes: tuple[tuple[int, ...], ...], first_epoch: int, seed: int, batch_size: int,
            shuffle: bool, drop_last: bool) -> np.ndarray:

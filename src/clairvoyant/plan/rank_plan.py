@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .cluster import plan_cluster_epoch
+from .cluster import homes_held, plan_cluster_epoch
 from .layout import NodeLayout
 from .order import epoch_order
 from .partition import cut_batches, rank_indices
@@ -48,6 +48,7 @@ class ClusterTiers:
     layout: NodeLayout
     capacities: tuple[int, ...]
     residents: tuple[Mapping[int, int], ...] = field(default=())
+    home: np.ndarray | None = None   # the run's homes (carried from its first plan), else worked out now
 
     @property
     def nodes(self) -> tuple[tuple[int, ...], ...]:
@@ -81,6 +82,7 @@ class RankEpochPlan:
     late_drops: tuple[tuple[int, int], ...] = ()   # (batch, sample): delete once this rank is past batch
     late_on_serve: frozenset[int] = frozenset()    # late drops read once this epoch: delete once served
     cluster_residents: tuple[Mapping[int, int], ...] | None = None   # every node's, at the epoch's end
+    cluster_home: np.ndarray | None = None   # each sample's home node in this run (carried to the next epoch)
     # shard-granular reads (plan/ranges.py), else None: per sample, read its range whole here
     whole: tuple[np.ndarray, ...] | None = None
 
@@ -146,10 +148,14 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: NodeLayout, epoc
     if t.nodes != cluster.layout.nodes or t.node != cluster.layout.node:
         raise ValueError(f"rank {t.rank}'s node {t.ranks} is not node {cluster.layout.node} of the cluster, "
                          f"{cluster.layout.ranks}")
+    home = cluster.home
+    if home is None:   # a run's first plan: what the tiers hold stays where it is (a restarted job's too)
+        home = homes_held(c.num_samples, seed=c.seed, batch_size=c.batch_size, layout=cluster.layout,
+                          residents=cluster.residents, shuffle=c.shuffle, drop_last=c.drop_last)
     plan = plan_cluster_epoch(c.num_samples, seed=c.seed, epoch=epoch, batch_size=c.batch_size,
                               layout=cluster.layout, capacities=cluster.capacities, sizes=entry_sizes,
                               shuffle=c.shuffle, drop_last=c.drop_last, position=position,
-                              residents=list(cluster.residents) or None)
+                              residents=list(cluster.residents) or None, home=home)
     view = plan.for_node(t.node)
     R, me = t.local_world_size, t.local_rank
     mine = (view.late_drops[:, 1] % R) == me if len(view.late_drops) else np.zeros(0, bool)
@@ -159,4 +165,4 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: NodeLayout, epoc
     once = view.late_drops[mine & view.late_once, 1] if len(view.late_drops) else np.zeros(0, np.int64)
     return _for_rank(c, t, epoch, position, view.sequence, view.hit, view.keep, view.drop_at_start,
                      view.residents_after, view.peer, late_drops=late, late_on_serve=frozenset(once.tolist()),
-                     cluster_residents=tuple(plan.residents_after))
+                     cluster_residents=tuple(plan.residents_after), cluster_home=plan.home)
