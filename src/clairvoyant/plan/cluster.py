@@ -75,11 +75,17 @@ def homes_held(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
     goes to its first reader (``home_nodes``). Where the tiers hold only what their homes kept,
     these are the job's homes as they were; after a restart on other nodes, the survivors' tiers
     are reused instead of dropped. Every rank computes the same from the exchanged residents."""
-    home = np.array(_homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last))
-    for n in range(len(residents) - 1, -1, -1):   # (a sample two tiers hold: the lower node's)
-        held = np.fromiter(residents[n].keys() if isinstance(residents[n], Mapping) else residents[n].samples,
-                           np.int64)
-        home[held[(held >= 0) & (held < num_samples)]] = n
+    return keep_held(np.array(_homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last)),
+                     residents)
+
+
+def keep_held(home: np.ndarray, residents: Sequence[Mapping[int, int]]) -> np.ndarray:
+    """``home`` (changed in place and returned) with each sample node n's tier holds (``residents[n]``)
+    homed at n; a sample two tiers hold, at the lower node. The Loader's run (``homes_held``) and
+    the mounts' first plan together (plan/cluster_walk.py ``plan_homes``) both keep what is held."""
+    for n in range(len(residents) - 1, -1, -1):
+        held = np.fromiter(residents[n], np.int64, len(residents[n]))
+        home[held[(held >= 0) & (held < len(home))]] = n
     return home
 
 

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .cluster import ClusterEpoch, first_readers, plan_cluster_sequence
+from .cluster import ClusterEpoch, first_readers, keep_held, plan_cluster_sequence
 from .layout import NodeLayout
 from .sequence import Interleaved, interleave
 
@@ -71,11 +71,7 @@ def plan_homes(orders: Sequence[Any], fallback: np.ndarray) -> np.ndarray:
     before the nodes first planned together: kept by its hashed home, or read by the node itself);
     any other, its first reader in the epoch; ``fallback`` for the rest."""
     _, _, layout, seq = _cluster_sequence(orders)
-    homes = first_readers(seq, layout, fallback)
-    for o in reversed(orders):   # (a file two tiers hold: the lower node's)
-        held = np.fromiter(o.residents, np.int64, len(o.residents))
-        homes[held[(held >= 0) & (held < len(homes))]] = o.node
-    return homes
+    return keep_held(first_readers(seq, layout, fallback), [o.residents for o in orders])   # (orders in node order)
 
 
 @dataclass
