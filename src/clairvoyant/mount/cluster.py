@@ -27,10 +27,11 @@ what it serves, and which asks go to the store at once. This module carries eith
   told of the copy and counts it.
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
-The links are mount/cluster_links.py's. A link is any object with ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve,
-state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a piece of a node's state:
-its orders, its homes), ``counters()`` and ``close()``: :class:`PeerLink` over the peer service (one mount per
-node under ``mpirun`` or ``torchrun``), or :class:`LoopbackLink` between mounts of one process (tests).
+The links are mount/cluster_links.py's: any object with ``node``, ``nodes``, ``agree(fingerprint,
+what)``, ``start(serve, state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a
+piece of a node's state: its orders, its homes), ``counters()`` and ``close()``: ``PeerLink`` over
+the peer service (one mount per node under ``mpirun`` or ``torchrun``), or ``LoopbackLink``
+between mounts of one process (tests).
 """
 
 from __future__ import annotations
