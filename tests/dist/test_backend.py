@@ -45,3 +45,43 @@ def test_a_cluster_put_off_warns_or_refuses_when_no_group_came(env, caplog):
     assert "init_process_group" in caplog.text and "cluster=False" in caplog.text
     with pytest.raises(ConfigError, match="cluster=True"):
         cluster.formed_late(bytes(32), insist=True)
+
+
+def test_the_ranks_of_a_restarted_round_gather_under_the_same_keys(monkeypatch):
+    """torchrun restarts every node's workers when one fails, but only the failing node's agent
+    counts a restart (``TORCHELASTIC_RESTART_COUNT`` 1 there, 0 elsewhere): the ranks of the new
+    round must still meet. Two ranks over one store, their counts differing, gather each other's
+    bytes. Control: ranks of different runs (``TORCHELASTIC_RUN_ID``) do not meet (a PeerLost)."""
+    import threading
+
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import itertools
+
+    from clairvoyant.dist import store as store_mod
+    from clairvoyant.dist.store import StoreGroup
+    from clairvoyant.errors import PeerLost
+
+    monkeypatch.setattr(store_mod, "_groups", itertools.repeat(0))   # (both ranks in this one process)
+
+    def gather(envs, timeout):
+        store = dist.HashStore()
+        got: list = [None, None]
+
+        def one(r):
+            try:
+                got[r] = StoreGroup(store, r, 2, timeout=timeout, env=envs[r]).allgather(bytes([r]), "a test")
+            except PeerLost as e:
+                got[r] = e
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return got
+
+    same_run = [{"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_RESTART_COUNT": c} for c in ("1", "0")]
+    assert gather(same_run, 20) == [[b"\0", b"\1"]] * 2
+    other_runs = [{"TORCHELASTIC_RUN_ID": r} for r in ("a", "b")]
+    assert all(isinstance(g, PeerLost) for g in gather(other_runs, 1))

@@ -109,33 +109,34 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    link = None
+    if args.serve_node:   # a cluster's node service, started by its member (mount/member.py)
+        from ..mount.member import run_service
+        return run_service(args)
     src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
+        from ..dist.cluster import rendezvous
         from ..errors import ConfigError
-        from ..mount.cluster_links import PeerLink
         try:
-            link = PeerLink()
-        except ConfigError as e:   # restarted by hand, outside the job: this node runs on its own
-            print(f"clairvoyant: {e}; this mount runs alone, not as part of a cluster", file=sys.stderr, flush=True)
+            group = rendezvous()
+        except ConfigError as e:   # started by hand, outside a job: this node runs on its own
+            print(f"clairvoyant: clairvoyant mount --cluster: {e}; start one mount per node with mpirun --map-by "
+                  "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 ... --no-python clairvoyant mount "
+                  "(docs/mount.md); this mount runs alone, not as part of a cluster", file=sys.stderr, flush=True)
+        else:
+            from ..mount.member import run_member
+            try:
+                return run_member(args, group)
+            finally:
+                group.close()
         # several "nodes" on one machine (a test, a benchmark): {node} in a path is this node's number
-        node = str(link.node) if link is not None else os.environ.get("CLAIRVOYANT_NODE", "0")
+        node = os.environ.get("CLAIRVOYANT_NODE", "0")
         mnt = mnt.replace("{node}", node)
         local_dir = local_dir.replace("{node}", node) if local_dir else local_dir
+    m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity, stage=not args.no_stage,
+              reindex=args.reindex, **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:
-        m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity,
-                  stage=not args.no_stage, reindex=args.reindex, cluster=link,
-                  **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
-    except BaseException as e:
-        if link is not None:   # the other nodes wait for this one in the start's collectives: end the job
-            print(f"clairvoyant: node {link.node}'s mount did not start ({type(e).__name__}: {e}); ending the "
-                  "job, whose other nodes would wait for it", file=sys.stderr, flush=True)
-            link.abort(1)
-        raise
-    try:
-        role = f"; node {link.node} of a cluster of {link.nodes} mounts" if link is not None else ""
         print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, "
-              f"up to {m.capacity}{role}); Ctrl-C or `clairvoyant umount {m.path}` unmounts", flush=True)
+              f"up to {m.capacity}); Ctrl-C or `clairvoyant umount {m.path}` unmounts", flush=True)
         while not stop.wait(0.2):
             if not m.alive():
                 print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {m.proc.poll()}); "
@@ -207,6 +208,10 @@ def add_parser(sub) -> None:
     p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT (several "
                    "mount points: each node's and the job's)")
     p.add_argument("--json", action="store_true")
+    # (a cluster's node service, started by the member a launcher runs: mount/member.py)
+    p.add_argument("--serve-node", help=argparse.SUPPRESS)
+    p.add_argument("--peer-host", help=argparse.SUPPRESS)
+    p.add_argument("--member", help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_mount)
     u = sub.add_parser("umount", help="unmount a clairvoyant mount (its process exits)")
     u.add_argument("mountpoint")

@@ -142,32 +142,51 @@ def fingerprint(**fields: object) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
-def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> tuple[Group, Any]:
-    """The job's group (collective) and what its peer service runs on (an MPI communicator, or a
-    ZeroMQ backend connected to every rank), by the launcher (:func:`backend`; ``comm``: over this
-    MPI communicator); ``dead()``: ranks the peer service met dead (MPI's watch)."""
+def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> Group:
+    """The job's ranks as a group, by the launcher (:func:`backend`; ``comm``: over this MPI
+    communicator): MPI's collectives, or torchrun's store. ``dead()``: ranks met dead (MPI's watch)."""
     got = "mpi" if comm is not None else backend()
     if got == "mpi":
         from mpi4py import MPI   # imported here: clairvoyant runs without it
         from .mpi import MPIGroup
-        comm = comm if comm is not None else MPI.COMM_WORLD
-        return MPIGroup(comm, dead=dead), comm
+        return MPIGroup(comm if comm is not None else MPI.COMM_WORLD, dead=dead)
     if got != "store":
         raise ConfigError(f"the cluster needs MPI or torchrun's rendezvous: {got}")
     from .store import StoreGroup, job_store
-    from .wire_zmq import ZmqWire, reachable_address
     found = job_store()
     if isinstance(found, str):
         raise ConfigError(f"the cluster cannot start: {found}")
-    group = StoreGroup(*found)
-    wire = ZmqWire(group.rank, group.size, reachable_address(os.environ.get("MASTER_ADDR")))
+    return StoreGroup(*found)
+
+
+def zmq_wire(group: Group, host: str | None = None) -> Any:
+    """A ZeroMQ backend of rank ``group.rank``, bound on ``host`` (default: the address peers reach
+    this node by) and connected to every rank's, the addresses exchanged through ``group``."""
+    from .wire_zmq import ZmqWire, reachable_address
+    wire = ZmqWire(group.rank, group.size, host or reachable_address(os.environ.get("MASTER_ADDR")))
     try:
         wire.connect([b.decode() for b in group.allgather(wire.address.encode(),
                                                           "the exchange of the peer service's addresses")])
     except BaseException:
         wire.shut_down(0.0, set())
         raise
-    return group, wire
+    return wire
+
+
+def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> tuple[Group, Any]:
+    """The job's group (:func:`rendezvous`) and what its peer service runs on: the MPI communicator
+    under MPI, else a ZeroMQ backend connected to every rank (:func:`zmq_wire`)."""
+    group = rendezvous(comm, dead)
+    if group.name == "MPI":   # the service on the communicator itself, the collectives on their duplicate
+        if comm is None:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        return group, comm
+    try:
+        return group, zmq_wire(group)
+    except BaseException:
+        group.close()
+        raise
 
 
 def close_transport(group: Group, on: Any, service: PeerService | None) -> None:

@@ -288,6 +288,12 @@ class PeerService(ServiceThread):
                 log.warning("clairvoyant: the peer service's thread is still inside serve() after %.0f s; "
                             "leaving it behind", CLOSE_WAIT)
 
+    def forgive(self, peers: set[int]) -> None:
+        """Ask ``peers`` again from now on (a cluster formed anew: they were started again)."""
+        with self._lock:
+            for p in peers:
+                self._passed.pop(p, None)
+
     # --- caller side, under the lock -------------------------------------------------------------
 
     def _has_room(self, size: int) -> bool:

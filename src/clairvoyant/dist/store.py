@@ -9,9 +9,11 @@ makes the group in ``Trainer.fit``) still finds its peers. A gather sets this ra
 a key of the gather's number and waits for every rank's (``GATHER_TIMEOUT``: ranks legitimately
 arrive minutes apart, at an epoch's end, after a validation); the last rank to read them deletes
 them. A rank that never arrives is a ``PeerLost`` naming it and what was gathered. Keys live
-under a prefix of the job's run and restart (``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``)
-and of the group's number in this process (each Loader's cluster is one), so a restarted job
-or a second Loader never reads another's.
+under a prefix of the job's run (``TORCHELASTIC_RUN_ID``) and of the group's number in this
+process (each Loader's cluster is one), so a second Loader never reads another's; torchrun's
+agents make a new store for every round of their rendezvous, so a restarted job starts afresh.
+(Not the restart count: the agent whose worker failed counts a restart, the others do not, so
+the ranks of one round would gather under different keys and wait for each other for ever.)
 """
 
 from __future__ import annotations
@@ -64,8 +66,7 @@ class StoreGroup:
                  env: Mapping[str, str] | None = None) -> None:
         import torch.distributed as dist
         env = os.environ if env is None else env
-        prefix = (f"clairvoyant/{env.get('TORCHELASTIC_RUN_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-                  f"/{next(_groups)}")
+        prefix = f"clairvoyant/{env.get('TORCHELASTIC_RUN_ID', 'job')}/{next(_groups)}"
         self.store = dist.PrefixStore(prefix, store)
         self.rank, self.size = int(rank), int(size)
         self.timeout = GATHER_TIMEOUT if timeout is None else float(timeout)

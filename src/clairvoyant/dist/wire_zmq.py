@@ -62,10 +62,12 @@ class ZmqWire:
         self._router = self._socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)    # a reply to a rank not connected: an error, not a silent drop
         self._router.setsockopt(zmq.MAXMSGSIZE, 4096)   # a peer that sends more is cut off (the handshake counts too)
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a rank started again takes its identity over
         port = self._router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self._addresses: list[str] = []
         self._dealers: dict[int, Any] = {}
+        self._dealt: dict[int, str] = {}   # peer -> the address its dealer is connected to
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._of: dict[Any, int] = {}   # dealer socket -> its peer's rank
@@ -80,19 +82,27 @@ class ZmqWire:
         return s
 
     def connect(self, addresses: list[str]) -> None:
-        """Every rank's address, by rank (sockets to peers are made at the first message to each)."""
+        """Every rank's address, by rank (sockets to peers are made at the first message to each).
+        Called again (a cluster formed anew around a running mount): a peer whose address changed
+        is reached at its new one from its next message on."""
         if len(addresses) != self.size:
             raise ValueError(f"{len(addresses)} addresses for {self.size} ranks")
-        self._addresses = list(addresses)
+        self._addresses = list(addresses)   # (one assignment: the service thread reads it)
 
     def _dealer(self, dest: int) -> Any:
         d = self._dealers.get(dest)
+        address = self._addresses[dest]
+        if d is not None and self._dealt[dest] != address:   # the peer was started again elsewhere
+            self._poller.unregister(d)
+            del self._of[d]
+            d.close(linger=0)
+            d = None
         if d is None:
             zmq = self._zmq
             d = self._socket(zmq.DEALER)
             d.setsockopt(zmq.IDENTITY, str(self.rank).encode())
-            d.connect(self._addresses[dest])
-            self._dealers[dest] = d
+            d.connect(address)
+            self._dealers[dest], self._dealt[dest] = d, address
             self._of[d] = dest
             self._poller.register(d, zmq.POLLIN)
         return d

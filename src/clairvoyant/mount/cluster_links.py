@@ -2,20 +2,31 @@
 
 A link has ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve, state)``, ``fetch(peer,
 number, size, timeout, state=False)`` (a file, or a piece of a node's state: its orders, its
-homes), ``counters()`` and ``close()``. :class:`PeerLink` joins one mount per node over the
-cluster's one transport (dist/cluster.py: MPI under ``mpirun``, torchrun's store and ZeroMQ under
-``torchrun --no-python clairvoyant mount``); :class:`LoopbackLink` joins mounts of one process
-(tests). Before anything is mounted the nodes check that they number the same files alike
+homes), ``counters()`` and ``close()``. :class:`ServiceLink` is a node's mount service's, started
+by the process a launcher runs (mount/member.py): peers over ZeroMQ, their addresses given each time
+a launcher forms the cluster, so that the mount outlives its launcher; :class:`PeerLink` joins
+mounts that live in the ranks of an MPI job (``PeerLink.node_leaders``) over the cluster's one
+transport (dist/cluster.py); :class:`LoopbackLink` joins mounts of one process (tests). Before
+anything is mounted the nodes check that they number the same files alike
 (:func:`files_fingerprint`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
+import threading
+import time
 from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..tune.counters import Counters
+
+log = logging.getLogger("clairvoyant")
+ALIVE = 1 << 62   # the piece of a node's state that says it serves (a probe; orders and homes are below)
+PROBE_WAIT = 1.5  # seconds a probe waits for a peer's answer
 
 
 def files_fingerprint(manifest) -> bytes:
@@ -25,6 +36,165 @@ def files_fingerprint(manifest) -> bytes:
     for i in range(len(manifest)):
         digest.update(manifest.keys[i].encode() + b"\0" + int(manifest.sizes[i]).to_bytes(8, "little"))
     return digest.digest()
+
+
+class ServiceLink:
+    """Node ``node`` of ``nodes``: the link of a mount service (mount/member.py) whose peers'
+    addresses the member process gives, over its control socket (``control``: a path), each time
+    a launcher forms the cluster. The peer reads go over ZeroMQ (dist/wire_zmq.py) bound on
+    ``host``; nothing of the launcher's (MPI, torchrun's store) is used here, so the mount goes on
+    serving when its launcher, or a peer, is gone. ``member_pid``: the member that started it."""
+
+    def __init__(self, node: int, nodes: int, host: str, control: str, member_pid: int) -> None:
+        import zmq
+
+        from ..dist.wire_zmq import ZmqWire
+        self.node, self.nodes = int(node), int(nodes)
+        self.member = int(member_pid)
+        self._wire = ZmqWire(self.node, self.nodes, host)
+        self._service = None
+        self._fingerprint: bytes | None = None
+        self._addresses: list[str] = []
+        self._joined = threading.Event()
+        self._join_error: str | None = None
+        self.joins = 0
+        self.asked: str | None = None    # what the member last asked: "leave" (its launcher ends it) or "unmount"
+        self.asked_event = threading.Event()
+        self.described: dict = {}         # the mount's description, once mounted (the member's hello)
+        self.serving_on = False           # it went on serving after its launcher ended it (a node was lost)
+        self.lost: frozenset[int] = frozenset()   # peers found lost (not asked until the cluster forms again)
+        self.control = control
+        self.info = {"control": control}  # (in the mount's description: a member started later finds it)
+        self._ctx = zmq.Context(io_threads=1)
+        self._rep = self._ctx.socket(zmq.REP)
+        self._rep.setsockopt(zmq.LINGER, 0)
+        self._rep.bind(f"ipc://{control}")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._answer, name="clairvoyant-member", daemon=True)
+        self._thread.start()
+
+    # -- the member's requests (JSON over the control socket; never pickled) ------------------
+
+    def _answer(self) -> None:
+        import zmq
+        while not self._stop.is_set():
+            if not self._rep.poll(100):
+                continue
+            try:
+                msg = json.loads(self._rep.recv())
+                reply = self._handle(msg if isinstance(msg, dict) else {})
+            except (ValueError, zmq.ZMQError) as e:
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            try:
+                self._rep.send(json.dumps(reply).encode())
+            except zmq.ZMQError:
+                pass
+
+    def _handle(self, msg: dict) -> dict:
+        op = msg.get("op")
+        if op == "hello":
+            return {"node": self.node, "nodes": self.nodes, "pid": os.getpid(), "address": self._wire.address,
+                    "fingerprint": self._fingerprint.hex() if self._fingerprint else None,
+                    "mounted": self.described or None, "joins": self.joins, "serving_on": self.serving_on}
+        if op == "join":
+            addresses = msg.get("addresses")
+            error = msg.get("error")
+            if error is None and (not isinstance(addresses, list) or len(addresses) != self.nodes
+                                  or not all(isinstance(a, str) for a in addresses)):
+                return {"error": f"a join gives {self.nodes} addresses"}
+            self.member = int(msg.get("member", self.member))
+            if error is not None:
+                self._join_error = str(error)
+            else:
+                changed = {p for p, a in enumerate(addresses) if p < len(self._addresses) and a != self._addresses[p]}
+                self._addresses = list(addresses)
+                self._wire.connect(self._addresses)
+                if self._service is not None:
+                    self._service.forgive(changed)
+                self.joins += 1
+                self.asked, self.serving_on, self.lost = None, False, frozenset()
+                if self.joins > 1:
+                    print(f"clairvoyant: node {self.node} rejoined a cluster of {self.nodes} mounts (formed again "
+                          f"by a launcher; {len(changed)} node(s) at new addresses)", flush=True)
+            self._joined.set()
+            return {"ok": True, "joins": self.joins}
+        if op in ("leave", "unmount"):
+            self.asked = op
+            self.asked_event.set()
+            return {"ok": True}
+        return {"error": f"unknown request {op!r}"}
+
+    def member_alive(self) -> bool:
+        try:
+            os.kill(self.member, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:   # a zombie (its launcher has not reaped it yet) is gone too
+            with open(f"/proc/{self.member}/stat") as f:
+                return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+        except OSError:
+            return True
+
+    # -- the link ---------------------------------------------------------------------------------
+
+    def agree(self, fingerprint: bytes, what: str) -> None:
+        """Tell the member ``fingerprint`` and wait for its word: every node's was the same (the
+        peers' addresses), or not (a ConfigError saying which differ)."""
+        from ..dist.store import GATHER_TIMEOUT
+        self._fingerprint = bytes(fingerprint)
+        deadline = time.monotonic() + GATHER_TIMEOUT
+        while not self._joined.wait(0.2):
+            if not self.member_alive():
+                raise ConfigError(f"node {self.node}'s launcher process ended before the nodes agreed on {what}")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the nodes did not agree on {what} within {GATHER_TIMEOUT:.0f} s")
+        if self._join_error is not None:
+            raise ConfigError(self._join_error)
+
+    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
+        from ..dist.peers import PeerService
+
+        def answer(number: int) -> bytes | None:
+            if number == ALIVE:
+                return b"\x01"
+            return state(number) if state is not None else None
+        self._service = PeerService(self._wire, serve, state=answer, serve_threads=8, idle_max=2e-4)
+        self._service.start()
+
+    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
+        if self._service is None or peer in self.lost:
+            return None
+        got = self._service.fetch(peer, number, size, timeout, state=state)
+        return got if got is not None and len(got) == size else None
+
+    def unanswered(self, timeout: float = PROBE_WAIT) -> list[int]:
+        """The peers that do not answer a probe within ``timeout`` seconds (asked at once)."""
+        import concurrent.futures
+        peers = [p for p in range(self.nodes) if p != self.node]
+        if not peers:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(len(peers)) as pool:
+            got = list(pool.map(lambda p: self.fetch(p, ALIVE, 1, timeout, state=True), peers))
+        return [p for p, g in zip(peers, got) if g != b"\x01"]
+
+    def counters(self) -> dict:
+        return {} if self._service is None else self._service.counters()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self._service is not None:
+            self._service.close()
+        else:
+            self._wire.shut_down(0.0, set())
+        self._rep.close(0)
+        self._ctx.term()
+        try:
+            os.unlink(self.control)
+        except OSError:
+            pass
 
 
 class PeerLink:

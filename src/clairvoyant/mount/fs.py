@@ -199,7 +199,8 @@ class Mount:
             self.info = {"clairvoyant_mount": 1, "source": src.root, "mount": self.path, "pid": os.getpid(),
                          "local_dir": self.local_dir, "tier": self.tiers.local.root, "orders": self.orders_dir,
                          "stats": self.stats_path, "staging": os.path.join(work, "staging.json"),
-                         "samples": len(self.manifest), "capacity": self.capacity.nbytes}
+                         "samples": len(self.manifest), "capacity": self.capacity.nbytes,
+                         **getattr(cluster, "info", {})}   # (a cluster service's control socket)
             listing.publish_bytes(os.path.join(work, "info.json"), json.dumps(self.info, indent=1).encode())
             w = -1
             homes_args: list[str] = []

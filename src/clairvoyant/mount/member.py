@@ -1,0 +1,335 @@
+"""MECHANISM: a cluster mount started by a launcher, as two processes: the member the launcher runs,
+and the node's mount service that the member starts (or finds) and that outlives it.
+
+Gang launchers (``mpirun``, torchrun's agents, ``srun``) end every process of a job when one of
+them fails; a mount is a per-node service that programs on the node depend on. So the process the
+launcher starts (``clairvoyant mount --cluster SRC MNT``: :func:`run_member`) only forms the
+cluster: it joins the launcher's rendezvous (dist/cluster.py ``rendezvous``: MPI's collectives, or
+torchrun's store), starts the node's mount service in a session of its own (``--serve-node``:
+:func:`run_service`, the ``Mount`` with a ``ServiceLink``), or finds the one already serving
+``MNT`` (a launcher that restarted its workers, a new job around running mounts), checks with the
+other members that every node lists the same files, exchanges the services' ZeroMQ addresses and
+gives them to its service (``join``). The peer reads go service to service over ZeroMQ
+(mount/cluster_links.py), without the launcher.
+
+How each end is taken (the member is told over the service's control socket):
+
+- **Ctrl-C** (SIGINT to the member; torchrun passes its own on as SIGINT): the member asks its
+  service to unmount, and waits for it.
+- **A launcher's teardown** (SIGTERM: ``mpirun`` sends it both when it is interrupted and when a
+  rank died; torchrun when a worker failed): the member asks its service to ``leave``. The service
+  probes its peers: if every one answers, the whole job is ending and it unmounts (after
+  ``LEAVE_GRACE``, answering the others' probes meanwhile); if one does not, a node was lost and
+  the launcher ends the job because of it: the service goes on serving, from its tier, the peers
+  that answer, and the store, and says so in its log.
+- **The member killed** (SIGKILL, nothing said): the service goes on, as above.
+- **`clairvoyant umount MNT`** (SIGTERM to the service) unmounts; the member, if any, then ends.
+
+A node started again joins the others at the next formation of the cluster (a restarted launcher,
+torchrun's ``--max-restarts``): every member gives its service the new addresses, and a service
+that was serving already logs that it rejoined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from ..errors import ConfigError
+
+SERVICE_PREFIX = "clairvoyant-service-"   # <tmp>/clairvoyant-service-<pid>.log and .ctl: a service's log and control
+LEAVE_GRACE = 4.0    # seconds a leaving service keeps answering its peers' probes before it unmounts
+START_WAIT = float(os.environ.get("CLAIRVOYANT_GATHER_TIMEOUT", "1800"))   # for a service to list the source
+_LAUNCHER_VARS = ("OMPI_", "PMIX_", "PRTE_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LOCAL_", "MASTER_", "RANK",
+                  "WORLD_SIZE", "SLURM_STEP", "PMI_")
+
+
+def _paths(pid: int) -> tuple[str, str]:
+    stem = os.path.join(tempfile.gettempdir(), f"{SERVICE_PREFIX}{pid}")
+    return stem + ".log", stem + ".ctl"
+
+
+def _sweep() -> None:
+    """Remove the logs and control sockets of services that are gone (killed: nothing cleaned up)."""
+    from ..nodeio.fileio import process_alive
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        pid = name[len(SERVICE_PREFIX):].split(".", 1)[0]
+        if name.startswith(SERVICE_PREFIX) and pid.isdigit() and not process_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(tmp, name))
+            except OSError:
+                pass
+
+
+def ask(control: str, msg: dict, timeout: float = 5.0) -> dict | None:
+    """The service's answer to ``msg`` over its control socket, or None (no answer in time)."""
+    import zmq
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(f"ipc://{control}")
+        s.send(json.dumps(msg).encode())
+        if not s.poll(int(timeout * 1000)):
+            return None
+        got = json.loads(s.recv())
+        return got if isinstance(got, dict) else None
+    except (zmq.ZMQError, ValueError):
+        return None
+    finally:
+        s.close(0)
+
+
+# -- the member: what the launcher runs ----------------------------------------------------------------
+
+class _Service:
+    """The node's mount service as the member sees it: its pid, control socket and log."""
+
+    def __init__(self, pid: int, control: str, log: str, proc: subprocess.Popen | None) -> None:
+        self.pid, self.control, self.log, self.proc = pid, control, log, proc
+        self._at = 0
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        from ..nodeio.fileio import process_alive
+        return process_alive(self.pid)
+
+    def relay(self, out=None) -> None:
+        """Print what the service logged since the last call (on the member's own output)."""
+        out = out or sys.stdout
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._at)
+                text = f.read()
+        except OSError:
+            return
+        self._at += len(text)
+        if text:
+            out.write(text.decode(errors="replace"))
+            out.flush()
+
+
+def _adopt(mnt: str, node: int, nodes: int, source: str) -> _Service | None:
+    """The service already serving ``mnt`` for node ``node`` of ``nodes``, or None (nothing mounted
+    there). A ConfigError where another mount serves it."""
+    from ..fuse.daemon import mounted
+    from .fs import read_info
+    if not mounted(mnt):
+        return None
+    try:
+        info = read_info(mnt)
+    except ConfigError:
+        return None   # a dead mount: the service's start clears it (check_mountpoint)
+    control = info.get("control")
+    hello = ask(control, {"op": "hello"}) if control else None
+    if hello is None:
+        raise ConfigError(f"{mnt} is mounted by another clairvoyant mount (pid {info.get('pid')}, not a cluster's "
+                          f"service); unmount it (clairvoyant umount {mnt}) first")
+    if (hello["node"], hello["nodes"]) != (node, nodes) or info.get("source") != source:
+        raise ConfigError(f"{mnt} is served as node {hello['node']} of {hello['nodes']} mounts of "
+                          f"{info.get('source')}, not node {node} of {nodes} of {source}; unmount it "
+                          f"(clairvoyant umount {mnt}) first")
+    log, _ = _paths(int(hello["pid"]))
+    svc = _Service(int(hello["pid"]), control, log, None)
+    try:
+        svc._at = os.path.getsize(log)
+    except OSError:
+        pass
+    return svc
+
+
+def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, node: int, nodes: int,
+           host: str) -> _Service:
+    """Start the node's mount service in a session of its own (a launcher's teardown does not reach
+    it), its output in its log."""
+    _sweep()
+    tmp_log = os.path.join(tempfile.gettempdir(), f"{SERVICE_PREFIX}new-{uuid.uuid4().hex}.log")
+    cmd = [sys.executable, "-m", "clairvoyant", "mount", src, mnt, "--serve-node", f"{node}/{nodes}",
+           "--peer-host", host, "--member", str(os.getpid())]
+    if local_dir:
+        cmd += ["--local-dir", local_dir]
+    if args.local_capacity:
+        cmd += ["--local-capacity", args.local_capacity]
+    if args.stage_threads is not None:
+        cmd += ["--stage-threads", str(args.stage_threads)]
+    if args.reindex:
+        cmd += ["--reindex"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+    with open(tmp_log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, close_fds=True)
+    log, control = _paths(proc.pid)
+    os.rename(tmp_log, log)   # (the service writes on through its descriptor)
+    return _Service(proc.pid, control, log, proc)
+
+
+def run_member(args: argparse.Namespace, group) -> int:
+    """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
+    ``group``: the launcher's rendezvous (dist/cluster.py)."""
+    from ..dist.group import agree
+    from ..dist.wire_zmq import reachable_address
+    node, nodes = group.rank, group.size
+    src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
+    local_dir = local_dir.replace("{node}", str(node)) if local_dir else local_dir
+    src, mnt = os.path.realpath(src), os.path.realpath(mnt)
+    got: list[str] = []
+    told = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        got.append("unmount" if signum == signal.SIGINT else "leave")
+        told.set()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+    def fail(why: str) -> int:   # before the nodes agreed: the others wait for this one; end the job
+        print(f"clairvoyant: node {node}'s mount did not start ({why}); ending the job, whose other nodes would "
+              "wait for it", file=sys.stderr, flush=True)
+        comm = getattr(group, "comm", None)
+        if comm is not None:
+            comm.Abort(1)
+        return 1
+
+    try:
+        svc = _adopt(mnt, node, nodes, src)
+    except ConfigError as e:
+        return fail(str(e))
+    adopted = svc is not None
+    if svc is None:
+        svc = _spawn(args, src, mnt, local_dir, node, nodes, reachable_address(os.environ.get("MASTER_ADDR")))
+    hello = None
+    deadline = time.monotonic() + START_WAIT
+    while svc.alive() and time.monotonic() < deadline and not told.is_set():
+        svc.relay(sys.stderr)
+        hello = ask(svc.control, {"op": "hello"}, 1.0) if os.path.exists(svc.control) else None
+        if hello is not None and hello.get("fingerprint"):
+            break
+        time.sleep(0.1)
+    svc.relay(sys.stderr)
+    if hello is None or not hello.get("fingerprint"):
+        return fail("its mount service ended" if not svc.alive() else "interrupted or timed out")
+    error = None
+    try:
+        agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
+        addresses = [b.decode() for b in group.allgather(hello["address"].encode(),
+                                                         "the exchange of the mount services' addresses")]
+    except ConfigError as e:
+        error, addresses = str(e), None
+    ask(svc.control, {"op": "join", "addresses": addresses, "error": error, "member": os.getpid()})
+    if error is not None:
+        print(f"clairvoyant: {error}", file=sys.stderr, flush=True)
+        return 1
+    while svc.alive() and not told.is_set():   # until it is mounted
+        hello = ask(svc.control, {"op": "hello"}, 1.0)
+        if hello is not None and hello.get("mounted"):
+            break
+        svc.relay(sys.stderr)
+        time.sleep(0.1)
+    svc.relay(sys.stderr)
+    if hello is not None and hello.get("mounted"):
+        how = "rejoined the cluster, serving on" if adopted else "joined the cluster"
+        print(f"clairvoyant: node {node} of {nodes}: the mount at {mnt} {how} (service pid {svc.pid}, its log "
+              f"{svc.log}); Ctrl-C or `clairvoyant umount {mnt}` unmounts", flush=True)
+    while svc.alive() and not told.wait(0.2):
+        svc.relay(sys.stderr)
+    if got:   # tell the service, and wait for what it does
+        ask(svc.control, {"op": got[-1]})
+        end = time.monotonic() + LEAVE_GRACE + 10
+        while svc.alive() and time.monotonic() < end:
+            svc.relay(sys.stderr)
+            hello = ask(svc.control, {"op": "hello"}, 0.5)
+            if got[-1] == "leave" and hello is not None and hello.get("serving_on"):   # (a node was lost)
+                break
+            time.sleep(0.1)
+        svc.relay(sys.stderr)
+        return 0
+    svc.relay(sys.stderr)
+    code = svc.proc.returncode if svc.proc is not None else 0
+    if code:
+        print(f"clairvoyant: node {node}'s mount service ended (exit status {code})", file=sys.stderr, flush=True)
+    return 1 if code else 0
+
+
+# -- the service: the node's mount, in a session of its own ---------------------------------------------
+
+def run_service(args: argparse.Namespace) -> int:
+    """``clairvoyant mount SRC MNT --serve-node N/NODES ...`` (started by a member): the node's mount
+    with a ServiceLink until unmounted (module docstring)."""
+    import logging
+
+    from .cluster_links import ServiceLink
+    from .fs import Mount
+    log = logging.getLogger("clairvoyant")
+    node, nodes = (int(x) for x in args.serve_node.split("/"))
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        stop.set()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    log_path, control = _paths(os.getpid())
+    link = ServiceLink(node, nodes, args.peer_host, control, int(args.member))
+    try:
+        m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
+                  reindex=args.reindex, cluster=link,
+                  **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
+    except BaseException as e:
+        print(f"clairvoyant: node {node}'s mount did not start: {type(e).__name__}: {e}", flush=True)
+        link.close()
+        return 1
+    clean = False
+    try:
+        link.described = {"mount": m.path, "tier": m.tiers.local.root}
+        print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, up to "
+              f"{m.capacity}); node {node} of a cluster of {nodes} mounts", flush=True)
+        member_seen = True
+        while not stop.is_set():
+            link.asked_event.wait(0.2)
+            if not m.alive():
+                print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {m.proc.poll()}); cleaning up",
+                      flush=True)
+                return 1
+            if link.asked == "unmount":
+                break
+            if link.asked == "leave":
+                link.asked_event.clear()
+                since = time.monotonic()
+                lost = link.unanswered()
+                if not lost:
+                    print(f"clairvoyant: node {node}: the launcher ends this mount's member and every node answers: "
+                          "the job ends; unmounting", flush=True)
+                    stop.wait(max(0.0, LEAVE_GRACE - (time.monotonic() - since)))   # (the others' probes answered)
+                    break
+                link.asked, link.serving_on, link.lost = None, True, frozenset(lost)
+                print(f"clairvoyant: node {node}: node(s) {lost} did not answer and the launcher ends this mount's "
+                      f"member: a node was lost; serving on at {m.path} from this node's tier, the nodes that answer "
+                      "and the store (a launcher started again forms the cluster again; `clairvoyant umount "
+                      f"{m.path}` unmounts)", flush=True)
+                member_seen = False
+            link.asked_event.clear()
+            if member_seen and not link.member_alive():
+                member_seen = False
+                print(f"clairvoyant: node {node}: the launcher's process of this mount is gone; serving on at {m.path} "
+                      "(from the tier, the nodes that answer and the store) until a launcher forms the cluster "
+                      f"again or `clairvoyant umount {m.path}`", flush=True)
+            if not member_seen and link.member_alive():
+                member_seen = True   # (a new member joined it: ServiceLink's join)
+        clean = True
+        return 0
+    finally:
+        m.close()
+        link.close()
+        if clean:
+            try:
+                os.unlink(log_path)
+            except OSError:
+                pass
