@@ -112,14 +112,14 @@ def build(args: argparse.Namespace):
                   decode_rate=args.decode_rate, cores=args.cores, stage_threads=args.stage_threads,
                   loader_workers=args.loader_workers, jobs=args.experiments)
     job = Job(nodes=args.nodes, gpus=args.gpus, batch_size=args.batch_size, step_time=args.step_time,
-              epochs=args.epochs, seed=args.seed)
+              epochs=args.epochs, seed=args.seed, lost_at=getattr(args, "lose_node_at", None))
     return job, sizes, hw, overhead
 
 
-def _policies(value: str) -> tuple[str, ...]:
+def _policies(value: str, lost: bool = False) -> tuple[str, ...]:
     from ..sim.policies import POLICIES
-    if value == "all":
-        return POLICIES
+    if value == "all":   # (the mount without a sampler does not model a node's loss)
+        return tuple(p for p in POLICIES if not (lost and p in ("read-through", "cluster-lru")))
     names = tuple(p.strip() for p in value.split(",") if p.strip())
     bad = [p for p in names if p not in POLICIES]
     if bad:
@@ -132,7 +132,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..sim import report
 
     job, sizes, hw, overhead = build(args)
-    policies = _policies(args.policies)
+    policies = _policies(args.policies, job.lost_at is not None)
     quiet = args.json or not sys.stderr.isatty()
     say = None if quiet else (lambda m: print(f"simulating: {m}", file=sys.stderr))
     out: dict = {}
@@ -211,6 +211,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=3, help="epochs (default 3)")
     g.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default 0)")
     g.add_argument("--experiments", type=int, default=1, help="identical jobs sharing the store (default 1)")
+    g.add_argument("--lose-node-at", type=int, metavar="K", help="the last node is lost at the start of epoch K and "
+                   "the job restarts elastically on the others, their tiers as they were (torchrun --max-restarts): "
+                   "what the store pays after")
     d = p.add_argument_group("the data set")
     d.add_argument("--samples", help="samples, e.g. 1.28M (default 1,281,167, or the preset's)")
     d.add_argument("--sample-size", help="mean sample size, e.g. 110KB (default 110 kB, or the preset's)")

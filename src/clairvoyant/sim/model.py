@@ -226,6 +226,7 @@ class Job:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
+    lost_at: int | None = None   # the last node lost at the start of this epoch: the job restarted on the others
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus", "batch_size", "epochs"):
@@ -233,6 +234,16 @@ class Job:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_time < 0:
             raise ConfigError(f"step_time must be >= 0 seconds, got {self.step_time}")
+        if self.lost_at is not None and not (self.nodes > 1 and 0 < self.lost_at < self.epochs):
+            raise ConfigError(f"a node lost at epoch {self.lost_at}: give an epoch from 1 to {self.epochs - 1} of a "
+                              f"job of several nodes ({self.nodes} here)")
+
+    def at(self, epoch: int) -> "Job":
+        """The job that runs ``epoch``: this one, or after ``lost_at`` the same on one node fewer
+        (restarted elastically on the survivors, ranks renumbered in node blocks)."""
+        if self.lost_at is None or epoch < self.lost_at:
+            return self
+        return replace(self, nodes=self.nodes - 1, lost_at=None)
 
     @property
     def world_size(self) -> int:

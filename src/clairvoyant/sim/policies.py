@@ -42,7 +42,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ..errors import ConfigError
-from ..plan.cluster import plan_cluster_epoch
+from ..plan.cluster import homes_held, plan_cluster_epoch
 from ..plan.order import epoch_order
 from ..plan.partition import batch_lengths, rank_rows
 from ..plan.residency import EpochResidency, simulate_epoch
@@ -175,7 +175,8 @@ class Policy:
         return dict(seed=j.seed, batch_size=j.batch_size, shuffle=j.shuffle, drop_last=j.drop_last)
 
     def _empty(self, epoch: int, lookahead: int, readers: int) -> EpochTraffic:
-        z = np.zeros((self.steps, self.job.nodes), np.int64)
+        j = self.job.at(epoch)   # (one node fewer after a node's loss: Job.lost_at)
+        z = np.zeros((j.steps(self.num_samples), j.nodes), np.int64)
         return EpochTraffic(self.name, epoch, z.copy(), *(z.copy() for _ in COUNTS), z.copy(), lookahead, readers)
 
     def staging_lookahead(self) -> int:
@@ -190,7 +191,7 @@ class Policy:
 
     def _count_arrays(self, t: EpochTraffic, samples: np.ndarray, step: np.ndarray, node: np.ndarray,
                       served_by: np.ndarray, write: np.ndarray, add: bool = False) -> None:
-        S, N = self.steps, self.job.nodes
+        S, N = t.steps, t.nodes
         z = self.sizes[samples].astype(np.float64)
         own = served_by == node
         store = served_by < 0
@@ -228,9 +229,9 @@ class StorePolicy(Policy):
         readers = hw.stage_threads if self.staged else hw.loader_workers * j.gpus
         for e in range(j.epochs):
             t = self._empty(e, look, readers)
-            ns = node_sequences(self.num_samples, j, e)
-            t.samples[:] = np.bincount(ns.step, minlength=self.steps)[:, None]
-            t.bytes[:] = _per_step(self.sizes[ns.seq], ns.step, self.steps)
+            ns = node_sequences(self.num_samples, j.at(e), e)
+            t.samples[:] = np.bincount(ns.step, minlength=t.steps)[:, None]
+            t.bytes[:] = _per_step(self.sizes[ns.seq], ns.step, t.steps)
             t.store_n[:], t.store_b[:] = t.samples, t.bytes
             yield t
 
@@ -293,24 +294,26 @@ class NodeTierPolicy(Policy):
         following = node_sequences(self.num_samples, j, 0)
         for e in range(j.epochs):
             t = self._empty(e, look, hw.stage_threads)
-            this, following = following, node_sequences(self.num_samples, j, e + 1)
+            held = held[:t.nodes]   # (a node lost: the survivors' tiers go on)
+            this = following if following.seq.shape[0] == t.nodes else node_sequences(self.num_samples, j.at(e), e)
+            following = node_sequences(self.num_samples, j.at(e), e + 1)   # (a restart is not foreseen)
             step = this.step
             z = self.sizes[this.seq]
             hits = np.zeros(this.seq.shape, bool)
             writes = np.zeros(this.seq.shape, bool)
-            for n in range(j.nodes):
+            for n in range(t.nodes):
                 res, held[n] = node_tier_epoch(this.seq[n], following.seq[n], self.entry_sizes,
                                                hw.local_capacity, held[n])
                 hits[n] = res.hit
                 writes[n] = res.keep & ~res.hit   # a miss the tier keeps: an entry written
-            t.samples[:] = np.bincount(step, minlength=self.steps)[:, None]
-            t.bytes[:] = _per_step(z, step, self.steps)
-            t.local_n[:] = _per_step(hits, step, self.steps)
-            t.local_b[:] = _per_step(np.where(hits, z, 0), step, self.steps)
+            t.samples[:] = np.bincount(step, minlength=t.steps)[:, None]
+            t.bytes[:] = _per_step(z, step, t.steps)
+            t.local_n[:] = _per_step(hits, step, t.steps)
+            t.local_b[:] = _per_step(np.where(hits, z, 0), step, t.steps)
             t.store_n[:] = t.samples - t.local_n
             t.store_b[:] = t.bytes - t.local_b
-            t.write_n[:] = _per_step(writes, step, self.steps)
-            t.write_b[:] = _per_step(np.where(writes, z, 0), step, self.steps)
+            t.write_n[:] = _per_step(writes, step, t.steps)
+            t.write_b[:] = _per_step(np.where(writes, z, 0), step, t.steps)
             yield t
 
 
@@ -327,14 +330,17 @@ class ClusterPolicy(Policy):
 
     def epochs(self) -> Iterator[EpochTraffic]:
         j, hw = self.job, self.hw
-        layout = j.layout
-        residents = None
+        residents, home = None, None
         look = self.staging_lookahead()
         for e in range(j.epochs):
-            plan = plan_cluster_epoch(self.num_samples, epoch=e, layout=layout, capacities=hw.local_capacity,
-                                      sizes=self.entry_sizes, residents=residents, **self._kw())
-            residents = list(plan.residents_after)
             t = self._empty(e, look, hw.stage_threads)
+            layout = j.at(e).layout
+            if residents is not None and len(residents) > t.nodes:   # a node lost: the job restarted on the others,
+                residents = residents[:t.nodes]                       # whose tiers stay as they are (the Loader's
+                home = homes_held(self.num_samples, layout=layout, residents=residents, **self._kw())   # run)
+            plan = plan_cluster_epoch(self.num_samples, epoch=e, layout=layout, capacities=hw.local_capacity,
+                                      sizes=self.entry_sizes, residents=residents, home=home, **self._kw())
+            residents, home = list(plan.residents_after), plan.home
             fast = not self.per_node_views and all(hasattr(plan, a) for a in
                                                    ("samples", "node", "step", "served_by", "keep", "home"))
             if fast:   # the plan's per-access arrays, where it has them: one pass for every node
@@ -342,7 +348,7 @@ class ClusterPolicy(Policy):
                 write = np.asarray(plan.keep) & (np.asarray(plan.served_by) < 0) & (plan.home[plan.samples] == node)
                 self._count_arrays(t, plan.samples, plan.step, node, plan.served_by, write)
             else:      # the stable API: each node's view
-                for n in range(j.nodes):
+                for n in range(t.nodes):
                     v = plan.for_node(n)
                     by = np.where(v.hit, n, v.peer).astype(np.int64)
                     write = v.keep & ~v.hit & (v.peer < 0)
@@ -358,6 +364,9 @@ class UnplannedPolicy(Policy):
     def __init__(self, job: Job, sizes: np.ndarray, hw: Hardware, *, cluster: bool, overhead: int = 32) -> None:
         super().__init__(job, sizes, hw, overhead=overhead)
         self.name = "cluster-lru" if cluster else "read-through"
+        if job.lost_at is not None:
+            raise ConfigError(f"{self.name} (the mount without a sampler) does not model a node's loss; "
+                              "choose among store-only, staging, node and cluster")
         n = job.nodes
         if cluster:
             self._homes = HomesLRU(hash_homes(self.num_samples, n), [hw.local_capacity] * n, self.entry_sizes)

@@ -34,7 +34,9 @@ def format_table(sim: Simulation) -> str:
             f"{sim.num_samples:,} samples, {format_bytes(sim.dataset_bytes)} "
             f"(mean {format_bytes(sim.dataset_bytes / max(sim.num_samples, 1))}); tier {format_bytes(hw.local_capacity)} "
             f"per node ({hw.local_capacity * j.nodes / max(sim.dataset_bytes, 1):.2f}x the data set in all), "
-            f"window {format_bytes(hw.window)}; store {hw.store.name}")
+            f"window {format_bytes(hw.window)}; store {hw.store.name}"
+            + (f"; node {j.nodes - 1} lost at epoch {j.lost_at}, the job restarted on the other {j.nodes - 1}"
+               if j.lost_at is not None else ""))
     rows = [("policy", "epoch s", "stall", "p99 wait", "store / epoch", "store / job", "peers / epoch", "bound by")]
     for r in sim.runs:
         s = r.summary()
