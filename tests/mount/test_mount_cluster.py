@@ -889,3 +889,30 @@ def test_a_gather_waits_less_for_a_node_that_offered_nothing_before(monkeypatch)
     offers[2] = co.encode(orders(2))   # control
     got = co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 30.0, silent={2})
     assert got is not None and [o.node for o in got] == [0, 1, 2]
+
+
+def test_a_gather_does_not_wait_for_a_node_lost():
+    """``gather`` of 3 nodes, node 2 lost (the cluster went on without it): the orders of nodes 0
+    and 1 come back at once, though their ranks are not the whole world. Control: without being
+    told node 2 is lost, the gather waits its whole wait and gives up."""
+    import numpy as np
+
+    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.numbering import Numbered
+
+    one = np.ones(1, np.int64)
+
+    def orders(n: int) -> "co.NodeOrders":
+        return co.NodeOrders(n, 0, 3, 1, {n: Numbered(one * n, one, one * n, one)})
+    blob = co.encode(orders(1))
+
+    def fetch(peer: int, number: int, size: int):
+        if peer != 1:
+            return None
+        return co.length_answer(blob) if number == co.orders_number(0, False) else blob
+    t0 = time.monotonic()
+    got = co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 30.0, lost=frozenset({2}))
+    assert got is not None and [o.node for o in got] == [0, 1] and time.monotonic() - t0 < 1
+    t0 = time.monotonic()
+    assert co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 1.0) is None   # control
+    assert time.monotonic() - t0 >= 1.0

@@ -141,3 +141,35 @@ def test_a_nodes_duty_follows_the_plan():
         assert d.duty.store == frozenset(v.samples[~own & (v.peer < 0)].tolist())
         assert all(homes[g] == node for g in d.duty.keep)
     assert node_duty(plan.for_node(0), homes, 0).duty.keep != node_duty(plan.for_node(1), homes, 1).duty.keep
+
+
+def _node_orders(node: int, world: int, files: list[int], residents: dict | None = None):
+    from clairvoyant.mount.cluster_orders import NodeOrders
+    from clairvoyant.mount.numbering import Numbered
+    f = np.asarray(files, np.int64)
+    one = np.ones(len(f), np.int64)
+    return NodeOrders(node, 0, world, 10**9, {node: Numbered(f, one, f, one)}, residents or {})
+
+
+def test_a_lost_node_leaves_a_dense_plan_of_the_others_and_its_files_homed_among_them():
+    """Node 2 of 4 lost: the orders of nodes 0, 1 and 3 are planned as nodes 0..2 with ranks 0..2;
+    node 2's files go to their first reader among the three (file 6: node 3 reads it first), a file
+    none of them reads to one of them by its number; the others' homes stay. Control: with every
+    node there, the orders and homes are as they were."""
+    from clairvoyant.plan.cluster_walk import dense_homes, survivors
+
+    orders = [_node_orders(0, 4, [0, 1]), _node_orders(1, 4, [2, 3]), _node_orders(3, 4, [6, 7, 4])]
+    dense, nodes_of = survivors(orders)
+    assert nodes_of.tolist() == [0, 1, 3]
+    assert [o.node for o in dense] == [0, 1, 2] and [sorted(o.ranks) for o in dense] == [[0], [1], [2]]
+    assert all(o.world_size == 3 for o in dense)
+    homes = np.array([0, 0, 1, 1, 2, 2, 2, 3, 2], np.int32)   # files 4, 5, 6, 8 were node 2's
+    got = dense_homes(homes, nodes_of, 4, dense)
+    assert got.tolist()[:4] == [0, 0, 1, 1] and got[7] == 2   # kept (as plan indices)
+    assert got[4] == 2 and got[6] == 2                         # first read by node 3 (plan index 2)
+    assert got[5] == 5 % 3 and got[8] == 8 % 3                 # read by none: by number
+    assert (got == dense_homes(homes, nodes_of, 4, dense)).all()   # the same on every node
+    whole = [_node_orders(n, 4, [n]) for n in range(4)]           # control
+    same, ident = survivors(whole)
+    assert same == whole and ident.tolist() == [0, 1, 2, 3]
+    assert dense_homes(homes, ident, 4, same).tolist() == homes.tolist()

@@ -387,6 +387,10 @@ class MountCluster:
             return None if basis < 0 else homes_answer(homes, basis)
         return blob if body else length_answer(blob)
 
+    def lost_nodes(self) -> frozenset[int]:
+        """The nodes the cluster went on without (its link's word: ServiceLink's ``lost``)."""
+        return frozenset(getattr(self.link, "lost", frozenset()))
+
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
         """A peer's answer to a request for a piece of its state (its orders, its homes), or None."""
         try:   # (a node's orders can be megabytes: more time than a file's ask)

@@ -161,7 +161,8 @@ def homes_of(answer: bytes | None, num_files: int) -> tuple[np.ndarray, int] | N
 
 def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int, epoch: int, mine: NodeOrders,
            stop: Callable[[], bool], num_files: int, wait: float = GATHER_WAIT, *,
-           silent: frozenset[int] | set[int] = frozenset(), missing: set[int] | None = None) -> list[NodeOrders] | None:
+           silent: frozenset[int] | set[int] = frozenset(), missing: set[int] | None = None,
+           lost: frozenset[int] | Callable[[], frozenset[int]] = frozenset()) -> list[NodeOrders] | None:
     """Every node's orders of ``epoch`` (``mine`` for this node), asked of each peer through
     ``fetch(peer, number, size)`` round after round until the nodes' ranks together are every rank
     of the world once; None if that does not happen within ``wait`` seconds (a peer that is gone,
@@ -169,14 +170,17 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
     that offered nothing. Where only peers that offered nothing last time too (``silent``: a node
     without samplers) are missing, ``QUICK_WAIT`` seconds are waited, not ``wait``. Each round
     asks each peer for its blob's length and checksum, and for the blob only when those changed
-    (its samplers may publish more ranks)."""
+    (its samplers may publish more ranks). Nodes ``lost`` (the cluster went on without them; a
+    callable is asked each round) are not asked nor waited for: the others' orders, their ranks
+    distinct, are then the epoch's."""
     got: dict[int, NodeOrders] = {node: mine}
     seen: dict[int, bytes] = {}
     start = time.monotonic()
     deadline = start + wait
     while True:
+        gone = lost() if callable(lost) else lost
         for peer in range(nodes):
-            if peer == node:
+            if peer == node or peer in gone:
                 continue
             if stop():
                 return None
@@ -187,12 +191,15 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
             o = _body(fetch, peer, epoch, n, num_files)
             if o is not None and o.node == peer and o.epoch == epoch:
                 got[peer], seen[peer] = o, head
-        if len(got) == nodes:
-            ranks = [r for o in got.values() for r in o.ranks]
+        there = [n for n in range(nodes) if n not in gone or n == node]
+        if len(got) == len(there):
+            ranks = sorted(r for o in got.values() for r in o.ranks)
             worlds = {o.world_size for o in got.values()}
-            if len(worlds) == 1 and sorted(ranks) == list(range(worlds.pop())):
-                return [got[n] for n in range(nodes)]
-        absent = {p for p in range(nodes) if p not in got}
+            world = worlds.pop() if len(worlds) == 1 else -1
+            if ranks == list(range(world)) or (gone and len(set(ranks)) == len(ranks) and 0 <= ranks[0]
+                                               and ranks[-1] < world):
+                return [got[n] for n in there]
+        absent = {p for p in there if p not in got}
         now = time.monotonic()
         quiet = bool(absent) and absent <= set(silent) and now - start > QUICK_WAIT
         if stop() or now > deadline or quiet:

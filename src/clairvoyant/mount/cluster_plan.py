@@ -34,10 +34,12 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from ..cache.entry import entry_size
 from ..cache.node import residents
 from ..plan.cluster import ClusterEpoch
-from ..plan.cluster_walk import WalkCursor, cluster_plan, node_duty, plan_homes
+from ..plan.cluster_walk import WalkCursor, cluster_plan, dense_homes, node_duty, plan_homes, survivors
 from .cluster_orders import GATHER_WAIT, NodeOrders, gather
 from .numbering import Numbered
 from .orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
@@ -61,6 +63,7 @@ class ClusterWalk:
         self._cur = cur
         self._snapshot: dict[int, int] = {}
         self.plan: ClusterEpoch | None = None
+        self._me = 0      # this node's index in the plan (its number, unless a node was lost before it)
         self.handed = 0   # the slowest rank's progress at the last look
 
     def _moved(self) -> bool:
@@ -87,18 +90,30 @@ class ClusterWalk:
         t0 = time.monotonic()
         missing: set[int] = set()
         orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
-                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing)
+                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing, lost=cl.lost_nodes)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
             if self.current and not self._p.stop.is_set():
                 cl.silent = missing   # (the next epoch waits less for them, if they still offer nothing)
             return False
         cl.silent = set()
-        homes = cl.settle_homes(orders, lambda: plan_homes(orders, cl.hashed_homes))
+        # a node lost: the plan is of the nodes there, numbered densely, the lost one's files homed
+        # among them (plan/cluster_walk.py survivors, dense_homes); else the nodes as they are
+        dense, nodes_of = survivors(orders)
+        homes = cl.settle_homes(orders, lambda: nodes_of[plan_homes(dense, dense_homes(
+            cl.hashed_homes, nodes_of, cl.nodes, dense))])
         if homes is None:
             return False
-        self.plan = cluster_plan(orders, homes[0], sizes)   # (a ConfigError leaves the homes as they were)
-        cl.use_homes(*homes)
+        home = dense_homes(homes[0], nodes_of, cl.nodes, dense)
+        self.plan = cluster_plan(dense, home, sizes)   # (a ConfigError leaves the homes as they were)
+        self._me = int(np.flatnonzero(nodes_of == cl.node)[0])
+        if len(nodes_of) < cl.nodes:
+            log.warning("clairvoyant: node %d plans epoch %d with the %d nodes there (node(s) %s lost): their files "
+                        "homed among these", cl.node, self._epoch, len(nodes_of),
+                        sorted(set(range(cl.nodes)) - set(nodes_of.tolist())))
+            cl.use_homes(nodes_of[home], homes[1])
+        else:
+            cl.use_homes(*homes)
         return True
 
     # -- carried out ----------------------------------------------------------------------------
@@ -120,7 +135,7 @@ class ClusterWalk:
     def _run(self) -> None:
         assert self.plan is not None
         cl, p = self._cl, self._p
-        d = node_duty(self.plan.for_node(cl.node), self.plan.home, cl.node)
+        d = node_duty(self.plan.for_node(self._me), self.plan.home, self._me)
         cl.follow_plan(d.duty)
         p.counters.new_plan(epoch=self._epoch, ranks=len(self._ranks), sequence=len(d.files), following=0)
         for g in d.drop_at_start.tolist():

@@ -34,7 +34,7 @@ looked at, what to do now, in this order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -72,6 +72,36 @@ def plan_homes(orders: Sequence[Any], fallback: np.ndarray) -> np.ndarray:
     any other, its first reader in the epoch; ``fallback`` for the rest."""
     _, _, layout, seq = _cluster_sequence(orders)
     return keep_held(first_readers(seq, layout, fallback), [o.residents for o in orders])   # (orders in node order)
+
+
+def survivors(orders: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
+    """The orders of the nodes there (a node of the cluster lost: its orders never come), numbered
+    densely for the plan: nodes 0..K-1 in node order, their ranks 0..W-1 in global order; and the
+    node each stands for. With every node there, the orders as they are."""
+    nodes_of = np.array([o.node for o in orders], np.int32)
+    world = sorted(r for o in orders for r in o.ranks)
+    if list(nodes_of) == list(range(len(orders))) and world == list(range(orders[0].world_size)):
+        return list(orders), nodes_of
+    new = {r: i for i, r in enumerate(world)}
+    dense = [replace(o, node=i, world_size=len(world), ranks={new[r]: x for r, x in o.ranks.items()})
+             for i, o in enumerate(orders)]
+    return dense, nodes_of
+
+
+def dense_homes(homes: np.ndarray, nodes_of: np.ndarray, total: int, dense: Sequence[Any]) -> np.ndarray:
+    """``homes`` (node numbers of a cluster of ``total``) as the plan's node indices (``nodes_of``:
+    :func:`survivors`): a file homed at a node lost goes to its first reader among the nodes there
+    in this epoch (``dense``: their orders), else to one of them by its number; identical on every
+    node that gathered the same orders."""
+    pos = np.full(total, -1, np.int32)
+    pos[nodes_of] = np.arange(len(nodes_of), dtype=np.int32)
+    out = pos[np.asarray(homes, np.int64)]
+    lost = out < 0
+    if lost.any():
+        _, _, layout, seq = _cluster_sequence(dense)
+        spread = (np.arange(len(out)) % len(nodes_of)).astype(np.int32)
+        out[lost] = first_readers(seq, layout, spread)[lost]
+    return out
 
 
 @dataclass
