@@ -21,7 +21,13 @@ exchange their orders and run the Loader's cluster plan, and the run prints what
     python benchmarks/mount_capacity.py --no-sampler --cluster   # issue 23: the 4 mounts as one cache
     python benchmarks/mount_capacity.py --cluster --capacity 15%   # with samplers: the cluster plan
     python benchmarks/mount_capacity.py --cluster --launcher torchrun   # issue 32: the mounts started by torchrun
+    python benchmarks/mount_capacity.py --cluster --lose-node-at 2   # issue 33: node 3 lost as epoch 2 starts
     python benchmarks/mount_capacity.py --images 160 --epochs 2 --json   # a smoke run
+
+With ``--lose-node-at E`` node 3 is killed (its member, its mount service and its program, SIGKILL)
+as soon as node 0's program starts epoch E; the other programs go on (their samplers still deal 4
+shares: node 3's share of each later epoch is read by nobody), and the run prints the store's opens
+per epoch, each epoch counted when the slowest surviving program has finished it.
 
 The 4 programs start their first epoch together, as DDP's ranks do (since issue 32; before, each
 started when its imports were done, seconds apart on 2 cores). The 2 cores are shared by 4 mounts
@@ -79,11 +85,17 @@ def reader_main(args: argparse.Namespace) -> None:
     open(os.path.join(work, f"ready.{rank}"), "w").close()
     while not all(os.path.exists(os.path.join(work, f"ready.{r}")) for r in range(NODES)):
         time.sleep(0.01)
+    at = os.path.join(work, f"at.{rank}")
     for e in range(args.epochs):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(e)
-        for _ in loader:
-            pass
+        with open(at, "w") as f:
+            f.write(f"{e} 0")
+        seen = 0
+        for batch in loader:
+            seen += len(batch)
+        with open(at, "w") as f:
+            f.write(f"{e} 1 {seen}")   # (epoch e done)
         drop_pages(p for p, _ in ds.samples)
 
 
@@ -171,8 +183,12 @@ def run(args: argparse.Namespace) -> dict:
             readers = [subprocess.Popen([sys.executable, HERE, "--reader", mnts[i], "--rank", str(i), "--epochs",
                                          str(args.epochs)] + (["--no-sampler"] if args.no_sampler else []))
                        for i in range(NODES)]
-            if any(r.wait() for r in readers):
+            per_epoch = _watch(work, readers, args, store, mnts) if args.lose_node_at is not None else None
+            if any(r.wait() for r in readers[:3 if args.lose_node_at is not None else NODES]):
                 raise RuntimeError("a node's DataLoader failed")
+            if per_epoch is not None:
+                out["store_opens_per_epoch"] = per_epoch
+                out["lost_at"] = args.lose_node_at
             time.sleep(1.0)   # the last staging reports settle
             out["seconds"] = round(time.perf_counter() - t0, 1)
             out["store_opens"] = store.counters().opens
@@ -199,6 +215,12 @@ def run(args: argparse.Namespace) -> dict:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+            deadline = time.monotonic() + 30   # (a cluster's mounts go once every node has answered)
+            while any(mounted(m) for m in mnts) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for m in mnts:
+                if mounted(m):
+                    subprocess.run([cv, "umount", m], capture_output=True)
             shutil.rmtree(work, ignore_errors=True)
     if capacity is None:   # as the mount resolves a share of the data set
         from clairvoyant.cache import capacity as capacity_mod
@@ -214,6 +236,65 @@ def run(args: argparse.Namespace) -> dict:
     out["plan_per_file"] = round(out["plan_misses"] / args.images, 3)
     out["ratio_to_plan"] = round(out["store_opens"] / max(1, out["plan_misses"]), 3)
     return out
+
+
+def _at(work: str, rank: int) -> tuple[int, bool]:
+    """Reader ``rank``'s epoch and whether it has finished it."""
+    try:
+        with open(os.path.join(work, f"at.{rank}")) as f:
+            parts = f.read().split()
+        return int(parts[0]), parts[1] == "1"
+    except (OSError, ValueError, IndexError):
+        return -1, False
+
+
+def _watch(work: str, readers: list, args: argparse.Namespace, store, mnts: list[str]) -> list[int]:
+    """Kill node 3 (its program, its member, its mount service) when reader 0 starts epoch
+    ``args.lose_node_at``; the store's opens per epoch, each read when the slowest of readers 0-2
+    has finished that epoch."""
+    from clairvoyant.mount.fs import read_info
+
+    service = int(read_info(mnts[3])["pid"])
+    members = [p for p in _pids() if "mount --cluster" in _cmd(p) and "--serve-node" not in _cmd(p)
+               and "mnt{node}" in _cmd(p) and _env(p).get("OMPI_COMM_WORLD_RANK", _env(p).get("RANK")) == "3"]
+    killed, marks = False, []
+    while len(marks) < args.epochs and any(r.poll() is None for r in readers[:3]):
+        if not killed and _at(work, 0)[0] >= args.lose_node_at:
+            for pid in [readers[3].pid, service, *members]:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            killed = True
+        done = min((e + 1 if fin else e) for e, fin in (_at(work, r) for r in range(3)))
+        while len(marks) < min(done, args.epochs):
+            marks.append(store.counters().opens)
+        time.sleep(0.05)
+    readers[3].wait()
+    while len(marks) < args.epochs:
+        marks.append(store.counters().opens)
+    return [b - a for a, b in zip([0] + marks[:-1], marks)]
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            parts = f.read().split(b"\0")
+        return " ".join([os.path.basename(parts[0].decode())] + [x.decode() for x in parts[1:] if x])
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+
+
+def _env(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(x.decode(errors="replace").split("=", 1) for x in f.read().split(b"\0") if b"=" in x)
+    except OSError:
+        return {}
 
 
 def _free_port() -> int:
@@ -234,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", action="store_true", help="the 4 mounts as one cache (mpirun, issue 23)")
     p.add_argument("--launcher", choices=("mpirun", "torchrun"), default="mpirun",
                    help="what starts the cluster's mounts (issue 32: torchrun, no MPI)")
+    p.add_argument("--lose-node-at", type=int, help="kill node 3 (its mount and its program) as epoch E starts "
+                   "(issue 33; with --cluster)")
     p.add_argument("--data", help="where to keep the generated data set (default: a temporary folder)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reader", help=argparse.SUPPRESS)
@@ -250,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'clairvoyant sampler' if res['sampler'] else 'programs shuffle on their own'}: "
           f"store opened {res['store_opens_per_file']} times per file over the job; the Loader's plan of the "
           f"same sequences {res['plan_per_file']} ({res['ratio_to_plan']}x the plan); {res['seconds']} s")
+    if "store_opens_per_epoch" in res:
+        print(f"  node 3 lost as epoch {res['lost_at']} started; the store's opens per epoch (per file): "
+              + ", ".join(f"{n / args.images:.3f}" for n in res["store_opens_per_epoch"]))
     if "simulated_per_file" in res:
         print(f"  clairvoyant simulate's {res['simulated_policy']} policy predicts {res['simulated_per_file']} per file")
     for i, n in enumerate(res["nodes"]):

@@ -29,8 +29,9 @@ what it serves, and which asks go to the store at once. This module carries eith
 The nodes agree first that they number the same files alike (a file is asked for by its number).
 The links are mount/cluster_links.py's: any object with ``node``, ``nodes``, ``agree(fingerprint,
 what)``, ``start(serve, state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a
-piece of a node's state: its orders, its homes), ``counters()`` and ``close()``: ``PeerLink`` over
-the peer service (one mount per node under ``mpirun`` or ``torchrun``), or ``LoopbackLink``
+piece of a node's state: its orders, its homes), ``counters()`` and ``close()``: ``ServiceLink``
+(a node's mount service that a launcher's member started: mount/member.py; ``lost``, the nodes
+the cluster went on without), ``PeerLink`` (mounts inside an MPI job's ranks), or ``LoopbackLink``
 between mounts of one process (tests).
 """
 

@@ -198,9 +198,10 @@ class ServiceLink:
 
 
 class PeerLink:
-    """The mounts of a job's nodes, one per node, over the cluster's one transport (dist/cluster.py
-    ``transport``): MPI under ``mpirun --map-by ppr:1:node`` (or over ``comm``), torchrun's store
-    and ZeroMQ under ``torchrun --nproc-per-node 1 ... --no-python clairvoyant mount``."""
+    """The mounts of a job's nodes, one per node, living in the job's own processes, over the
+    cluster's one transport (dist/cluster.py ``transport``): MPI under an MPI launcher (or over
+    ``comm``: ``node_leaders``), torchrun's store and ZeroMQ under torchrun. (``clairvoyant mount
+    --cluster`` uses a ServiceLink instead, so that the mount outlives its launcher.)"""
 
     def __init__(self, comm: Any = None) -> None:
         from ..dist import cluster, peers
@@ -208,9 +209,8 @@ class PeerLink:
         try:
             self._group, self._on = cluster.transport(comm)
         except ConfigError as e:
-            raise ConfigError(f"clairvoyant mount --cluster: {e}; start one mount per node with mpirun --map-by "
-                              "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 ... --no-python clairvoyant "
-                              "mount (docs/mount.md)") from None
+            raise ConfigError(f"a cluster of mounts: {e}; start one process per node with mpirun --map-by "
+                              "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 (docs/mount.md)") from None
         self.node, self.nodes = self._group.rank, self._group.size
         self._service = None
 

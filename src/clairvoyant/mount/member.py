@@ -264,11 +264,8 @@ def run_member(args: argparse.Namespace, group) -> int:
 def run_service(args: argparse.Namespace) -> int:
     """``clairvoyant mount SRC MNT --serve-node N/NODES ...`` (started by a member): the node's mount
     with a ServiceLink until unmounted (module docstring)."""
-    import logging
-
     from .cluster_links import ServiceLink
     from .fs import Mount
-    log = logging.getLogger("clairvoyant")
     node, nodes = (int(x) for x in args.serve_node.split("/"))
     stop = threading.Event()
 
