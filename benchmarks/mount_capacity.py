@@ -183,16 +183,17 @@ def run(args: argparse.Namespace) -> dict:
             readers = [subprocess.Popen([sys.executable, HERE, "--reader", mnts[i], "--rank", str(i), "--epochs",
                                          str(args.epochs)] + (["--no-sampler"] if args.no_sampler else []))
                        for i in range(NODES)]
-            per_epoch = _watch(work, readers, args, store, mnts) if args.lose_node_at is not None else None
+            out["store_opens_per_epoch"] = _watch(work, readers, args, store, mnts)
             if any(r.wait() for r in readers[:3 if args.lose_node_at is not None else NODES]):
                 raise RuntimeError("a node's DataLoader failed")
-            if per_epoch is not None:
-                out["store_opens_per_epoch"] = per_epoch
-                out["lost_at"] = args.lose_node_at
+            out["lost_at"] = args.lose_node_at
             time.sleep(1.0)   # the last staging reports settle
             out["seconds"] = round(time.perf_counter() - t0, 1)
             out["store_opens"] = store.counters().opens
             for m in mnts:
+                if not mounted(m):   # (node 3, lost: --lose-node-at)
+                    out["nodes"].append({"lost": True})
+                    continue
                 d = json.loads(subprocess.run([cv, "mount", "--stats", "--json", m], capture_output=True,
                                               text=True, check=True).stdout)
                 st = d.get("staging", {})
@@ -249,15 +250,15 @@ def _at(work: str, rank: int) -> tuple[int, bool]:
 
 
 def _watch(work: str, readers: list, args: argparse.Namespace, store, mnts: list[str]) -> list[int]:
-    """Kill node 3 (its program, its member, its mount service) when reader 0 starts epoch
-    ``args.lose_node_at``; the store's opens per epoch, each read when the slowest of readers 0-2
-    has finished that epoch."""
+    """The store's opens per epoch, each read when the slowest of readers 0-2 has finished that
+    epoch; with ``args.lose_node_at``, node 3 killed (its program, its member, its mount service)
+    when reader 0 starts that epoch."""
     from clairvoyant.mount.fs import read_info
 
-    service = int(read_info(mnts[3])["pid"])
+    service = int(read_info(mnts[3])["pid"]) if args.cluster else -1
     members = [p for p in _pids() if "mount --cluster" in _cmd(p) and "--serve-node" not in _cmd(p)
                and "mnt{node}" in _cmd(p) and _env(p).get("OMPI_COMM_WORLD_RANK", _env(p).get("RANK")) == "3"]
-    killed, marks = False, []
+    killed, marks = args.lose_node_at is None, []
     while len(marks) < args.epochs and any(r.poll() is None for r in readers[:3]):
         if not killed and _at(work, 0)[0] >= args.lose_node_at:
             for pid in [readers[3].pid, service, *members]:
@@ -270,7 +271,6 @@ def _watch(work: str, readers: list, args: argparse.Namespace, store, mnts: list
         while len(marks) < min(done, args.epochs):
             marks.append(store.counters().opens)
         time.sleep(0.05)
-    readers[3].wait()
     while len(marks) < args.epochs:
         marks.append(store.counters().opens)
     return [b - a for a, b in zip([0] + marks[:-1], marks)]
@@ -333,9 +333,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'clairvoyant sampler' if res['sampler'] else 'programs shuffle on their own'}: "
           f"store opened {res['store_opens_per_file']} times per file over the job; the Loader's plan of the "
           f"same sequences {res['plan_per_file']} ({res['ratio_to_plan']}x the plan); {res['seconds']} s")
-    if "store_opens_per_epoch" in res:
-        print(f"  node 3 lost as epoch {res['lost_at']} started; the store's opens per epoch (per file): "
-              + ", ".join(f"{n / args.images:.3f}" for n in res["store_opens_per_epoch"]))
+    lost = f"node 3 lost as epoch {res['lost_at']} started; " if res["lost_at"] is not None else ""
+    print(f"  {lost}the store's opens per epoch (per file): "
+          + ", ".join(f"{n / args.images:.3f}" for n in res["store_opens_per_epoch"]))
     if "simulated_per_file" in res:
         print(f"  clairvoyant simulate's {res['simulated_policy']} policy predicts {res['simulated_per_file']} per file")
     for i, n in enumerate(res["nodes"]):

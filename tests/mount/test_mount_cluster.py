@@ -916,3 +916,22 @@ def test_a_gather_does_not_wait_for_a_node_lost():
     t0 = time.monotonic()
     assert co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 1.0) is None   # control
     assert time.monotonic() - t0 >= 1.0
+    offered = {2: co.encode(orders(2))}   # node 2 offers its orders first, then is lost: left out
+    rounds: list = []
+
+    def fetch2(peer: int, number: int, size: int):
+        b = offered.get(peer)
+        if b is None:
+            return None
+        return co.length_answer(b) if number == co.orders_number(0, False) else b
+
+    def gone() -> frozenset:   # from the second round: node 2 lost, node 1's orders there
+        rounds.append(1)
+        if len(rounds) > 1:
+            offered[1] = blob
+            return frozenset({2})
+        return frozenset()
+    t0 = time.monotonic()
+    got = co.gather(fetch2, 0, 3, 0, orders(0), lambda: False, 3, 5.0, lost=gone)
+    assert time.monotonic() - t0 < 2, rounds
+    assert got is not None and [o.node for o in got] == [0, 1]

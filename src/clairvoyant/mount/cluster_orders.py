@@ -192,9 +192,9 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
             if o is not None and o.node == peer and o.epoch == epoch:
                 got[peer], seen[peer] = o, head
         there = [n for n in range(nodes) if n not in gone or n == node]
-        if len(got) == len(there):
-            ranks = sorted(r for o in got.values() for r in o.ranks)
-            worlds = {o.world_size for o in got.values()}
+        if all(n in got for n in there):   # (a node lost after it offered: its orders left out)
+            ranks = sorted(r for n in there for r in got[n].ranks)
+            worlds = {got[n].world_size for n in there}
             world = worlds.pop() if len(worlds) == 1 else -1
             if ranks == list(range(world)) or (gone and len(set(ranks)) == len(ranks) and 0 <= ranks[0]
                                                and ranks[-1] < world):
