@@ -91,3 +91,17 @@ def launch(args: list[str], token: str, *flags: str, n: int = 4, timeout: float 
         os.kill(pid, signal.SIGKILL)
     assert not left, f"{' '.join(args[-3:])} left processes behind: {left}"
     return proc.returncode, out, err
+
+
+def end_launchers(procs: list, timeout: float = 60) -> None:
+    """SIGTERM to each launcher's process group, as a batch system ends a job (the launcher passes it
+    on to its ranks); SIGKILL to those still there after ``timeout`` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

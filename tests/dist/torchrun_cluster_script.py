@@ -17,25 +17,14 @@ import hashlib
 import json
 import os
 import sys
-import time
 
 os.environ["CLAIRVOYANT_NODE"] = "node%s" % os.environ["GROUP_RANK"]
 
-import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from clairvoyant import Loader  # noqa: E402
 from clairvoyant.testing import EmulatedStore  # noqa: E402
-
-
-def md5(b: bytes) -> np.ndarray:
-    return np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()
-
-
-def barrier() -> None:
-    work = dist.barrier(async_op=True)
-    while not work.is_completed():
-        time.sleep(0.002)   # (4 ranks share 2 cores: no spinning)
+from script_util import md5, run_epoch  # noqa: E402
 
 
 def main() -> None:
@@ -54,17 +43,9 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     opens, reads, served = [], [], []
     for e in range(first, first + int(epochs)):
-        barrier()
-        if rank == 0:
-            store.reset()
-        barrier()
-        ld.set_epoch(e)
-        mine = [bytes(row).hex() for x, _ in ld for row in np.asarray(x)]
-        barrier()
-        opens.append(store.counters().opens)
-        reads.append(store.counters().bytes)
-        every: list = [None] * size
-        dist.all_gather_object(every, mine)   # (the test's own results, between its own processes)
+        every, counters = run_epoch(ld, store, e)
+        opens.append(counters.opens)
+        reads.append(counters.bytes)
         served.append(every)
     stats = ld.stats()
     ld.close()

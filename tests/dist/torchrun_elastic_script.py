@@ -18,27 +18,15 @@ import json
 import os
 import signal
 import sys
-import time
 
 PHYS = int(os.environ["PHYS_NODE"])
 os.environ["CLAIRVOYANT_NODE"] = f"node{PHYS}"
 
-import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from clairvoyant import Loader  # noqa: E402
 from clairvoyant.testing import EmulatedStore  # noqa: E402
-
-
-def md5(b: bytes) -> np.ndarray:
-    return np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()
-
-
-def barrier() -> None:
-    work = dist.barrier(async_op=True)
-    while not work.is_completed():
-        time.sleep(0.002)   # (4 ranks share 2 cores: no spinning)
-    work.wait()   # (raises if a peer was lost)
+from script_util import barrier, md5, run_epoch  # noqa: E402
 
 
 def main() -> None:
@@ -59,16 +47,8 @@ def main() -> None:
         if e == lose_at and PHYS == 3:   # this node is lost: its agent and its worker
             os.kill(os.getppid(), signal.SIGKILL)
             os._exit(1)
-        barrier()
-        if rank == 0:
-            store.reset()
-        barrier()
-        ld.set_epoch(e)
-        mine = [bytes(row).hex() for x, _ in ld for row in np.asarray(x)]
-        barrier()
-        got = store.counters().bytes
-        every: list = [None] * size
-        dist.all_gather_object(every, mine)   # (the test's own results, between its own processes)
+        every, counters = run_epoch(ld, store, e)
+        got = counters.bytes
         if rank == 0:
             truth = sorted(hashlib.md5(open(os.path.join(r, f), "rb").read()).hexdigest()
                            for r, _, fs in os.walk(dataset) for f in fs if not f.startswith("."))

@@ -23,7 +23,7 @@ from clairvoyant.plan.unplanned import hash_homes
 from clairvoyant.testing import drop_pages
 
 from conftest import wait_until
-from mpi_util import ENV, MPIRUN, launch, needs_mpirun, needs_ulfm, ours
+from mpi_util import ENV, MPIRUN, end_launchers, launch, needs_mpirun, needs_ulfm, ours
 
 NO_SM = {"OMPI_MCA_btl": "self,tcp"}   # two ranks on one machine need no shared-memory segments
 
@@ -406,15 +406,7 @@ def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher):
         assert job["job"]["store_reads"] == N and job["job"]["opens_peer"] == sum(s["opens_peer"] for s in stats)
         assert [n["opens_local"] for n in job["nodes"]] == [s["opens_local"] for s in stats]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)   # as the batch system ends a job: the launcher passes it on
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        end_launchers(procs, 30)
         log.close()
     assert wait_until(lambda: not any(mounted(str(m)) for m in mnts), 10)
     assert wait_until(lambda: not ours(token), 10), ours(token)

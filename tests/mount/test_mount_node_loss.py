@@ -33,7 +33,7 @@ from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import mount_available, read_info, read_stats
 
 from conftest import wait_until
-from mpi_util import ENV, MPIRUN, ours
+from mpi_util import ENV, MPIRUN, end_launchers, ours
 
 _ok, _why = mount_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"clairvoyant mount cannot run here: {_why}")
@@ -87,18 +87,6 @@ def _service_log(mnt) -> str:
     path = os.path.join(tempfile.gettempdir(), f"clairvoyant-service-{pid}.log")
     with open(path, errors="replace") as f:
         return f.read()
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)   # as the batch system ends a job: the launcher passes it on
-    for p in procs:
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 @pytest.mark.timeout(900)
@@ -186,7 +174,7 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        _stop(launchers)
+        end_launchers(launchers)
         log.close()
         wait_until(lambda: not any(mounted(str(m)) for m in mnts), 30)   # (each service answers its peers' probes first)
         stuck = [m for m in mnts if mounted(str(m))]
