@@ -50,19 +50,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(launcher: str, work, src: str, token: str, log, restarts: int = 0) -> list[subprocess.Popen]:
+def _launch(launcher: str, work, src: str, token: str, log, restarts: int = 0,
+            nodes: int = NODES) -> list[subprocess.Popen]:
     mount = [CV, "mount", "--cluster", src, str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"),
              "--local-capacity", "30%"]
     if launcher == "mpirun":
-        return [subprocess.Popen([MPIRUN, "-n", str(NODES), "--oversubscribe", "--bind-to", "none", *mount],
+        return [subprocess.Popen([MPIRUN, "-n", str(nodes), "--oversubscribe", "--bind-to", "none", *mount],
                                  stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV, **NO_SM},
                                  start_new_session=True)]
     port = _free_port()
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    return [subprocess.Popen([torchrun, "--nnodes", str(NODES), "--nproc-per-node", "1", "--max-restarts",
+    return [subprocess.Popen([torchrun, "--nnodes", str(nodes), "--nproc-per-node", "1", "--max-restarts",
                               str(restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                               "--rdzv-id", token, "--no-python", *mount],
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True) for _ in range(NODES)]
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True) for _ in range(nodes)]
 
 
 def _members(token: str, node: int) -> list[int]:
@@ -185,3 +186,39 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
     left = [p for pid in services for p in glob.glob(os.path.join(tempfile.gettempdir(), f"clairvoyant-service-{pid}.*"))
             if pid != killed]   # (the killed service's files are swept by the next service's start)
     assert not left, left
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_at_torchrun_unmounts_every_node_at_once(tmp_path):
+    """SIGINT to the torchrun agents (a Ctrl-C at the terminal; they pass it on to their workers as
+    SIGINT): each member asks its service to unmount, without the probe a teardown takes; both mounts
+    go and nothing is left. Control: the services say they were interrupted, not that the job ended
+    after a probe (what SIGTERM does: test_mount_cluster.py's launcher test)."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None:
+        pytest.skip("needs torch and pyzmq")
+    token = f"cvnl{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    (work / "src" / "d").mkdir(parents=True)
+    for i in range(8):
+        (work / "src" / "d" / f"f{i}.bin").write_bytes(bytes([i]) * 1000)
+    mnts = [work / f"mnt{n}" for n in range(2)]
+    for m in mnts:
+        m.mkdir()
+    log = open(tmp_path / "launcher.log", "w")
+    text = lambda: (tmp_path / "launcher.log").read_text()   # noqa: E731
+    agents = _launch("torchrun", work, str(work / "src"), token, log, nodes=2)
+    try:
+        assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or any(a.poll() is not None for a in agents),
+                          120), text()
+        assert (mnts[1] / "d" / "f3.bin").read_bytes() == bytes([3]) * 1000
+        for a in agents:
+            os.killpg(a.pid, signal.SIGINT)
+        assert wait_until(lambda: not any(mounted(str(m)) for m in mnts), 60), text()
+        for a in agents:
+            a.wait(60)
+    finally:
+        end_launchers(agents)
+        log.close()
+    assert text().count("interrupted at the launcher (Ctrl-C); unmounting") == 2, text()
+    assert "the job ends; unmounting" not in text()
+    assert wait_until(lambda: not ours(token), 30), ours(token)

@@ -296,6 +296,7 @@ def run_service(args: argparse.Namespace) -> int:
                       flush=True)
                 return 1
             if link.asked == "unmount":
+                print(f"clairvoyant: node {node}: interrupted at the launcher (Ctrl-C); unmounting", flush=True)
                 break
             if link.asked == "leave":
                 link.asked_event.clear()
