@@ -85,3 +85,37 @@ def test_the_ranks_of_a_restarted_round_gather_under_the_same_keys(monkeypatch):
     assert gather(same_run, 20) == [[b"\0", b"\1"]] * 2
     other_runs = [{"TORCHELASTIC_RUN_ID": r} for r in ("a", "b")]
     assert all(isinstance(g, PeerLost) for g in gather(other_runs, 1))
+
+
+def test_a_round_never_reads_what_an_interrupted_round_left(monkeypatch):
+    """torchrun keeps its store across a restarted job's rounds: a gather the first round began and
+    never finished (rank 1 set its bytes, rank 0 was lost) must not be read by the next round, whose
+    rank 0 would otherwise take rank 1's old bytes at once. Control: the first round's gather itself
+    fails (PeerLost), as it must."""
+    import itertools
+    import threading
+    import time
+
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from clairvoyant.dist import store as store_mod
+    from clairvoyant.dist.store import StoreGroup
+    from clairvoyant.errors import PeerLost
+
+    monkeypatch.setattr(store_mod, "_groups", itertools.repeat(0))   # (every rank in this one process)
+    store, env = dist.HashStore(), {"TORCHELASTIC_RUN_ID": "j"}
+    first = [StoreGroup(store, r, 2, timeout=0.5, env=env) for r in range(2)]
+    with pytest.raises(PeerLost):
+        first[1].allgather(b"old1", "a test")   # rank 0 of that round never came
+    again = [StoreGroup(store, r, 2, timeout=20, env=env) for r in range(2)]
+    got: list = [None, None]
+
+    def one(r: int) -> None:
+        got[r] = again[r].allgather(b"new%d" % r, "a test")
+    t = threading.Thread(target=one, args=(0,))
+    t.start()
+    time.sleep(0.3)   # rank 0 waits first: an old key would answer it now
+    one(1)
+    t.join(30)
+    assert got == [[b"new0", b"new1"]] * 2, got

@@ -100,15 +100,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise SystemExit("clairvoyant mount SRC MNT: give the data set's directory and an empty mount point")
     from ..mount.fs import Mount
 
-    stop = threading.Event()
-    got: list[int] = []
-
-    def on_signal(signum, frame) -> None:
-        got.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
     if args.serve_node:   # a cluster's node service, started by its member (mount/member.py)
         from ..mount.member import run_service
         return run_service(args)
@@ -116,6 +107,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.cluster:
         from ..dist.cluster import rendezvous
         from ..errors import ConfigError
+        if args.no_stage:
+            raise ConfigError("a mount in a cluster stages (its home files): --no-stage does not go with --cluster")
         try:
             group = rendezvous()
         except ConfigError as e:   # started by hand, outside a job: this node runs on its own
@@ -132,6 +125,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
         node = os.environ.get("CLAIRVOYANT_NODE", "0")
         mnt = mnt.replace("{node}", node)
         local_dir = local_dir.replace("{node}", node) if local_dir else local_dir
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity, stage=not args.no_stage,
               reindex=args.reindex, **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:

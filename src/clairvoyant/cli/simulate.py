@@ -131,6 +131,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..sim import simulate
     from ..sim import report
 
+    if args.sweep and getattr(args, "lose_node_at", None) is not None:
+        raise ConfigError("--lose-node-at models one job: it does not go with --sweep")
     job, sizes, hw, overhead = build(args)
     policies = _policies(args.policies, job.lost_at is not None)
     quiet = args.json or not sys.stderr.isatty()

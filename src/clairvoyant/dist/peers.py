@@ -199,34 +199,37 @@ class PeerService(ServiceThread):
         _LIVE.add(self)
         self._thread.start()
 
-    def fetch(self, peer: int, index: int, size: int, timeout: float, *, state: bool = False) -> bytes | None:
+    def fetch(self, peer: int, index: int, size: int, timeout: float, *, state: bool = False,
+              urgent: bool = False) -> bytes | None:
         """Sample ``index`` (``size`` bytes at most: a caller that needs exactly that many checks the
         length) from rank ``peer``, verified, or None: a miss, no answer within ``timeout`` seconds,
         a longer answer or a bad checksum, a failed peer, a closed service. ``state``: piece
-        ``index`` of the peer's state instead (its ``state`` callback answers it)."""
+        ``index`` of the peer's state instead (its ``state`` callback answers it, on the service
+        thread: no queue behind the samples being served). ``urgent``: asked even of a peer passed
+        over, and past the bound on requests in flight (a probe of who answers)."""
         if not 0 <= peer < self.size or peer == self.rank or size < 0:
             raise ConfigError(f"fetch from rank {peer} of {self.size} (this is rank {self.rank}), size {size}")
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
             self._c.add("fetches")
             until = self._passed.get(peer)
-            if until is not None and (peer in self._probing or time.monotonic() < until):
+            if not urgent and until is not None and (peer in self._probing or time.monotonic() < until):
                 self._c.add("passed_over")
                 return None
-            probe = until is not None   # its pass-over ended: this fetch alone asks it again
+            probe = until is not None and not urgent   # its pass-over ended: this fetch alone asks it again
             if probe:
                 self._probing.add(peer)
         try:
-            return self._fetch(peer, index, size, timeout, deadline, state)
+            return self._fetch(peer, index, size, timeout, deadline, state, urgent)
         finally:
             if probe:
                 with self._lock:
                     self._probing.discard(peer)
 
     def _fetch(self, peer: int, index: int, size: int, timeout: float, deadline: float,
-               state: bool = False) -> bytes | None:
+               state: bool = False, urgent: bool = False) -> bytes | None:
         with self._lock:
-            while not self._closed and peer not in self._dead and not self._has_room(size):
+            while not urgent and not self._closed and peer not in self._dead and not self._has_room(size):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._c.add("timeouts")
@@ -358,7 +361,7 @@ class PeerService(ServiceThread):
         return len(waiting) < before
 
     def _answer(self, rid: int, index: int, size: int, src: int, state: bool = False) -> None:
-        if self._pool is not None:
+        if self._pool is not None and not state:   # (a piece of state is at hand: answered at once)
             try:
                 self._pool.submit(self._serve_apart, rid, index, size, src, state)
                 return

@@ -9,11 +9,15 @@ makes the group in ``Trainer.fit``) still finds its peers. A gather sets this ra
 a key of the gather's number and waits for every rank's (``GATHER_TIMEOUT``: ranks legitimately
 arrive minutes apart, at an epoch's end, after a validation); the last rank to read them deletes
 them. A rank that never arrives is a ``PeerLost`` naming it and what was gathered. Keys live
-under a prefix of the job's run (``TORCHELASTIC_RUN_ID``) and of the group's number in this
-process (each Loader's cluster is one), so a second Loader never reads another's; torchrun's
-agents make a new store for every round of their rendezvous, so a restarted job starts afresh.
-(Not the restart count: the agent whose worker failed counts a restart, the others do not, so
-the ranks of one round would gather under different keys and wait for each other for ever.)
+under a prefix of the job's run (``TORCHELASTIC_RUN_ID``), of the group's number in this process
+(each Loader's cluster is one, so a second Loader never reads another's) and of the group's
+formation: torchrun's agents keep one store across the rounds of a restarted job, so a round's
+ranks count themselves in (a counter per world size) and gather under ``<size>.<round>``, never
+reading what an interrupted earlier round left. (Not ``TORCHELASTIC_RESTART_COUNT``: only the
+agent whose worker failed counts a restart, so the ranks of one round would gather under
+different keys and wait for each other for ever.) A round whose ranks did not all count
+themselves in (one lost between its peers' start and its own) shifts the next round of that
+size: its gathers then end as a ``PeerLost`` after the time-out.
 """
 
 from __future__ import annotations
@@ -66,9 +70,10 @@ class StoreGroup:
                  env: Mapping[str, str] | None = None) -> None:
         import torch.distributed as dist
         env = os.environ if env is None else env
-        prefix = f"clairvoyant/{env.get('TORCHELASTIC_RUN_ID', 'job')}/{next(_groups)}"
-        self.store = dist.PrefixStore(prefix, store)
         self.rank, self.size = int(rank), int(size)
+        base = dist.PrefixStore(f"clairvoyant/{env.get('TORCHELASTIC_RUN_ID', 'job')}/{next(_groups)}", store)
+        formed = (int(base.add(f"formed/{self.size}", 1)) - 1) // self.size   # this round of a group this size
+        self.store = dist.PrefixStore(f"{self.size}.{formed}", base)
         self.timeout = GATHER_TIMEOUT if timeout is None else float(timeout)
         self._seq = 0
 
@@ -96,8 +101,8 @@ class StoreGroup:
         return PeerLost(
             f"{who} of this job's {self.size} did not take part in {what} within {self.timeout:.0f} s (rank "
             f"{self.rank}; {type(e).__name__}: {e}): the cluster cache plans every epoch with every rank. Save the "
-            "loader's state_dict() with your checkpoint and restart the job (torchrun --max-restarts restarts it "
-            "for you; the loader resumes elastically at its position), or pass cluster=False to run node by node")
+            "loader's state_dict() with your checkpoint and restart the job on the nodes left (the loader resumes "
+            "elastically at its position; docs/user-guide.md), or pass cluster=False to run node by node")
 
     def close(self) -> None:
         self.store = None

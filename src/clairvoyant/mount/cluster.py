@@ -88,6 +88,7 @@ class MountCluster:
         self._residents: dict[int, tuple] = {}     # epoch -> (rank -> stamp, the residents offered)
         self._digest: tuple | None = None          # (homes, their digest)
         self.silent: set[int] = set()   # peers that offered no orders at the last epoch's gather
+        self.node_ranks: dict[int, int] = {}   # node -> its ranks at the last gather of every node
         self._copies = None   # the mount's copies into its tier (``attach``): this home's files staged ahead
         self._ahead_own: set[int] = set()   # this home's files staged ahead, their copies not told yet
         self._lock = threading.Lock()    # the policy, the counters, the peer files
@@ -391,6 +392,30 @@ class MountCluster:
     def lost_nodes(self) -> frozenset[int]:
         """The nodes the cluster went on without (its link's word: ServiceLink's ``lost``)."""
         return frozenset(getattr(self.link, "lost", frozenset()))
+
+    def whole_again(self) -> None:
+        """A node was lost and the cluster formed again with every node (it rejoined): the homes
+        are planned anew at the next plan (this node offers none), so that the node back is a home
+        again, of what its tier kept if it kept its homes file (the earliest basis offered)."""
+        link = self.link
+        if getattr(link, "was_lost", False) and not self.lost_nodes():
+            link.was_lost = False
+            with self._lock:
+                self.basis = -1
+            log.warning("clairvoyant: node %d: every node is back: the homes are planned anew at the next epoch",
+                        self.node)
+
+    def check_lost(self, peers: set[int]) -> None:
+        """``peers`` offered no orders in time: those that do not answer two probes either are lost
+        (a node gone without its launcher saying so): the next epochs are planned without them."""
+        probe = getattr(self.link, "probe", None)
+        if probe is None or not peers:
+            return
+        lost, _ = probe(sorted(peers))
+        if lost:
+            self.link.mark_lost(lost)
+            log.warning("clairvoyant: node %d: node(s) %s offered no orders and answer no probe: lost; the next "
+                        "epochs are planned without them", self.node, lost)
 
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
         """A peer's answer to a request for a piece of its state (its orders, its homes), or None."""

@@ -63,6 +63,9 @@ class ServiceLink:
         self.described: dict = {}         # the mount's description, once mounted (the member's hello)
         self.serving_on = False           # it went on serving after its launcher ended it (a node was lost)
         self.lost: frozenset[int] = frozenset()   # peers found lost (not asked until the cluster forms again)
+        self.was_lost = False            # a node was lost since the homes were last planned whole
+        self._state_lock = threading.Lock()   # what the member asked, the joins, the lost: the control
+                                              # thread and the service's loop both change them
         self.control = control
         self.info = {"control": control}  # (in the mount's description: a member started later finds it)
         self._ctx = zmq.Context(io_threads=1)
@@ -83,7 +86,7 @@ class ServiceLink:
             try:
                 msg = json.loads(self._rep.recv())
                 reply = self._handle(msg if isinstance(msg, dict) else {})
-            except (ValueError, zmq.ZMQError) as e:
+            except Exception as e:   # noqa: BLE001 - a bad request is answered, never the end of the thread
                 reply = {"error": f"{type(e).__name__}: {e}"}
             try:
                 self._rep.send(json.dumps(reply).encode())
@@ -95,31 +98,38 @@ class ServiceLink:
         if op == "hello":
             return {"node": self.node, "nodes": self.nodes, "pid": os.getpid(), "address": self._wire.address,
                     "fingerprint": self._fingerprint.hex() if self._fingerprint else None,
-                    "mounted": self.described or None, "joins": self.joins, "serving_on": self.serving_on}
+                    "mounted": self.described or None, "joins": self.joins, "serving_on": self.serving_on,
+                    "member": self.member}
         if op == "join":
             addresses = msg.get("addresses")
             error = msg.get("error")
             if error is None and (not isinstance(addresses, list) or len(addresses) != self.nodes
                                   or not all(isinstance(a, str) for a in addresses)):
                 return {"error": f"a join gives {self.nodes} addresses"}
-            self.member = int(msg.get("member", self.member))
             if error is not None:
                 self._join_error = str(error)
-            else:
-                changed = {p for p, a in enumerate(addresses) if p < len(self._addresses) and a != self._addresses[p]}
+                self._joined.set()
+                return {"ok": True, "joins": self.joins}
+            changed = {p for p, a in enumerate(addresses) if p < len(self._addresses) and a != self._addresses[p]}
+            with self._state_lock:
+                self.member = int(msg.get("member", self.member))
                 self._addresses = list(addresses)
                 self._wire.connect(self._addresses)
                 if self._service is not None:
                     self._service.forgive(changed)
                 self.joins += 1
-                self.asked, self.serving_on, self.lost = None, False, frozenset()
+                if self.asked != "unmount":
+                    self.asked = None
+                self.serving_on, self.lost = False, frozenset()
                 if self.joins > 1:
                     print(f"clairvoyant: node {self.node} rejoined a cluster of {self.nodes} mounts (formed again "
                           f"by a launcher; {len(changed)} node(s) at new addresses)", flush=True)
             self._joined.set()
             return {"ok": True, "joins": self.joins}
         if op in ("leave", "unmount"):
-            self.asked = op
+            with self._state_lock:
+                if self.asked != "unmount":   # (an unmount asked is never taken back)
+                    self.asked = op
             self.asked_event.set()
             return {"ok": True}
         return {"error": f"unknown request {op!r}"}
@@ -136,6 +146,40 @@ class ServiceLink:
                 return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
         except OSError:
             return True
+
+    def leave_asked(self) -> int | None:
+        """The joins so far if the member asked to leave (and nothing since), else None."""
+        with self._state_lock:
+            return self.joins if self.asked == "leave" else None
+
+    def still_leaving(self, joins: int) -> bool:
+        """Whether no join came since the leave taken at ``joins`` (nor was the leave taken back)."""
+        with self._state_lock:
+            return self.joins == joins and self.asked in ("leave", "unmount")
+
+    def serve_on(self, joins: int, lost: list[int]) -> bool:
+        """After a leave taken at ``joins``: serve on without ``lost``, unless a join came meanwhile
+        (the cluster formed again: nothing lost) or an unmount was asked. Whether it did."""
+        with self._state_lock:
+            if self.joins != joins or self.asked == "unmount":
+                return False
+            self.asked, self.serving_on = None, True
+            self.lost = self.lost | frozenset(lost)
+            self.was_lost = self.was_lost or bool(lost)
+            return True
+
+    def mark_lost(self, peers: list[int]) -> None:
+        """``peers`` found lost by the cluster itself (no orders, no answer to two probes)."""
+        with self._state_lock:
+            self.lost = self.lost | frozenset(peers)
+            self.was_lost = True
+
+    def _alive_answer(self) -> bytes:
+        """The answer to a probe: 1, serving with its member (or told by it to leave: the job's end),
+        2, serving after its member ended without a word (a member lost, its node's mount not)."""
+        with self._state_lock:
+            leaving = self.asked is not None
+        return b"\x01" if leaving or self.member_alive() else b"\x02"
 
     # -- the link ---------------------------------------------------------------------------------
 
@@ -158,7 +202,7 @@ class ServiceLink:
 
         def answer(number: int) -> bytes | None:
             if number == ALIVE:
-                return b"\x01"
+                return self._alive_answer()
             return state(number) if state is not None else None
         self._service = PeerService(self._wire, serve, state=answer, serve_threads=8, idle_max=2e-4)
         self._service.start()
@@ -169,15 +213,22 @@ class ServiceLink:
         got = self._service.fetch(peer, number, size, timeout, state=state)
         return got if got is not None and len(got) == size else None
 
-    def unanswered(self, timeout: float = PROBE_WAIT) -> list[int]:
-        """The peers that do not answer a probe within ``timeout`` seconds (asked at once)."""
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
+        """Ask ``peers`` (default: every other node, lost ones too) at once, twice for those that do
+        not answer the first time within ``timeout`` seconds: (those that never answered, those
+        whose member ended without a word while their mount serves on)."""
         import concurrent.futures
-        peers = [p for p in range(self.nodes) if p != self.node]
-        if not peers:
-            return []
-        with concurrent.futures.ThreadPoolExecutor(len(peers)) as pool:
-            got = list(pool.map(lambda p: self.fetch(p, ALIVE, 1, timeout, state=True), peers))
-        return [p for p, g in zip(peers, got) if g != b"\x01"]
+        peers = [p for p in range(self.nodes) if p != self.node] if peers is None else list(peers)
+        got: dict[int, bytes | None] = {}
+        for _ in range(2):
+            ask = [p for p in peers if got.get(p) is None]
+            if not ask or self._service is None:
+                break
+            with concurrent.futures.ThreadPoolExecutor(len(ask)) as pool:
+                for p, g in zip(ask, pool.map(lambda p: self._service.fetch(p, ALIVE, 1, timeout, state=True,
+                                                                           urgent=True), ask)):
+                    got[p] = g
+        return ([p for p in peers if got.get(p) is None], [p for p in peers if got.get(p) == b"\x02"])
 
     def counters(self) -> dict:
         return {} if self._service is None else self._service.counters()

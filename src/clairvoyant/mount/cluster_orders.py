@@ -162,7 +162,8 @@ def homes_of(answer: bytes | None, num_files: int) -> tuple[np.ndarray, int] | N
 def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int, epoch: int, mine: NodeOrders,
            stop: Callable[[], bool], num_files: int, wait: float = GATHER_WAIT, *,
            silent: frozenset[int] | set[int] = frozenset(), missing: set[int] | None = None,
-           lost: frozenset[int] | Callable[[], frozenset[int]] = frozenset()) -> list[NodeOrders] | None:
+           lost: frozenset[int] | Callable[[], frozenset[int]] = frozenset(),
+           ranks_of: dict[int, int] | None = None) -> list[NodeOrders] | None:
     """Every node's orders of ``epoch`` (``mine`` for this node), asked of each peer through
     ``fetch(peer, number, size)`` round after round until the nodes' ranks together are every rank
     of the world once; None if that does not happen within ``wait`` seconds (a peer that is gone,
@@ -172,7 +173,8 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
     asks each peer for its blob's length and checksum, and for the blob only when those changed
     (its samplers may publish more ranks). Nodes ``lost`` (the cluster went on without them; a
     callable is asked each round) are not asked nor waited for: the others' orders, their ranks
-    distinct, are then the epoch's."""
+    distinct and each node with as many as it had (``ranks_of``, node -> ranks, from the last
+    gather of every node), are then the epoch's."""
     got: dict[int, NodeOrders] = {node: mine}
     seen: dict[int, bytes] = {}
     start = time.monotonic()
@@ -192,13 +194,8 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
             if o is not None and o.node == peer and o.epoch == epoch:
                 got[peer], seen[peer] = o, head
         there = [n for n in range(nodes) if n not in gone or n == node]
-        if all(n in got for n in there):   # (a node lost after it offered: its orders left out)
-            ranks = sorted(r for n in there for r in got[n].ranks)
-            worlds = {got[n].world_size for n in there}
-            world = worlds.pop() if len(worlds) == 1 else -1
-            if ranks == list(range(world)) or (gone and len(set(ranks)) == len(ranks) and 0 <= ranks[0]
-                                               and ranks[-1] < world):
-                return [got[n] for n in there]
+        if all(n in got for n in there) and _complete([got[n] for n in there], bool(gone), ranks_of or {}):
+            return [got[n] for n in there]
         absent = {p for p in there if p not in got}
         now = time.monotonic()
         quiet = bool(absent) and absent <= set(silent) and now - start > QUICK_WAIT
@@ -207,6 +204,21 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
                 missing.update(absent)
             return None
         time.sleep(GATHER_EVERY)
+
+
+def _complete(orders: list[NodeOrders], partial: bool, ranks_of: dict[int, int]) -> bool:
+    """Whether ``orders`` are an epoch's: one world size, and every rank of it once; or (``partial``:
+    a node lost, its ranks' orders never come) distinct ranks of it, each node with as many ranks
+    as at the last gather of every node (``ranks_of``: a sampler of its not published yet)."""
+    ranks = sorted(r for o in orders for r in o.ranks)
+    worlds = {o.world_size for o in orders}
+    if len(worlds) != 1:
+        return False
+    world = worlds.pop()
+    if ranks == list(range(world)):
+        return True
+    return (partial and len(set(ranks)) == len(ranks) and 0 <= ranks[0] and ranks[-1] < world
+            and all(len(o.ranks) >= ranks_of.get(o.node, 1) for o in orders))
 
 
 def _body(fetch, peer: int, epoch: int, n: int, num_files: int) -> NodeOrders | None:

@@ -81,6 +81,7 @@ class ClusterWalk:
         m = cl.mount
         sizes = cl.entry_sizes
         stamps = {r: int(self._cur[r].stamp) for r in self._ranks}
+        cl.whole_again()
         held = cl.residents_for(self._epoch, stamps, lambda: residents(m.manifest, m.tiers.local.entries(), sizes))
         self._snapshot = held
         mine = NodeOrders(cl.node, self._epoch, self._world, int(m.tiers.local_capacity), self._numbers, held,
@@ -90,13 +91,17 @@ class ClusterWalk:
         t0 = time.monotonic()
         missing: set[int] = set()
         orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
-                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing, lost=cl.lost_nodes)
+                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing, lost=cl.lost_nodes,
+                        ranks_of=cl.node_ranks)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
             if self.current and not self._p.stop.is_set():
                 cl.silent = missing   # (the next epoch waits less for them, if they still offer nothing)
+                cl.check_lost(missing)
             return False
         cl.silent = set()
+        if len(orders) == cl.nodes:
+            cl.node_ranks = {o.node: len(o.ranks) for o in orders}
         # a node lost: the plan is of the nodes there, numbered densely, the lost one's files homed
         # among them (plan/cluster_walk.py survivors, dense_homes); else the nodes as they are
         dense, nodes_of = survivors(orders)

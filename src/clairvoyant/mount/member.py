@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ import threading
 import time
 import uuid
 
-from ..errors import ConfigError
+from ..errors import ClairvoyantError, ConfigError
 
 SERVICE_PREFIX = "clairvoyant-service-"   # <tmp>/clairvoyant-service-<pid>.log and .ctl: a service's log and control
 LEAVE_GRACE = 4.0    # seconds a leaving service keeps answering its peers' probes before it unmounts
@@ -119,9 +120,9 @@ class _Service:
             out.flush()
 
 
-def _adopt(mnt: str, node: int, nodes: int, source: str) -> _Service | None:
+def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None) -> _Service | None:
     """The service already serving ``mnt`` for node ``node`` of ``nodes``, or None (nothing mounted
-    there). A ConfigError where another mount serves it."""
+    there). A ConfigError where another mount serves it, or a member of another job still has it."""
     from ..fuse.daemon import mounted
     from .fs import read_info
     if not mounted(mnt):
@@ -139,6 +140,14 @@ def _adopt(mnt: str, node: int, nodes: int, source: str) -> _Service | None:
         raise ConfigError(f"{mnt} is served as node {hello['node']} of {hello['nodes']} mounts of "
                           f"{info.get('source')}, not node {node} of {nodes} of {source}; unmount it "
                           f"(clairvoyant umount {mnt}) first")
+    from ..nodeio.fileio import process_alive
+    member = int(hello.get("member", -1))
+    if member > 0 and member != os.getpid() and process_alive(member):
+        raise ConfigError(f"{mnt} is served for a cluster whose member on this node (pid {member}) still runs: "
+                          "end that job first, or mount elsewhere")
+    if local_dir and os.path.realpath(local_dir) != os.path.realpath(info.get("local_dir", local_dir)):
+        raise ConfigError(f"{mnt} is served with its local tier in {info.get('local_dir')}, not {local_dir}; "
+                          f"unmount it (clairvoyant umount {mnt}) to start it with another")
     log, _ = _paths(int(hello["pid"]))
     svc = _Service(int(hello["pid"]), control, log, None)
     try:
@@ -177,7 +186,7 @@ def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
     ``group``: the launcher's rendezvous (dist/cluster.py)."""
     from ..dist.group import agree
-    from ..dist.wire_zmq import reachable_address
+    from ..dist.wire_zmq import ADDR_VAR, reachable_address
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
     local_dir = local_dir.replace("{node}", str(node)) if local_dir else local_dir
@@ -191,21 +200,33 @@ def run_member(args: argparse.Namespace, group) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
 
+    svc: _Service | None = None
+
     def fail(why: str) -> int:   # before the nodes agreed: the others wait for this one; end the job
         print(f"clairvoyant: node {node}'s mount did not start ({why}); ending the job, whose other nodes would "
               "wait for it", file=sys.stderr, flush=True)
+        if svc is not None and svc.proc is not None and svc.proc.poll() is None:
+            svc.proc.terminate()   # (started by this member, not joined: nothing of it serves yet)
         comm = getattr(group, "comm", None)
         if comm is not None:
             comm.Abort(1)
         return 1
 
+    # the address the peers reach this node's service by: the route toward another node's host (no
+    # MASTER_ADDR under MPI), never a loopback address when the nodes are on several hosts
+    hosts = [b.decode() for b in group.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")]
+    others = [h for h in hosts if h != hosts[node]]
+    host = reachable_address(others[0] if others else os.environ.get("MASTER_ADDR"))
+    if others and host.startswith("127."):
+        return fail(f"the address its peers would reach it by is {host}, a loopback address, while the nodes are "
+                    f"on several hosts: set {ADDR_VAR} to this node's address on the network the nodes share")
     try:
-        svc = _adopt(mnt, node, nodes, src)
+        svc = _adopt(mnt, node, nodes, src, local_dir)
     except ConfigError as e:
         return fail(str(e))
     adopted = svc is not None
     if svc is None:
-        svc = _spawn(args, src, mnt, local_dir, node, nodes, reachable_address(os.environ.get("MASTER_ADDR")))
+        svc = _spawn(args, src, mnt, local_dir, node, nodes, host)
     hello = None
     deadline = time.monotonic() + START_WAIT
     while svc.alive() and time.monotonic() < deadline and not told.is_set():
@@ -222,7 +243,7 @@ def run_member(args: argparse.Namespace, group) -> int:
         agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
         addresses = [b.decode() for b in group.allgather(hello["address"].encode(),
                                                          "the exchange of the mount services' addresses")]
-    except ConfigError as e:
+    except ClairvoyantError as e:   # (a PeerLost too: a node gone before the cluster formed)
         error, addresses = str(e), None
     ask(svc.control, {"op": "join", "addresses": addresses, "error": error, "member": os.getpid()})
     if error is not None:
@@ -288,9 +309,10 @@ def run_service(args: argparse.Namespace) -> int:
         link.described = {"mount": m.path, "tier": m.tiers.local.root}
         print(f"clairvoyant: {m.source.root} mounted read-only at {m.path} (local tier {m.tiers.local.root}, up to "
               f"{m.capacity}); node {node} of a cluster of {nodes} mounts", flush=True)
-        member_seen = True
+        told_gone = -1   # the member whose end was logged
         while not stop.is_set():
             link.asked_event.wait(0.2)
+            link.asked_event.clear()
             if not m.alive():
                 print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {m.proc.poll()}); cleaning up",
                       flush=True)
@@ -298,29 +320,30 @@ def run_service(args: argparse.Namespace) -> int:
             if link.asked == "unmount":
                 print(f"clairvoyant: node {node}: interrupted at the launcher (Ctrl-C); unmounting", flush=True)
                 break
-            if link.asked == "leave":
-                link.asked_event.clear()
+            joins = link.leave_asked()
+            if joins is not None:
                 since = time.monotonic()
-                lost = link.unanswered()
-                if not lost:
-                    print(f"clairvoyant: node {node}: the launcher ends this mount's member and every node answers: "
-                          "the job ends; unmounting", flush=True)
+                lost, orphaned = link.probe()
+                if not lost and not orphaned:
                     stop.wait(max(0.0, LEAVE_GRACE - (time.monotonic() - since)))   # (the others' probes answered)
-                    break
-                link.asked, link.serving_on, link.lost = None, True, frozenset(lost)
-                print(f"clairvoyant: node {node}: node(s) {lost} did not answer and the launcher ends this mount's "
-                      f"member: a node was lost; serving on at {m.path} from this node's tier, the nodes that answer "
-                      "and the store (a launcher started again forms the cluster again; `clairvoyant umount "
-                      f"{m.path}` unmounts)", flush=True)
-                member_seen = False
-            link.asked_event.clear()
-            if member_seen and not link.member_alive():
-                member_seen = False
+                    if link.still_leaving(joins):
+                        print(f"clairvoyant: node {node}: the launcher ends this mount's member and every node "
+                              "answers: the job ends; unmounting", flush=True)
+                        break
+                    continue   # (formed again meanwhile)
+                if link.serve_on(joins, lost):
+                    told_gone = link.member
+                    why = (f"node(s) {lost} did not answer: a node was lost" if lost else
+                           f"the member of node(s) {orphaned} ended without a word")
+                    print(f"clairvoyant: node {node}: the launcher ends this mount's member and {why}; serving on "
+                          f"at {m.path} from this node's tier, the nodes that answer and the store (a launcher "
+                          f"started again forms the cluster again; `clairvoyant umount {m.path}` unmounts)", flush=True)
+                continue
+            if told_gone != link.member and not link.member_alive():
+                told_gone = link.member
                 print(f"clairvoyant: node {node}: the launcher's process of this mount is gone; serving on at {m.path} "
                       "(from the tier, the nodes that answer and the store) until a launcher forms the cluster "
                       f"again or `clairvoyant umount {m.path}`", flush=True)
-            if not member_seen and link.member_alive():
-                member_seen = True   # (a new member joined it: ServiceLink's join)
         clean = True
         return 0
     finally:

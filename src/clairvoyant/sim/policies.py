@@ -168,7 +168,6 @@ class Policy:
         self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)   # the samples' bytes
         self.entry_sizes = self.sizes + int(overhead)               # what a tier counts (cache/entry.py)
         self.num_samples = len(self.sizes)
-        self.steps = job.steps(self.num_samples)
 
     def _kw(self) -> dict:
         j = self.job
