@@ -1,7 +1,7 @@
 """One node's training program for tests/mount/test_mount_node_loss.py: a DataLoader over the
 node's share of every shuffled epoch, through the node's mount, with clairvoyant's sampler.
 
-    python node_loss_program.py MNT RANK NODES EPOCHS DIGESTS OUT
+    python node_loss_program.py MNT RANK NODES EPOCHS DIGESTS OUT [FIRST]
 
 Each sample's bytes are checked against DIGESTS (key -> sha256); per epoch one JSON line goes to
 OUT: the indices read in order, the sampler's indices, how many had wrong bytes. A progress file
@@ -20,11 +20,13 @@ from torch.utils.data import DataLoader, Dataset
 from clairvoyant.testing import drop_pages
 from clairvoyant.torch import DistributedSampler
 
-PACE = 0.02   # seconds of "training" per sample: the epoch lasts long enough to be cut
+PACE = float(os.environ.get("NODE_LOSS_PACE", "0.02"))   # seconds of "training" per sample: the epoch
+                                                        # lasts long enough to be cut
 
 
 def main() -> None:
     mnt, rank, nodes, epochs, digests, out = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
+    first = int(sys.argv[7]) if len(sys.argv) > 7 else 0   # (epochs first .. epochs - 1)
     with open(digests) as f:
         want = json.load(f)
     keys = sorted(want)
@@ -44,7 +46,7 @@ def main() -> None:
     ds = Files()
     sampler = DistributedSampler(ds, num_replicas=nodes, rank=rank, seed=0, mount=mnt)
     loader = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=0, collate_fn=lambda b: b)
-    for e in range(epochs):
+    for e in range(first, epochs):
         sampler.set_epoch(e)
         read, bad = [], 0
         for batch in loader:

@@ -142,6 +142,7 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
         assert len(doomed) == 3, (doomed, text())
         for pid in doomed:
             os.kill(pid, signal.SIGKILL)
+        programs[3].wait()
         for n in range(3):
             assert programs[n].wait(300) == 0, text()
         records = [[json.loads(line) for line in outs[n].read_text().splitlines()] for n in range(3)]
@@ -170,6 +171,25 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
                 assert hashlib.sha256(f.read()).hexdigest() == want, key
         assert read_stats(read_info(str(mnts[3]))["stats"]).opens_peer > 0
         services |= {int(read_info(str(m))["pid"]) for m in mnts}
+        # three more epochs on all four nodes (longer ones, for the plans to be made on 2 busy cores):
+        # the homes are planned anew, node 3 a home again
+        again = [work / f"again{n}.jsonl" for n in range(NODES)]
+        programs = [subprocess.Popen([sys.executable, PROGRAM, str(mnts[n]), str(n), str(NODES), str(EPOCHS + 3),
+                                      str(work / "digests.json"), str(again[n]), str(EPOCHS)], stdout=log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, "NODE_LOSS_PACE": "0.06"})
+                    for n in range(NODES)]
+        assert [p.wait(300) for p in programs] == [0] * NODES, text()
+        for n in range(NODES):
+            for r in map(json.loads, again[n].read_text().splitlines()):
+                assert r["read"] == r["expected"] and r["bad"] == 0, (n, r)
+        for n in range(3):
+            assert "every node is back: the homes are planned anew" in _service_log(mnts[n]), _service_log(mnts[n])
+
+        def served3() -> int:
+            out = subprocess.run([CV, "mount", "--stats", "--json", str(mnts[3])], capture_output=True, text=True,
+                                 check=True).stdout
+            return json.loads(out)["staging"]["cluster"].get("served_from_tier", 0)
+        assert wait_until(lambda: served3() > 0, 30), (served3(), [_service_log(m)[-3000:] for m in mnts])
     finally:
         for p in programs:
             if p.poll() is None:
