@@ -927,3 +927,43 @@ def test_a_gather_does_not_wait_for_a_node_lost():
     got = co.gather(fetch2, 0, 3, 0, orders(0), lambda: False, 3, 5.0, lost=gone)
     assert time.monotonic() - t0 < 2, rounds
     assert got is not None and [o.node for o in got] == [0, 1]
+
+
+def test_a_gather_finds_a_silent_node_lost_by_a_probe(monkeypatch):
+    """Node 2 offers nothing and no launcher says it is lost: after QUICK_WAIT the gather hands it to
+    ``on_absent`` (the cluster's probe), which finds it lost, and the gather returns nodes 0 and 1
+    at once. Control: a node that answers the probe (it runs no sampler) is not lost, and the gather
+    waits its whole wait."""
+    import numpy as np
+
+    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.numbering import Numbered
+
+    monkeypatch.setattr(co, "QUICK_WAIT", 0.2)
+    one = np.ones(1, np.int64)
+
+    def orders(n: int) -> "co.NodeOrders":
+        return co.NodeOrders(n, 0, 3, 1, {n: Numbered(one * n, one, one * n, one)})
+    blob = co.encode(orders(1))
+
+    def fetch(peer: int, number: int, size: int):
+        if peer != 1:
+            return None
+        return co.length_answer(blob) if number == co.orders_number(0, False) else blob
+
+    for answers, expect in ((False, [0, 1]), (True, None)):
+        lost: set = set()
+        asked: list = []
+
+        def on_absent(peers: set) -> None:
+            asked.append(set(peers))
+            if not answers:
+                lost.update(peers)
+        t0 = time.monotonic()
+        got = co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 1.5, lost=lambda: frozenset(lost),
+                        on_absent=on_absent)
+        assert asked == [{2}]
+        if expect is None:
+            assert got is None and time.monotonic() - t0 >= 1.5   # control
+        else:
+            assert [o.node for o in got] == expect and time.monotonic() - t0 < 1.0

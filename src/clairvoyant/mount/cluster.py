@@ -406,16 +406,17 @@ class MountCluster:
                         self.node)
 
     def check_lost(self, peers: set[int]) -> None:
-        """``peers`` offered no orders in time: those that do not answer two probes either are lost
-        (a node gone without its launcher saying so): the next epochs are planned without them."""
+        """``peers`` offer no orders yet (a gather's ``on_absent``): those that do not answer two
+        probes either are lost (a node gone, its launcher silent or slow to say so): this epoch's
+        plan and the next are made without them."""
         probe = getattr(self.link, "probe", None)
         if probe is None or not peers:
             return
         lost, _ = probe(sorted(peers))
         if lost:
             self.link.mark_lost(lost)
-            log.warning("clairvoyant: node %d: node(s) %s offered no orders and answer no probe: lost; the next "
-                        "epochs are planned without them", self.node, lost)
+            log.warning("clairvoyant: node %d: node(s) %s offer no orders and answer no probe: lost; the epochs "
+                        "are planned without them", self.node, lost)
 
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
         """A peer's answer to a request for a piece of its state (its orders, its homes), or None."""

@@ -26,7 +26,7 @@ from ..tune.counters import Counters
 
 log = logging.getLogger("clairvoyant")
 ALIVE = 1 << 62   # the piece of a node's state that says it serves (a probe; orders and homes are below)
-PROBE_WAIT = 1.5  # seconds a probe waits for a peer's answer
+PROBE_WAIT = 1.0  # seconds a probe waits for a peer's answer (asked twice)
 
 
 def files_fingerprint(manifest) -> bytes:

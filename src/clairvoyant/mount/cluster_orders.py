@@ -163,7 +163,8 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
            stop: Callable[[], bool], num_files: int, wait: float = GATHER_WAIT, *,
            silent: frozenset[int] | set[int] = frozenset(), missing: set[int] | None = None,
            lost: frozenset[int] | Callable[[], frozenset[int]] = frozenset(),
-           ranks_of: dict[int, int] | None = None) -> list[NodeOrders] | None:
+           ranks_of: dict[int, int] | None = None,
+           on_absent: Callable[[set[int]], None] | None = None) -> list[NodeOrders] | None:
     """Every node's orders of ``epoch`` (``mine`` for this node), asked of each peer through
     ``fetch(peer, number, size)`` round after round until the nodes' ranks together are every rank
     of the world once; None if that does not happen within ``wait`` seconds (a peer that is gone,
@@ -174,11 +175,13 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
     (its samplers may publish more ranks). Nodes ``lost`` (the cluster went on without them; a
     callable is asked each round) are not asked nor waited for: the others' orders, their ranks
     distinct and each node with as many as it had (``ranks_of``, node -> ranks, from the last
-    gather of every node), are then the epoch's."""
+    gather of every node), are then the epoch's. Peers still absent after ``QUICK_WAIT`` (and not
+    ``silent``) are handed once to ``on_absent``, which may find them lost (a probe)."""
     got: dict[int, NodeOrders] = {node: mine}
     seen: dict[int, bytes] = {}
     start = time.monotonic()
     deadline = start + wait
+    probed = False
     while True:
         gone = lost() if callable(lost) else lost
         for peer in range(nodes):
@@ -198,6 +201,10 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
             return [got[n] for n in there]
         absent = {p for p in there if p not in got}
         now = time.monotonic()
+        if on_absent is not None and not probed and absent - set(silent) and now - start > QUICK_WAIT:
+            probed = True
+            on_absent(absent - set(silent))   # (a node gone: the next round leaves it out)
+            continue
         quiet = bool(absent) and absent <= set(silent) and now - start > QUICK_WAIT
         if stop() or now > deadline or quiet:
             if missing is not None:

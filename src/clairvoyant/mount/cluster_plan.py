@@ -92,12 +92,11 @@ class ClusterWalk:
         missing: set[int] = set()
         orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
                         GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing, lost=cl.lost_nodes,
-                        ranks_of=cl.node_ranks)
+                        ranks_of=cl.node_ranks, on_absent=cl.check_lost)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
             if self.current and not self._p.stop.is_set():
                 cl.silent = missing   # (the next epoch waits less for them, if they still offer nothing)
-                cl.check_lost(missing)
             return False
         cl.silent = set()
         if len(orders) == cl.nodes:
