@@ -883,25 +883,36 @@ def test_a_gather_waits_less_for_a_node_that_offered_nothing_before(monkeypatch)
     assert got is not None and [o.node for o in got] == [0, 1, 2]
 
 
-def test_a_gather_does_not_wait_for_a_node_lost():
-    """``gather`` of 3 nodes, node 2 lost (the cluster went on without it): the orders of nodes 0
-    and 1 come back at once, though their ranks are not the whole world. Control: without being
-    told node 2 is lost, the gather waits its whole wait and gives up."""
+def _orders_of(n: int, world: int = 3):
+    """Node ``n``'s orders of epoch 0: its one rank ``n`` reading file ``n``."""
     import numpy as np
 
     from clairvoyant.mount import cluster_orders as co
     from clairvoyant.mount.numbering import Numbered
-
     one = np.ones(1, np.int64)
+    return co.NodeOrders(n, 0, world, 1, {n: Numbered(one * n, one, one * n, one)})
 
-    def orders(n: int) -> "co.NodeOrders":
-        return co.NodeOrders(n, 0, 3, 1, {n: Numbered(one * n, one, one * n, one)})
-    blob = co.encode(orders(1))
+
+def _offering(offers: dict):
+    """A peer's answers to a gather's asks: the length, then the blob, of ``offers[peer]``."""
+    from clairvoyant.mount import cluster_orders as co
 
     def fetch(peer: int, number: int, size: int):
-        if peer != 1:
+        blob = offers.get(peer)
+        if blob is None:
             return None
         return co.length_answer(blob) if number == co.orders_number(0, False) else blob
+    return fetch
+
+
+def test_a_gather_does_not_wait_for_a_node_lost():
+    """``gather`` of 3 nodes, node 2 lost (the cluster went on without it): the orders of nodes 0
+    and 1 come back at once, though their ranks are not the whole world. Control: without being
+    told node 2 is lost, the gather waits its whole wait and gives up."""
+    from clairvoyant.mount import cluster_orders as co
+
+    orders, blob = _orders_of, co.encode(_orders_of(1))
+    fetch = _offering({1: blob})
     t0 = time.monotonic()
     got = co.gather(fetch, 0, 3, 0, orders(0), lambda: False, 3, 30.0, lost=frozenset({2}))
     assert got is not None and [o.node for o in got] == [0, 1] and time.monotonic() - t0 < 1
@@ -910,12 +921,7 @@ def test_a_gather_does_not_wait_for_a_node_lost():
     assert time.monotonic() - t0 >= 1.0
     offered = {2: co.encode(orders(2))}   # node 2 offers its orders first, then is lost: left out
     rounds: list = []
-
-    def fetch2(peer: int, number: int, size: int):
-        b = offered.get(peer)
-        if b is None:
-            return None
-        return co.length_answer(b) if number == co.orders_number(0, False) else b
+    fetch2 = _offering(offered)
 
     def gone() -> frozenset:   # from the second round: node 2 lost, node 1's orders there
         rounds.append(1)
@@ -934,22 +940,10 @@ def test_a_gather_finds_a_silent_node_lost_by_a_probe(monkeypatch):
     ``on_absent`` (the cluster's probe), which finds it lost, and the gather returns nodes 0 and 1
     at once. Control: a node that answers the probe (it runs no sampler) is not lost, and the gather
     waits its whole wait."""
-    import numpy as np
-
     from clairvoyant.mount import cluster_orders as co
-    from clairvoyant.mount.numbering import Numbered
 
     monkeypatch.setattr(co, "QUICK_WAIT", 0.2)
-    one = np.ones(1, np.int64)
-
-    def orders(n: int) -> "co.NodeOrders":
-        return co.NodeOrders(n, 0, 3, 1, {n: Numbered(one * n, one, one * n, one)})
-    blob = co.encode(orders(1))
-
-    def fetch(peer: int, number: int, size: int):
-        if peer != 1:
-            return None
-        return co.length_answer(blob) if number == co.orders_number(0, False) else blob
+    orders, fetch = _orders_of, _offering({1: co.encode(_orders_of(1))})
 
     for answers, expect in ((False, [0, 1]), (True, None)):
         lost: set = set()

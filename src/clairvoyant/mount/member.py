@@ -274,6 +274,11 @@ def run_member(args: argparse.Namespace, group) -> int:
         svc.relay(sys.stderr)
         return 0
     svc.relay(sys.stderr)
+    for path in (svc.log, svc.control):   # (a service killed cleans nothing up: its member does)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     code = svc.proc.returncode if svc.proc is not None else 0
     if code:
         print(f"clairvoyant: node {node}'s mount service ended (exit status {code})", file=sys.stderr, flush=True)
@@ -314,9 +319,11 @@ def run_service(args: argparse.Namespace) -> int:
             link.asked_event.wait(0.2)
             link.asked_event.clear()
             if not m.alive():
-                print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {m.proc.poll()}); cleaning up",
-                      flush=True)
-                return 1
+                code = m.proc.poll()
+                print(f"clairvoyant: the mount daemon of {m.path} is gone (exit status {code}"
+                      f"{': unmounted from outside' if code == 0 else ''}); cleaning up", flush=True)
+                clean = code == 0
+                return 0 if clean else 1
             if link.asked == "unmount":
                 print(f"clairvoyant: node {node}: interrupted at the launcher (Ctrl-C); unmounting", flush=True)
                 break
