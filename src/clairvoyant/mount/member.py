@@ -236,8 +236,14 @@ def run_member(args: argparse.Namespace, group) -> int:
             break
         time.sleep(0.1)
     svc.relay(sys.stderr)
+    if told.is_set() and (hello is None or not hello.get("fingerprint")):   # the launcher ends the job
+        if svc.proc is not None and svc.proc.poll() is None:                 # (another node's failure)
+            svc.proc.terminate()
+        print(f"clairvoyant: node {node}: ended by the launcher before the cluster formed", file=sys.stderr,
+              flush=True)
+        return 1
     if hello is None or not hello.get("fingerprint"):
-        return fail("its mount service ended" if not svc.alive() else "interrupted or timed out")
+        return fail("its mount service ended" if not svc.alive() else f"not ready within {START_WAIT:.0f} s")
     error = None
     try:
         agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
