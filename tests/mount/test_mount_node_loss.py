@@ -157,9 +157,6 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
             assert wait_until(lambda: "a node was lost; serving on" in _service_log(mnts[n]), 30), _service_log(mnts[n])
         if launcher == "mpirun":
             assert wait_until(lambda: launchers[0].poll() is not None, 30), text()   # the job ended
-            for n in range(3):   # (under torchrun node 3 is back, without a program, before the next epochs)
-                assert "plans epoch 3 with the 3 nodes there (node(s) [3] lost)" in _service_log(mnts[n]), \
-                    _service_log(mnts[n])
             launchers += _launch(launcher, work, str(src), token, log)   # a new job around the running mounts
         assert wait_until(lambda: mounted(str(mnts[3])), 120), text()
         for n in range(3):
