@@ -137,13 +137,22 @@ def _finish(held: dict, proc, mnt: str, work: str, tiers: Tiers, handoff: str) -
     shutil.rmtree(handoff, ignore_errors=True)
 
 
-def _own_dir(parent: str, prefix: str) -> str:
-    """A new directory ``prefix<pid>.<random>`` of this mount in ``parent``; those of mount
-    processes that are gone (killed: nothing cleaned up after them) are removed first."""
+def left_by_the_dead(parent: str, prefix: str) -> list[str]:
+    """The entries ``prefix<pid>...`` in ``parent`` of processes that are gone (killed: nothing
+    cleaned up after them)."""
+    out = []
     for name in os.listdir(parent):
         pid = name[len(prefix):].split(".", 1)[0]
         if name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            out.append(os.path.join(parent, name))
+    return out
+
+
+def _own_dir(parent: str, prefix: str) -> str:
+    """A new directory ``prefix<pid>.<random>`` of this mount in ``parent``; those of mount
+    processes that are gone are removed first."""
+    for path in left_by_the_dead(parent, prefix):
+        shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=parent)   # one per mount
 
 

@@ -60,15 +60,12 @@ def _paths(pid: int) -> tuple[str, str]:
 
 def _sweep() -> None:
     """Remove the logs and control sockets of services that are gone (killed: nothing cleaned up)."""
-    from ..nodeio.fileio import process_alive
-    tmp = tempfile.gettempdir()
-    for name in os.listdir(tmp):
-        pid = name[len(SERVICE_PREFIX):].split(".", 1)[0]
-        if name.startswith(SERVICE_PREFIX) and pid.isdigit() and not process_alive(int(pid)):
-            try:
-                os.unlink(os.path.join(tmp, name))
-            except OSError:
-                pass
+    from .fs import left_by_the_dead
+    for path in left_by_the_dead(tempfile.gettempdir(), SERVICE_PREFIX):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def ask(control: str, msg: dict, timeout: float = 5.0) -> dict | None:
