@@ -16,20 +16,41 @@ from clairvoyant.tune.verdict import judge, split_wait
 
 
 def test_split_wait_follows_the_batch_timeline():
+    # staged at 10.4, the reader's 0.4 s on it: it could be ready at t0 only if staged by 9.6, so
+    # 0.8 s of the wait is staging's; the 0.1 s in the queue and the reader's 0.1 s share the rest
     c = split_wait(10.0, 11.0, staged_at=10.4, dispatched_at=10.5, worker=(0.1, 0.3, 0.0))
-    assert c["fetch"] == pytest.approx(0.4) and c["queue"] == pytest.approx(0.1)
-    assert c["read"] == pytest.approx(0.125) and c["decode"] == pytest.approx(0.375)
+    assert c["fetch"] == pytest.approx(0.8) and c["queue"] == pytest.approx(0.1)
+    assert c["read"] == pytest.approx(0.025) and c["decode"] == pytest.approx(0.075)
     assert sum(c.values()) == pytest.approx(1.0)
-    # staged and dispatched before the wait began: all of it is the reader's
+    # staged and dispatched before the wait began, in time for the reader: all of it is the reader's
     c = split_wait(10.0, 10.2, staged_at=9.0, dispatched_at=9.5, worker=(0.0, 1.0, 0.0))
     assert c["decode"] == pytest.approx(0.2) and c["fetch"] == 0 and c["queue"] == 0
+    # not staged yet when the wait ended (no reader has it): all of it is the fetch
+    c = split_wait(10.0, 10.5, staged_at=None, dispatched_at=None, worker=None)
+    assert c["fetch"] == pytest.approx(0.5) and sum(c.values()) == pytest.approx(0.5)
+
+
+def test_a_reader_that_started_late_because_staging_was_late_is_a_fetch_wait():
+    """Issue 39: in a pipeline of big batches staged just in time, the loop begins to wait after the
+    batch was staged, inside its reader's decode; the decode is no bottleneck (the readers are
+    idle between batches): staging is. Control: the same reader times with the batch staged in
+    good time are the decode's."""
+    # batch staged at 9.83 (its reader took it at once), 0.25 s of decode, the loop waiting from 10.0
+    c = split_wait(10.0, 10.08, staged_at=9.83, dispatched_at=9.83, worker=(0.0, 0.25, 0.0))
+    assert c["fetch"] == pytest.approx(0.08) and c["decode"] == 0
+    # control: staged long before (9.0), the same decode time and wait: the reader's
+    c = split_wait(10.0, 10.08, staged_at=9.0, dispatched_at=9.83, worker=(0.0, 0.25, 0.0))
+    assert c["fetch"] == 0 and c["decode"] == pytest.approx(0.08)
+    # a reader's own reads from the source (no tier had room) are the fetch too
+    c = split_wait(10.0, 10.2, staged_at=9.0, dispatched_at=9.5, worker=(0.0, 0.1, 0.0, 0.3))
+    assert c["fetch"] == pytest.approx(0.15) and c["decode"] == pytest.approx(0.05)
 
 
 def test_the_peer_share_of_staging_is_the_peer_fetch():
     """The cluster cache's cause: the part of a batch's staging spent asking peer nodes."""
     from clairvoyant.load.timeline import BatchTimeline
     c = split_wait(10.0, 11.0, staged_at=10.4, dispatched_at=10.5, worker=(0.1, 0.3, 0.0), peer_share=0.75)
-    assert c["peer"] == pytest.approx(0.3) and c["fetch"] == pytest.approx(0.1)
+    assert c["peer"] == pytest.approx(0.6) and c["fetch"] == pytest.approx(0.2)
     assert sum(c.values()) == pytest.approx(1.0)
     tl = BatchTimeline()
     tl.fetched(3, 0.2, 0.15)

@@ -20,7 +20,7 @@ class BatchTimeline:
     def __init__(self) -> None:
         self._staged: dict[int, float] = {}
         self._dispatched: dict[int, float] = {}
-        self._worker: dict[int, tuple[float, float, float]] = {}
+        self._worker: dict[int, tuple[float, ...]] = {}
         self._fetch: dict[int, list[float]] = {}   # batch -> [staging seconds, of which asking peers]
 
     def staged(self, k: int) -> None:
@@ -36,7 +36,7 @@ class BatchTimeline:
     def dispatched(self, k: int) -> None:
         self._dispatched[k] = time.perf_counter()
 
-    def read(self, k: int, times: tuple[float, float, float]) -> None:
+    def read(self, k: int, times: tuple[float, ...]) -> None:
         self._worker[k] = times
 
     def causes(self, k: int, t0: float, t1: float) -> dict[str, float]:

@@ -92,7 +92,7 @@ class Loaded(NamedTuple):
     size: int
     skipped: list[tuple[str, str]]
     repaired: list[tuple[int, str]]           # (position in items, why the entry was not used)
-    times: tuple[float, float, float]         # read, decode, collate seconds
+    times: tuple[float, float, float, float]  # local read, decode, collate, source read seconds
     served: list[tuple[int, str, int]] | None  # (position, where from, xxh3 of the bytes decoded)
     leaves: list[int] | None                  # xxh3 of each array written into the slot
 
@@ -233,11 +233,15 @@ def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | list:
     clock = time.perf_counter
     t0 = clock()
     reads: list = []
+    from_source = 0.0   # of the reads, the time spent reading the source itself
     for item in job.items:
+        t = clock()
         try:
             reads.append(_read(item, spec.source))
         except Exception as e:
             reads.append(_ReadFailed(e, traceback.format_exc()))
+        if not isinstance(reads[-1], _ReadFailed) and reads[-1][2] == "source":
+            from_source += clock() - t
     if any(isinstance(r, _ReadFailed) for r in reads):
         return reads
     t1 = clock()
@@ -249,7 +253,8 @@ def _load_direct(job: Job, slot: Slot, spec: ReaderSpec) -> Loaded | list:
     repaired = [(j, r[1]) for j, r in enumerate(reads) if r[1] is not None]
     served = ([(j, r[2], xxhash.xxh3_64_intdigest(r[0])) for j, r in enumerate(reads)]
               if spec.digests else None)
-    return Loaded(job.batch, job.slot, spec_, size, [], repaired, (t1 - t0, clock() - t1, 0.0), served, leaves)
+    return Loaded(job.batch, job.slot, spec_, size, [], repaired, (t1 - t0 - from_source, clock() - t1, 0.0, from_source),
+                  served, leaves)
 
 
 def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable,
@@ -260,7 +265,7 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
     fields_of = spec.source.fields_of if spec.source.has_fields else None
     target_field = spec.source.target_field
     clock = time.perf_counter
-    read_s = decode_s = 0.0
+    read_s = decode_s = source_s = 0.0
     k, slot_id = job.batch, job.slot
     for j, item in enumerate(job.items):
         t0 = clock()
@@ -279,7 +284,10 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
         if why is not None:
             repaired.append((j, why))
         t1 = clock()
-        read_s += t1 - t0
+        if where == "source":
+            source_s += t1 - t0
+        else:
+            read_s += t1 - t0
         stage = "decode"
         try:
             sample = spec.decode(data)
@@ -298,13 +306,14 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
         if served is not None:   # only samples the batch holds (a skipped one was never served)
             served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
-    return _collated(job, slots, spec, collate, samples, skipped, repaired, read_s, decode_s, served)
+    return _collated(job, slots, spec, collate, samples, skipped, repaired, read_s, decode_s, served, source_s)
 
 
 def _collated(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable, samples: list, skipped: list,
-              repaired: list, read_s: float, decode_s: float, served: list | None) -> Loaded | Failed:
+              repaired: list, read_s: float, decode_s: float, served: list | None,
+              source_s: float = 0.0) -> Loaded | Failed:
     """The batch's ``samples`` collated into its slot: what a reader answers (Failed where none is
-    left or collation fails)."""
+    left or collation fails); ``source_s``: of the reading, the seconds spent on the source itself."""
     k, slot_id = job.batch, job.slot
     if not samples:
         return Failed(k, slot_id, "empty", job.items[0].key if job.items else "",
@@ -314,8 +323,8 @@ def _collated(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable, 
         spec_, size, leaves = pack(collate(samples), slots[slot_id], digests=spec.digests)
     except Exception as e:
         return Failed(k, slot_id, "collate", job.items[0].key, f"{type(e).__name__}: {e}", traceback.format_exc())
-    return Loaded(k, slot_id, spec_, size, skipped, repaired, (read_s, decode_s, time.perf_counter() - t0), served,
-                  leaves)
+    return Loaded(k, slot_id, spec_, size, skipped, repaired,
+                  (read_s, decode_s, time.perf_counter() - t0, source_s), served, leaves)
 
 
 def _load_made(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callable) -> Loaded | Failed:

@@ -47,12 +47,14 @@ class Stats:
                 for c, v in causes.items():
                     self.wait_by_cause[c] = self.wait_by_cause.get(c, 0.0) + v
 
-    def add_worker(self, times: tuple[float, float, float], samples: int) -> None:
+    def add_worker(self, times: tuple[float, ...], samples: int) -> None:
+        """A reader's batch: its (local read, decode, collate[, source read]) seconds; the source
+        reads count as reading (``read_s``), as they always have."""
         with self._lock:
             r = self.reader
             r["samples"] += samples
             r["batches"] += 1
-            r["read_s"] += times[0]
+            r["read_s"] += times[0] + sum(times[3:])
             r["decode_s"] += times[1]
             r["collate_s"] += times[2]
 

@@ -1,12 +1,19 @@
 """POLICY, pure: does loading keep the GPU fed, and if not, which stage holds it back?
 
 Each batch's wait in ``next()`` is split into its causes from the batch's own
-timeline: until its last sample was staged, the wait was the **source fetch**,
-or, for the share of its staging time spent asking other nodes' tiers (the
-cluster cache), the **peer fetch**;
-from then until a reader took the batch, the **queue** (no free reader); after
-that, the reader's time, shared out in proportion to what it spent on the
-batch: **local read**, **decode**, **collate**.
+timeline. Staging is to blame for as much of the wait as its lateness explains:
+a batch staged at ``s`` that its reader spent ``r`` seconds on was ready at
+``t0`` only had it been staged by ``t0 - r``, so ``s - (t0 - r)`` of the wait is
+the **source fetch** (or, for the share of its staging time spent asking other
+nodes' tiers, the **peer fetch**), even where the loop began waiting after ``s``:
+in a pipeline a reader that started late because its batch came late is no
+decode bottleneck (a cold epoch with big batches waited on staging while every
+wait fell inside a reader's decode). What remains is split over the batch's
+timeline inside the wait: until a reader took the batch, the **queue** (no free
+reader); after that, the reader's time, shared out in proportion to what it
+spent on the batch: **local read**, **decode**, **collate**; the time a reader
+spent reading samples from the source itself (those no tier had room for) is the
+source fetch too.
 
 The verdict over a window of batches (an epoch): loading keeps up when the
 loader's throughput is at least what the loop consumes (n / t, t the loop's
@@ -26,25 +33,35 @@ NAMES = {"fetch": "source fetch", "peer": "peer fetch", "queue": "queue (no free
 
 
 def split_wait(t0: float, t1: float, staged_at: float | None, dispatched_at: float | None,
-               worker: tuple[float, float, float] | None, peer_share: float = 0.0) -> dict[str, float]:
+               worker: tuple[float, ...] | None, peer_share: float = 0.0) -> dict[str, float]:
     """The wait from ``t0`` to ``t1`` for one batch, by cause (seconds; they add up to ``t1 - t0``);
+    ``worker``: the reader's (local read, decode, collate[, source read]) seconds on the batch;
     ``peer_share``: the part of the batch's staging time spent on peer nodes."""
     out = dict.fromkeys(CAUSES, 0.0)
     if t1 <= t0:
         return out
+    wait = t1 - t0
     staged = t1 if staged_at is None else min(max(staged_at, t0), t1)
-    dispatched = t1 if dispatched_at is None else min(max(dispatched_at, staged), t1)
+    dispatched = t1 if dispatched_at is None else min(max(dispatched_at, staged), t1)   # (no reader yet)
+    # the reader's own time on the batch (from its dispatch, where it did not say)
+    reader = float(sum(worker)) if worker is not None else \
+        (0.0 if dispatched_at is None else max(0.0, t1 - dispatched_at))
+    # staging's lateness: staged after t0 - reader, the batch could not be ready at t0
+    late = wait if staged_at is None else min(wait, max(0.0, staged_at - (t0 - reader)))
     peer_share = min(max(peer_share, 0.0), 1.0)
-    out["peer"] = (staged - t0) * peer_share
-    out["fetch"] = (staged - t0) - out["peer"]
-    out["queue"] = dispatched - staged
-    rest = t1 - dispatched
-    if rest > 0:
-        parts = np.asarray(worker if worker is not None else (0.0, 1.0, 0.0), dtype=float)
+    out["peer"] = late * peer_share
+    out["fetch"] = late - out["peer"]
+    rest = wait - late   # the queue's part inside the wait, then the reader's
+    out["queue"] = min(rest, dispatched - staged)
+    busy = rest - out["queue"]
+    if busy > 0:
+        parts = np.zeros(4)
+        if worker is not None:
+            parts[:len(worker)] = worker[:4]
         total = parts.sum()
-        shares = parts / total if total > 0 else np.array([0.0, 1.0, 0.0])
-        for name, share in zip(("read", "decode", "collate"), shares):
-            out[name] = float(rest * share)
+        shares = parts / total if total > 0 else np.array([0.0, 1.0, 0.0, 0.0])
+        for name, share in zip(("read", "decode", "collate", "fetch"), shares):
+            out[name] += float(busy * share)
     return out
 
 
