@@ -105,9 +105,11 @@ def run_mount(data: str, store: dict, work: str, batch: int, workers: int) -> di
             fs.reset()
             secs, n = timed_epoch(dl)
             c = fs.counters()
+            staged = m.staging()
             return {"samples": n, "seconds": secs, "samples_per_s": n / secs, "store_opens": c.opens,
                     "store_bytes": c.bytes, "peak_inflight": c.peak_inflight, "workers": workers,
-                    "staging": m.stats()._asdict()}
+                    "mount": m.stats()._asdict(), "mount_staging": staged,
+                    "staging": staged.get("requests")}
 
 
 def shards_of(data: str, shard_mib: int) -> tuple[str, int, int]:
@@ -158,7 +160,7 @@ def run(args) -> dict:
 def _chose(r: dict) -> str:
     s = r.get("staging") or {}
     if "inflight" in s:
-        return f"{s['inflight']} in flight ({s.get('inflight_why', '')})"
+        return f"{s['inflight']} in flight ({s.get('why', '')})"
     return ""
 
 

@@ -185,6 +185,12 @@ class OneBatch:
     def close(self):
         return self.engine.close()
 
+    def limit(self, n: int):
+        return self.engine.limit(n)
+
+    def load(self):
+        return self.engine.load()
+
     def collect(self, timeout: float):
         self.got += self.engine.collect(timeout)
         if len(self.got) < self.n:

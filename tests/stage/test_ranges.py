@@ -143,7 +143,30 @@ def _epochs(packed, local, count, epochs=2, **kw):
     return out
 
 
-def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set(packed, dataset, tmp_path):
+def test_the_native_threads_read_each_sample_once_in_need_order(packed, dataset, tmp_path, monkeypatch):
+    """Where the native staging threads carry the samples (a tar shard on a POSIX file system: the
+    shard kept open, each sample one pread, as many at once as the store takes), no range pays
+    (plan/ranges.py, issue 39): every sample is staged once by those threads, in the order the
+    readers need them, none through Python's reads of the shards. Control: without the native
+    threads the same epoch reads ranges whole."""
+    from clairvoyant.stage.native_files import available
+    if not available():
+        pytest.skip("the native stager is not built here")
+    stats: dict = {}
+    (e0, reads0), (e1, reads1) = _epochs(packed, tmp_path / "local", stats)
+    assert stats["range_reads"] == 0 and stats["staged_local"] == 96 and reads0 == 0 and reads1 == 0
+    assert len(set(e0)) == 96
+    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")
+    python: dict = {}
+    (p0, preads0), _ = _epochs(packed, tmp_path / "python", python)
+    assert p0 == e0 and python["range_reads"] >= 1 and preads0 > 0
+
+
+def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set(packed, dataset, tmp_path,
+                                                                                 monkeypatch):
+    """Where Python's staging threads read the shards (no native threads: they cost CPU per
+    request), ranges are read whole."""
+    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")
     shards = len(TarShardSource(packed).paths)
     stats: dict = {}
     (e0, reads0), (e1, reads1) = _epochs(packed, tmp_path / "local", stats)
@@ -173,7 +196,8 @@ def test_the_first_epoch_reads_each_shard_once_where_the_tier_holds_the_data_set
     assert h0 == e0 and hreads0 == 96 and half["range_reads"] == 0
 
 
-def test_a_failed_range_read_is_logged_and_its_samples_are_read_on_their_own(packed, tmp_path, caplog):
+def test_a_failed_range_read_is_logged_and_its_samples_are_read_on_their_own(packed, tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # ranges are read whole by Python's threads
     orig = TarShardSource.read_range
     failed = []
 
@@ -389,6 +413,7 @@ def test_a_parked_sample_is_placed_by_its_ranges_read(dataset, tmp_path):
 
 def test_the_tuner_starts_lower_where_the_plan_reads_ranges_whole(packed, dataset, tmp_path, monkeypatch):
     from clairvoyant.load import loader as loader_mod
+    monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # ranges are read whole by Python's threads
 
     started: list[int] = []
     real = loader_mod.EpochRun

@@ -7,7 +7,8 @@
  *      mount daemon waits on it instead of reading the source a second time);
  *   2. take the bytes from the handoff directory if a reader's open already read them from the
  *      source (``<token>``: the bytes, then the source's mtime in ns), else read the source file
- *      (openat, fstat, read, close) and check its size is the listed one;
+ *      (openat, fstat, read, close) and check its size is the listed one, or, for a sample packed
+ *      in a file with others (a tar shard), pread its bytes at their offset;
  *   3. write the entry (the bytes, then the 32-byte trailer of tier_format.h, the format
  *      cache/entry.py reads) at its place with one pwrite.
  * The lock stays held: Python lets go once the entry is published (or given up).
@@ -17,8 +18,13 @@
  * share of one collect.
  *
  *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
- *   .submit(token, path, size, out_fd, offset, lock_offset)
- *   .submit_many([(token, path, size, out_fd, offset, lock_offset), ...])
+ *   .limit(n)  at most n of the threads carry a job at once from now on (the scheduler's choice of
+ *              requests in flight: stage/inflight.py); all of them at the start
+ *   .load() -> (jobs done, seconds they took in all, jobs running now, jobs queued now)
+ *   .submit(token, path, size, out_fd, offset, lock_offset[, src_offset])
+ *              src_offset: the sample is ``size`` bytes at this offset of the file (a tar shard's
+ *              member); -1 or none: the whole file, whose size must be ``size``
+ *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset]), ...])
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
@@ -38,6 +44,7 @@
 #include <unistd.h>
 
 #define MAX_THREADS 256
+#define MAX_PACKS 1024   /* files that pack samples (tar shards) kept open per stager */
 
 struct job {
     struct job *next;
@@ -46,6 +53,7 @@ struct job {
     uint64_t size;
     int out_fd;
     int64_t offset, lock_offset;
+    int64_t src_offset;   /* where the bytes lie in the source file; -1: the whole file is the sample */
     int err, handed, locked;
     int64_t mtime;
 };
@@ -57,6 +65,13 @@ typedef struct {
     struct job *queue, *queue_tail, *finished, *finished_tail;
     int src_fd, lock_fd, handoff_fd;
     int nthreads, stopping, drained;   /* drained: stopped, and every job is on the finished list */
+    int active, running;               /* jobs carried at once at most (limit), and now */
+    long long queued, ndone;           /* jobs waiting for a thread now; finished so far */
+    double busy;                       /* seconds the finished jobs took, in all */
+    pthread_mutex_t packs_mu;          /* files that pack samples, opened once each: an open of a */
+    pthread_cond_t packs_cv;           /* (an open under way: its waiters) */
+    char *pack_path[MAX_PACKS];        /* shared file system costs a round trip, and a fresh open */
+    int pack_fd[MAX_PACKS], npacks;    /* drops the kernel's pages of the file */
     pthread_t threads[MAX_THREADS];
 } Stager;
 
@@ -110,14 +125,73 @@ static int from_handoff(Stager *s, struct job *j, char *buf) {
     return ok;
 }
 
+/* Read exactly ``n`` bytes at ``at`` of ``fd``: 0, or an errno (ESTALE: the file ended first). */
+static int pread_exact(int fd, char *buf, uint64_t n, int64_t at) {
+    uint64_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(at + (int64_t)got));
+        if (r < 0) { if (errno == EINTR) continue; return errno; }
+        if (r == 0) return ESTALE;
+        got += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* A file that packs samples, opened once per stager (kept: *kept set, not to be closed by the
+ * caller); -1 with errno set. The first thread to want a file opens it while the others wait for
+ * that open (fd -2 meanwhile), so that each file is opened once. Past MAX_PACKS files, each job
+ * opens its own. */
+static int pack_open(Stager *s, const char *path, int *kept) {
+    *kept = 0;
+    pthread_mutex_lock(&s->packs_mu);
+    for (;;) {
+        int i = 0;
+        while (i < s->npacks && strcmp(s->pack_path[i], path) != 0) i++;
+        if (i == s->npacks) break;
+        if (s->pack_fd[i] >= 0) { *kept = 1; int fd = s->pack_fd[i]; pthread_mutex_unlock(&s->packs_mu); return fd; }
+        if (s->pack_fd[i] == -1) break;   /* its open failed: try again, as a job of its own */
+        pthread_cond_wait(&s->packs_cv, &s->packs_mu);
+    }
+    int slot = -1;
+    char *p = s->npacks < MAX_PACKS ? strdup(path) : NULL;
+    if (p) { slot = s->npacks++; s->pack_path[slot] = p; s->pack_fd[slot] = -2; }
+    pthread_mutex_unlock(&s->packs_mu);
+    int fd = openat(s->src_fd, path, O_RDONLY | O_CLOEXEC);
+    int err = errno;
+    if (slot >= 0) {
+        pthread_mutex_lock(&s->packs_mu);
+        s->pack_fd[slot] = fd < 0 ? -1 : fd;
+        pthread_cond_broadcast(&s->packs_cv);
+        pthread_mutex_unlock(&s->packs_mu);
+        *kept = fd >= 0;
+    }
+    errno = err;
+    return fd;
+}
+
+static void close_packs(Stager *s) {
+    pthread_mutex_lock(&s->packs_mu);
+    for (int i = 0; i < s->npacks; i++) { if (s->pack_fd[i] >= 0) close(s->pack_fd[i]); free(s->pack_path[i]); }
+    s->npacks = 0;
+    pthread_mutex_unlock(&s->packs_mu);
+}
+
+/* The sample's bytes from the source: the whole file (its size the listed one), or ``size`` bytes
+ * at ``src_offset`` of a file that packs samples (a tar shard: the file must still hold them). */
 static int from_source(Stager *s, struct job *j, char *buf) {
-    int fd = openat(s->src_fd, j->path, O_RDONLY | O_CLOEXEC);
+    int kept = 0;
+    int fd = j->src_offset < 0 ? openat(s->src_fd, j->path, O_RDONLY | O_CLOEXEC) : pack_open(s, j->path, &kept);
     if (fd < 0) return errno;
     struct stat st;
     int err = fstat(fd, &st) < 0 ? errno : 0;
-    if (!err && (uint64_t)st.st_size != j->size) err = ESTALE;   /* changed since it was listed */
-    if (!err) err = read_exact(fd, buf, j->size);
-    close(fd);
+    if (j->src_offset < 0) {
+        if (!err && (uint64_t)st.st_size != j->size) err = ESTALE;   /* changed since it was listed */
+        if (!err) err = read_exact(fd, buf, j->size);
+    } else {
+        if (!err && (uint64_t)st.st_size < (uint64_t)j->src_offset + j->size) err = ESTALE;
+        if (!err) err = pread_exact(fd, buf, j->size, j->src_offset);
+    }
+    if (!kept) close(fd);
     if (!err) j->mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
     return err;
 }
@@ -145,18 +219,32 @@ static void run(Stager *s, struct job *j) {
     j->err = err;
 }
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static void *worker(void *arg) {
     Stager *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->queue && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
+        while ((!s->queue || s->running >= s->active) && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
         if (s->stopping) break;   /* jobs not started are cancelled by close */
         struct job *j = s->queue;
         s->queue = j->next;
         if (!s->queue) s->queue_tail = NULL;
+        s->queued--;
+        s->running++;
         pthread_mutex_unlock(&s->mu);
+        double t0 = now_s();
         run(s, j);
+        double took = now_s() - t0;
         pthread_mutex_lock(&s->mu);
+        s->running--;
+        s->ndone++;
+        s->busy += took;
+        if (s->queue) pthread_cond_signal(&s->work);   /* a thread held back by the limit may go now */
         push(&s->finished, &s->finished_tail, j);
         pthread_cond_signal(&s->done);
     }
@@ -184,6 +272,7 @@ static void stop(Stager *s) {
         push(&s->finished, &s->finished_tail, j);
     }
     s->queue_tail = NULL;
+    s->queued = 0;
     s->drained = 1;
     pthread_cond_broadcast(&s->done);
     pthread_mutex_unlock(&s->mu);
@@ -210,6 +299,7 @@ static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
     s->lock_fd = lock_fd;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
+    s->active = threads;
     for (int i = 0; i < threads; i++) {
         if (pthread_create(&s->threads[i], NULL, worker, s) != 0) {
             stop(s);
@@ -226,20 +316,23 @@ static PyObject *Stager_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Stager *s = (Stager *)type->tp_alloc(type, 0);
     if (!s) return NULL;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->packs_mu, NULL);
+    pthread_cond_init(&s->packs_cv, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->done, NULL);
     s->src_fd = s->lock_fd = s->handoff_fd = -1;
     return (PyObject *)s;
 }
 
-/* A job from its tuple (token, path, size, out_fd, offset, lock_offset), parsed with ``fmt``;
- * NULL with the Python error set. */
+/* A job from its tuple (token, path, size, out_fd, offset, lock_offset[, src_offset]), parsed with
+ * ``fmt``; NULL with the Python error set. */
 static struct job *parse_job(PyObject *t, const char *fmt) {
-    long long token, offset, lock_offset;
+    long long token, offset, lock_offset, src_offset = -1;
     PyObject *path;
     unsigned long long size;
     int out_fd;
-    if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset))
+    if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset,
+                          &src_offset))
         return NULL;
     struct job *j = calloc(1, sizeof *j);
     char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
@@ -251,6 +344,7 @@ static struct job *parse_job(PyObject *t, const char *fmt) {
     j->out_fd = out_fd;
     j->offset = offset;
     j->lock_offset = lock_offset;
+    j->src_offset = src_offset;
     return j;
 }
 
@@ -262,7 +356,8 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
     if (open_) {
         if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
         s->queue_tail = tail;
-        for (Py_ssize_t k = 0; k < n && k < s->nthreads; k++) pthread_cond_signal(&s->work);
+        s->queued += n;
+        for (Py_ssize_t k = 0; k < n && k < s->active; k++) pthread_cond_signal(&s->work);
     }
     pthread_mutex_unlock(&s->mu);
     if (!open_) {
@@ -274,7 +369,7 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
 }
 
 static PyObject *Stager_submit(Stager *s, PyObject *args) {
-    struct job *j = parse_job(args, "LO&KiLL");
+    struct job *j = parse_job(args, "LO&KiLL|L");
     return j ? enqueue(s, j, j, 1) : NULL;
 }
 
@@ -288,7 +383,7 @@ static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     struct job *head = NULL, *tail = NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
         struct job *j = parse_job(PySequence_Fast_GET_ITEM(seq, k),
-                                  "LO&KiLL;a job is (token, path, size, out_fd, offset, lock_offset)");
+                                  "LO&KiLL|L;a job is (token, path, size, out_fd, offset, lock_offset[, src_offset])");
         if (!j) {
             Py_DECREF(seq);
             free_list(head);
@@ -328,11 +423,32 @@ static PyObject *Stager_collect(Stager *s, PyObject *args) {
     return out;
 }
 
+static PyObject *Stager_limit(Stager *s, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    pthread_mutex_lock(&s->mu);
+    s->active = n < 1 ? 1 : n;
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stager_load(Stager *s, PyObject *unused) {
+    (void)unused;
+    pthread_mutex_lock(&s->mu);
+    long long done = s->ndone, queued = s->queued;
+    double busy = s->busy;
+    int running = s->running;
+    pthread_mutex_unlock(&s->mu);
+    return Py_BuildValue("(LdiL)", done, busy, running, queued);
+}
+
 static PyObject *Stager_close(Stager *s, PyObject *unused) {
     (void)unused;
     Py_BEGIN_ALLOW_THREADS
     stop(s);
     Py_END_ALLOW_THREADS
+    close_packs(s);
     if (s->src_fd >= 0) close(s->src_fd);
     if (s->handoff_fd >= 0) close(s->handoff_fd);
     s->src_fd = s->handoff_fd = -1;
@@ -346,6 +462,9 @@ static void Stager_dealloc(Stager *s) {
     if (s->src_fd >= 0) close(s->src_fd);
     if (s->handoff_fd >= 0) close(s->handoff_fd);
     free_list(s->finished);   /* stop() emptied the queue */
+    close_packs(s);
+    pthread_mutex_destroy(&s->packs_mu);
+    pthread_cond_destroy(&s->packs_cv);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done);
@@ -359,6 +478,9 @@ static PyMethodDef Stager_methods[] = {
      "submit_many(jobs): submit's jobs, (token, path, size, out_fd, offset, lock_offset) each, queued at once"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
      "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
+    {"limit", (PyCFunction)Stager_limit, METH_VARARGS, "limit(n): at most n jobs carried at once from now on"},
+    {"load", (PyCFunction)Stager_load, METH_NOARGS,
+     "load() -> (jobs done, seconds they took in all, jobs running now, jobs queued now)"},
     {"close", (PyCFunction)Stager_close, METH_NOARGS, "stop and join the threads; queued jobs end ECANCELED"},
     {NULL, NULL, 0, NULL},
 };

@@ -30,7 +30,8 @@ from ..plan.layout import NodeLayout
 from ..plan.compression import stored_sizes
 from ..plan.rank_plan import PlanConfig, RankEpochPlan
 from ..source import DatasetPort, as_source, is_dataset
-from ..tune.autotune import ReaderTuner, Tuner
+from ..tune.autotune import ReaderTuner
+from ..tune.inflight import InFlight
 from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.spike import SpikeRule
 from ..tune.stats import Stats
@@ -118,9 +119,10 @@ class Loader:
         num_workers: reader processes, or None (the default): one per CPU this process may use and
             one more, then tuned once per epoch (one more while readers hold the loop back and it
             helps, up to two per CPU; tune/autotune.py).
-        stage_threads: I/O threads reading from the source, or ``"auto"`` (the default): the tuner
-            moves the count every half second from what it measures (more when the loop waits on
-            the source and the threads are busy, fewer when they idle; tune/autotune.py).
+        stage_threads: requests to the source in flight (I/O threads), or ``"auto"`` (the default):
+            set from the store every quarter second, by what staging measures (more while requests
+            wait and more in flight still fetch more, held at the store's knee, fewer when they
+            idle; tune/inflight.py); ``stats()["staging"]`` says the choice and why.
         lookahead: how many batches ahead of the training loop staging runs.
         prefetch: batches each reader may hold ready.
         rank, world_size: default from the ``torch.distributed`` process group when one is initialised
@@ -150,7 +152,7 @@ class Loader:
                  labels: str | None = None, fields: Sequence[str] | str = (),
                  compress: str | None = None) -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
-            self._tuner: Tuner | None = Tuner(AUTO_START_THREADS)
+            self._tuner: InFlight | None = InFlight(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
         else:
             self._tuner = None
@@ -379,10 +381,10 @@ class Loader:
         self._cursor.started(start, len(plan))
         if self._reader_tuner is not None:
             self.num_workers = self._reader_tuner.readers
-        if plan.whole is not None and self._tuner is not None and self._tuner.threads > RANGE_START_THREADS:
+        if plan.whole is not None and self._tuner is not None and self._tuner.limit > RANGE_START_THREADS:
             # whole ranges: few requests, each long, and each idle thread costs CPU (docs/benchmarks.md):
             # the tuner starts lower and moves on from there
-            self._tuner.threads = RANGE_START_THREADS
+            self._tuner.limit = RANGE_START_THREADS
         run = EpochRun(plan=plan, source=self.source, manifest=self.manifest, tiers=self.tiers,
                        reader=self._reader_spec(start), options=self._run_options(), output=self._output,
                        stats=self._stats, progress=self._node.progress, tuner=self._tuner,
@@ -410,7 +412,7 @@ class Loader:
     def _run_options(self) -> RunOptions:
         """This pass's options, as the Loader holds them now (the tuners move readers and threads)."""
         return RunOptions(num_workers=self.num_workers,
-                          stage_threads=self._tuner.threads if self._tuner is not None else self.stage_threads,
+                          stage_threads=self._tuner.limit if self._tuner is not None else self.stage_threads,
                           prefetch=self.prefetch, lookahead=self.lookahead, skip_errors=self.on_error == "skip",
                           mp_context=self.mp_context,
                           # ranks of a node keep samples for each other: a planned hit that another rank
@@ -458,7 +460,9 @@ class Loader:
         d["usage"] = self.tiers.usage()
         d["stages"] = stage_rates(d["tiers"], d["reader"])
         d["verdict"] = self._last_verdict
-        d["stage_threads"] = self._tuner.threads if self._tuner is not None else self.stage_threads
+        d["stage_threads"] = self._tuner.limit if self._tuner is not None else self.stage_threads
+        d["staging"] = (self._tuner.describe() if self._tuner is not None else
+                        {"inflight": self.stage_threads, "why": "stage_threads fixed by the caller"})
         d["readers"] = self._reader_tuner.readers if self._reader_tuner is not None else self.num_workers
         if self._cluster is not None:
             d["cluster"] = dict(self._cluster.counters(), node=self._cluster.layout.node,

@@ -35,6 +35,8 @@ from ..plan.ranges import Ranges
 from ..plan.rank_plan import ClusterTiers, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..source import Source
 from ..stage.engine import RangeReader
+from ..plan.ranges import DEFAULT_REQUEST_BYTES
+from ..stage import native
 from ..stage.gate import NodeProgress
 
 log = logging.getLogger("clairvoyant")
@@ -181,9 +183,14 @@ class NodeSession:
             spec = ClusterTiers(c.layout, c.capacities, tuple(held), last[0].cluster_home if carried else None)
         residents = last[0].residents_after if carried else ({} if c is not None else self.residents())
         reader = self.range_reader() if spec is None else None
+        # the native threads read each sample with a cheap request (the file kept open), as many at
+        # once as the store takes: a request costs no more than its bytes, and the samples come
+        # in the order they are needed (plan/ranges.py)
+        per_sample = native.applies(self.source, self.tiers, self.progress is not None)
         return plan_rank_epoch(self.entry_sizes, self.config, self.topology, epoch=epoch,
                                capacity=self.tiers.local_capacity, residents=residents, position=position,
-                               cluster=spec, ranges=None if reader is None else reader.ranges)
+                               cluster=spec, ranges=None if reader is None else reader.ranges,
+                               request_bytes=0 if per_sample else DEFAULT_REQUEST_BYTES)
 
     def range_reader(self) -> RangeReader | None:
         """A source that packs samples together, read a range at a time where the plan says it pays

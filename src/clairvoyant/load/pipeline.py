@@ -34,7 +34,7 @@ from ..plan.rank_plan import RankEpochPlan
 from ..source import Source
 from ..stage.engine import PeerFetch, RangeReader, Stager
 from ..tune.stats import Stats
-from ..tune.autotune import Tuner
+from ..tune.inflight import InFlight
 from .options import RunOptions
 from .late_drops import LATE_LAG, LateDrops
 from .pool import WorkerPool
@@ -72,12 +72,12 @@ def _reader_error(msg: Failed, k: int) -> Exception:
 class EpochRun:
     def __init__(self, *, plan: RankEpochPlan, source: Source, manifest: Manifest, tiers: Tiers, reader: ReaderSpec,
                  options: RunOptions, output: Output, stats: Stats, progress: "NodeProgress | None" = None,
-                 tuner: "Tuner | None" = None, peer_fetch: "PeerFetch | None" = None,
+                 tuner: "InFlight | None" = None, peer_fetch: "PeerFetch | None" = None,
                  ranges: "RangeReader | None" = None) -> None:
         """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is.
         ``options``: the run's reader, staging and error options (load/options.py); ``progress``:
-        the node's deadline gate (balance=True); ``tuner``: moves the staging thread count
-        (stage_threads="auto"); ``peer_fetch``: the cluster cache's reads from other nodes; ``ranges``: the source's ranges,
+        the node's deadline gate (balance=True); ``tuner``: the limit on requests in flight
+        (stage_threads="auto", tune/inflight.py); ``peer_fetch``: the cluster cache's reads from other nodes; ``ranges``: the source's ranges,
         where the plan reads some whole (plan/ranges.py)."""
         epoch, batches = plan.epoch, list(plan.batches)
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
@@ -93,7 +93,7 @@ class EpochRun:
         self._timeline = BatchTimeline()   # for splitting the loop's waits into causes
         self.window = EpochWindow()   # this epoch's waits, steps and causes, for its verdict
         self.on_batch: Callable[[dict], None] | None = None   # a record per batch (metrics log)
-        self._tuner = tuner          # moves the staging thread count (stage_threads="auto")
+        self._tuner = tuner          # the limit on requests in flight (stage_threads="auto")
         self._made = source.made_in_reader   # samples made by the readers (source/indexed.py): none staged
 
         # deadline scheduling across the node's ranks: this rank's staging frontier, shared
@@ -295,12 +295,11 @@ class EpochRun:
             self._stager.drop(gone)
 
     def _tune(self, now: float) -> None:
-        """Hand the tuner the loader's cumulative counters; apply its thread count when it decides."""
-        fetches, busy = self._tiers.counters.get("fetches", "fetch_seconds")
-        waited = self._stats.waited("fetch")
-        n = self._tuner.tick(now, waited, fetches, busy)
+        """Hand the staging's own counters to the policy (tune/inflight.py); apply its limit."""
+        done, busy, nbytes, waiting = self._stager.load()
+        n = self._tuner.tick(now, done, busy, waiting, nbytes)
         if n is not None:
-            self._stager.resize(n)
+            self._stager.limit(n)
 
     def _take(self, k: int) -> Any:
         res = self._results.pop(k)

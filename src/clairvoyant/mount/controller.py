@@ -92,8 +92,9 @@ class Controller:
             t.start()
 
     def snapshot(self) -> dict:
-        """The staging counters now (mount/counters.py)."""
-        return self._counters.snapshot()
+        """The staging counters now (mount/counters.py), and the requests in flight the copies keep
+        and why (``requests``: tune/inflight.py's choice)."""
+        return dict(self._counters.snapshot(), requests=self._copies.inflight.describe())
 
     def stop(self) -> None:
         self._stop.set()

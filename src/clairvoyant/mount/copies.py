@@ -17,12 +17,14 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from typing import Callable, Iterable
 
 import numpy as np
 
 from ..stage.native_files import Done
 from ..stage.engines import file_engine
+from ..tune.inflight import InFlight
 from .counters import Counters
 
 log = logging.getLogger("clairvoyant")
@@ -44,8 +46,11 @@ class Copies:
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._unread: set[int] = set()   # staged ahead by the plan and not read yet
         self.told: Callable[[Done], None] | None = None   # told of each copy too (the cluster: mount/cluster.py)
+        # the requests in flight: the one policy of every door (tune/inflight.py), from the engine's
+        # own counters after each batch of copies it tells; at most ``threads`` of the slots' twice
+        self.inflight = InFlight(threads, hi=2 * max(1, int(threads)))
         self._files = file_engine(self.tiers.local, self.tiers.local_capacity, mount.source.root, handoff,
-                                  threads, self._copied, self._copies_told)
+                                  self.inflight.limit, self._copied, self._copies_told, most=self.inflight.hi)
 
     # -- slots and submission ---------------------------------------------------------------------
 
@@ -145,6 +150,11 @@ class Copies:
             n, self._slots_back = self._slots_back, 0
         if n:
             self._inflight.release(n)
+        done, busy, _, waiting = self._files.load()
+        limit = self.inflight.tick(time.monotonic(), done, busy, waiting)
+        if limit is not None:
+            self._files.limit(limit)
+            self._counters.set(inflight=limit)
 
     # -- the tier ----------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class Follower:
         self._copies, self._counters = copies, counters
         self._reads: deque[tuple[int, bool]] = deque()   # (file, from the source?)
         self.lag = MIN_LAG
+        self.taken = 0   # reads taken up so far (a walk knows from it that its readers began)
 
     def heard(self, f: int, from_source: bool) -> bool:
         """Queue the daemon's report of a first read of ``f`` (from the events thread); False: the
@@ -52,6 +53,7 @@ class Follower:
         since = max(0, handed - self.lag)
         while self._reads:
             f, from_source = self._reads.popleft()
+            self.taken += 1
             self._copies.was_read(f)   # whichever use it served, a staged copy was read
             h = heard_read(held, f, from_source, handed, reach, since, self.lag, defer=len(later) < BACKLOG)
             self.lag = h.lag

@@ -90,6 +90,8 @@ class Walk:
         self._seq = seq.tolist()
         self._reach = 0   # how far the fastest rank can have got (a read of a use beyond it is of an earlier one)
         self._looked, self._handed = -1.0, 0   # when the progress files were read, and the position they gave
+        self._taken = parts.follower.taken      # the reads taken up before this walk: none of its readers'
+        self._since = 0                         # positions before this one count as read (``_follow``)
         self._chunk: list[tuple[int, int]] = []   # (position, file): a slot and room taken, not yet submitted
         self._gathered: set[int] = set()
 
@@ -130,12 +132,18 @@ class Walk:
         return self._handed
 
     def _follow(self) -> int:
-        """The readers' progress and reads taken up: the position handed out."""
+        """The readers' progress and reads taken up: the position before which the readers may
+        have read every file (handed out ``lag`` positions ago or more: a sampler hands out indices
+        a DataLoader's prefetch ahead of its workers' opens); 0 until a read of this walk's is heard
+        (everything handed out may still be unread: the first batches' files are staged too)."""
         self._flush()   # what is gathered is in the plan's residents before any read is weighed
         handed = self._consumed()
         self._p.counters.set(consumed=handed)
-        self._p.follower.follow(self.held, handed, self._reach, self._capacity)
-        return handed
+        follower = self._p.follower
+        follower.follow(self.held, handed, self._reach, self._capacity)
+        if follower.taken > self._taken:
+            self._since = max(self._since, handed - follower.lag)
+        return self._since
 
     # -- the walk -------------------------------------------------------------------------------
 
@@ -158,9 +166,13 @@ class Walk:
     def _walk(self) -> None:
         """Stage the positions the plan marks, in order, within the capacity, evicting by farthest
         next use: files are gathered into the chunk (a slot and room taken for each) and handed on
-        by ``_flush``. A position the readers were handed already is not staged: its reader takes
-        the file from wherever it is now, and a copy started now would only take room from the
-        files ahead."""
+        by ``_flush``. A position the readers may have read already (``_follow``) is not staged:
+        its reader took the file from wherever it was, and a copy started now would only take room
+        from the files ahead. One handed out but not yet read is: its reader opens it soon, and a
+        reader that opens it while it is copied waits for the copy (the daemon's reads and the
+        copies share the key's lock and the handoff: the store is read once either way). Before,
+        the first batches a DataLoader's prefetch took (16 x 32 files) were all read from the
+        store by its 8 workers one file at a time: the first epoch at 0.6 of the store's limit."""
         p, held, stage, gathered = self._p, self.held, self._stage, self._gathered
         late: list[int] = []   # chosen for eviction while their copy was on the way
         room = 0   # bytes known free in the tier beyond the chunk's

@@ -15,7 +15,12 @@ The plan reads a range whole only where the placement is free, and where it pays
   be sure: there the plan reads per sample (see docs/benchmarks.md, "Shard-granular reads").
 - **pays**: the range's bytes are at most what its absent samples cost read one by one, each
   sample's bytes plus ``request_bytes`` (the bytes one request's latency is worth: latency times
-  bandwidth). A range of which one sample is absent is not read whole for it.
+  bandwidth). A range of which one sample is absent is not read whole for it. Where requests cost
+  nothing beyond their bytes (``request_bytes`` 0: the native staging threads keep the file open
+  and carry as many requests at once as the store takes, so their latency is hidden), no range
+  pays: per-sample reads fetch the same bytes in the order the readers need them, where a
+  range's read delivers samples needed late first and those needed early are read twice
+  (issue 39: tar shards' first epoch at 0.78 of the store's bandwidth read whole, 0.89 per sample).
 
 Once a range is read whole, each later first access of one of its samples in the node's sequence
 is a planned hit (the stager finds it in the local tier), and every one of its samples is resident
@@ -90,7 +95,7 @@ def whole_reads(seq: np.ndarray, hit: np.ndarray, sizes: np.ndarray, capacity: i
     # what the absent samples of each range cost read one by one, against one read of the range
     count = np.bincount(rng[absent], minlength=ranges.count)
     alone = np.bincount(rng[absent], weights=sizes[absent] + request_bytes, minlength=ranges.count)
-    pays = (count > 1) & (np.asarray(ranges.nbytes, dtype=np.float64) <= alone)
+    pays = (count > 1) & (request_bytes > 0) & (np.asarray(ranges.nbytes, dtype=np.float64) <= alone)
     miss = np.flatnonzero(~np.asarray(hit, bool))
     if not len(miss):
         return None

@@ -38,8 +38,9 @@ class Source(abc.ABC):
     walks_folders: bool = False
     #: ``has_fields``: samples carry extra fields (``fields_of``) that travel with each sample
     has_fields: bool = False
-    #: ``native_reads``: a key is the plain file ``root/key``, read with nothing charged or checked
-    #: on the way, so the native staging threads may read it themselves (stage/native.py)
+    #: ``native_reads``: a key's bytes are a plain span of a file (``native_span``), read with
+    #: nothing charged or checked on the way, so the native staging threads may read them
+    #: themselves (stage/native.py)
     native_reads: bool = False
     #: ``decoder``: what a sample's bytes are turned into when the Loader is given no ``decode=``
     #: (arrays: their dtype and shape); None: the Loader's default (images)
@@ -50,6 +51,12 @@ class Source(abc.ABC):
     #: ``target_field``: the field (of ``fields_of``) that is each sample's target, for targets that
     #: are not one integer (a regression's floats, a vector); None: the manifest's integer label
     target_field: str | None = None
+
+    def native_span(self, key: str) -> tuple[str, int]:
+        """Where sample ``key``'s bytes lie, for the native staging threads (``native_reads``): the
+        file (relative to ``root``, or absolute) and the offset of the bytes in it, -1 where the
+        whole file is the sample (its size the listed one)."""
+        return key, -1
 
     @abc.abstractmethod
     def scan(self) -> Iterator[tuple[str, int]]:

@@ -158,6 +158,14 @@ class TarShardSource(Source):
     def has_fields(self) -> bool:
         return bool(self._want_fields) and self.index.has_json()
 
+    #: a sample is a plain byte span of its shard (``native_span``): the native staging threads
+    #: pread it themselves
+    native_reads = True
+
+    def native_span(self, key: str) -> tuple[str, int]:
+        ix, i = self.index, self._row(key)
+        return ix.shards[int(ix.shard[i])][0], int(ix.offset[i])
+
     def locate(self, key: str) -> tuple[str, int, int]:
         """``(shard path, offset, length)`` of sample ``key``."""
         ix, i = self.index, self._row(key)

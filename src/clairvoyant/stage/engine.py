@@ -32,6 +32,7 @@ from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..plan.ranges import Ranges
 from ..source import Source
+from ..tune import inflight
 from . import native
 from .native import Item, NativeRoute
 
@@ -88,8 +89,8 @@ class Stager:
                          for i in range(threads)]
         self._size_lock = threading.Lock()
         # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
-        self._native = (NativeRoute(tiers, manifest, source.root, threads, self._deliver, self._queue.put,
-                                    self._failed)
+        self._native = (NativeRoute(tiers, manifest, source.root or "/", threads, self._deliver, self._queue.put,
+                                    self._failed, most=inflight.HI, span=source.native_span)
                         if native.applies(source, tiers, gate is not None) else None)
         self._wholes: queue.SimpleQueue = queue.SimpleQueue()   # (sample, its own staging went well)
         # planned hits parked while their range is read whole, until it is or they are due (_park):
@@ -110,6 +111,23 @@ class Stager:
         self._started = True
         for t in self._threads + self._range_threads:
             t.start()
+
+    def limit(self, n: int) -> None:
+        """At most ``n`` requests in flight from now on (tune/inflight.py decides): ``n`` staging
+        threads, and ``n`` files carried at once by the native threads."""
+        self.resize(n)
+        if self._native is not None:
+            self._native.limit(n)
+
+    def load(self) -> tuple[int, float, int, int]:
+        """Cumulative (requests done, the seconds they took, their bytes) and the requests waiting
+        now, of the staging threads and the native threads together: what tune/inflight.py measures."""
+        done, busy, nbytes = self._tiers.counters.get("fetches", "fetch_seconds", "fetch_bytes")
+        waiting = self._queue.qsize()
+        if self._native is not None:
+            n_done, n_busy, _, n_waiting = self._native.load()
+            done, busy, waiting = done + n_done, busy + n_busy, waiting + n_waiting
+        return int(done), float(busy), int(nbytes), int(waiting)
 
     def resize(self, n: int) -> None:
         """Run ``n`` staging threads from now on: new ones start at once, surplus ones retire after
@@ -395,7 +413,7 @@ class Stager:
     def _fetch(self, key: str, size: int) -> tuple[bytes, int]:
         t0 = time.perf_counter()
         data, mtime = self._read(key)
-        self._tiers.counters.add_many(fetches=1, fetch_seconds=time.perf_counter() - t0)
+        self._tiers.counters.add_many(fetches=1, fetch_seconds=time.perf_counter() - t0, fetch_bytes=len(data))
         _check_size(key, len(data), size)
         return data, mtime
 

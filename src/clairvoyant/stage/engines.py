@@ -1,7 +1,7 @@
 """POLICY of mechanism: the one place that picks the engine staging files into the local tier,
 for both front doors.
 
-Two engines keep one contract (``submit``, ``submit_many``, ``in_flight``, ``close``; each job told
+Two engines keep one contract (``submit``, ``submit_many``, ``in_flight``, ``limit``, ``load``, ``close``; each job told
 once, as a ``native_files.Done``, after its entry is published or given up; ``on_batch`` after each
 batch): C threads (``native_files.NativeStager``, ``cache/_stager.c``) and their twin on Python
 threads (``thread_files.ThreadStager``). Both write an entry the one way (reserve, write, publish
@@ -35,11 +35,12 @@ def native_applies(store: LocalStore, plain_files: bool) -> bool:
 
 def file_engine(store: LocalStore, capacity: Capacity, root: str, handoff: str | None, threads: int,
                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None, *,
-                plain_files: bool = True, twin: bool = True) -> FileEngine | None:
-    """The engine that stages files of ``root`` into ``store`` within ``capacity``: the C threads
-    where they apply, else (``twin``) the Python threads, else None (the caller stages itself)."""
+                plain_files: bool = True, twin: bool = True, most: int | None = None) -> FileEngine | None:
+    """The engine that stages files of ``root`` into ``store`` within ``capacity``, ``threads``
+    files at once of at most ``most`` (``limit`` moves it): the C threads where they apply, else
+    (``twin``) the Python threads, else None (the caller stages itself)."""
     if native_applies(store, plain_files):
-        return NativeStager(store, capacity, root, handoff, threads, on_done, on_batch)
+        return NativeStager(store, capacity, root, handoff, threads, on_done, on_batch, most=most)
     if twin:
-        return ThreadStager(store, capacity, root, handoff, threads, on_done, on_batch)
+        return ThreadStager(store, capacity, root, handoff, threads, on_done, on_batch, most=most)
     return None

@@ -54,7 +54,8 @@ class NativeRoute:
     """Kept misses of a local POSIX source, staged by native threads into ``tiers.local``."""
 
     def __init__(self, tiers: Tiers, manifest: Manifest, root: str, threads: int, deliver: Deliver,
-                 fallback: Callable[[Item], None], fatal: Callable[[BaseException], None]) -> None:
+                 fallback: Callable[[Item], None], fatal: Callable[[BaseException], None], *,
+                 most: int | None = None, span: Callable[[str], tuple[str, int]] | None = None) -> None:
         self._tiers, self._manifest = tiers, manifest
         self._deliver, self._fallback, self._fatal = deliver, fallback, fatal
         self._lock = threading.Lock()
@@ -65,7 +66,7 @@ class NativeRoute:
         # the room left beside kept samples waiting in the RAM window for it (they go first: the
         # Python threads reserve around them the same way, Tiers.stage)
         room = lambda: tiers.local_capacity - tiers.owed_bytes   # noqa: E731
-        self._engine = NativeStager(tiers.local, room, root, None, threads, self._done)
+        self._engine = NativeStager(tiers.local, room, root, None, threads, self._done, most=most, span=span)
 
     def submit(self, items: list[Item]) -> list[Item]:
         """Stage ``items`` (each a kept miss); returns those the engine did not take (no room: the
@@ -131,6 +132,13 @@ class NativeRoute:
         except BaseException as e:   # never lost in the collector's log: the batch would wait for ever
             self._fatal(e)
             raise
+
+    def limit(self, n: int) -> None:
+        self._engine.limit(n)
+
+    def load(self) -> tuple[int, float, int, int]:
+        """The engine's (files done, seconds they took, carried now, waiting now)."""
+        return self._engine.load()
 
     def close(self) -> None:
         """Stop: jobs not started are given up (their places given back); idempotent."""

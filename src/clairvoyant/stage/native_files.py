@@ -51,6 +51,10 @@ def available() -> bool:
 Capacity = Union[int, Callable[[], int]]
 
 
+def _whole_file(key: str) -> tuple[str, int]:
+    return key, -1
+
+
 def capacity_of(capacity: Capacity) -> Callable[[], int]:
     """The room a stager reserves within, as a function (a fixed number, or the caller's own)."""
     if callable(capacity):
@@ -68,6 +72,7 @@ class Job(NamedTuple):
     out_fd: int          # the extent the entry goes into
     offset: int          # where in it
     lock_offset: int     # the key's node-wide lock byte (cache/tier_format.h)
+    src_offset: int = -1   # where the bytes lie in the file at ``path`` (a tar shard's member); -1: all of it
 
 
 class Done(NamedTuple):
@@ -87,12 +92,17 @@ class NativeStager:
     of them."""
 
     def __init__(self, store: LocalStore, capacity: Capacity, src_root: str, handoff: str | None, threads: int,
-                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
+                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None, *,
+                 most: int | None = None, span: Callable[[str], tuple[str, int]] | None = None) -> None:
         if _Engine is None:
             raise RuntimeError("the native stager is not built here (clairvoyant.cache._stager)")
         self.store, self._on_done, self._on_batch = store, on_done, on_batch
         self.capacity = capacity_of(capacity)
-        self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(threads)))
+        # where a key's bytes lie: (path under src_root, offset; -1: the whole file) (Source.native_span)
+        self._span = span or _whole_file
+        # ``most`` threads, of which ``threads`` carry a file at once until ``limit`` says otherwise
+        self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(most or threads)))
+        self._engine.limit(max(1, int(threads)))
         self._jobs: dict[int, tuple] = {}   # token -> (key, extent, offset, entry bytes)
         self._lock = threading.Lock()
         self._closing = self._engine_closed = False
@@ -129,7 +139,8 @@ class NativeStager:
                 job = None
                 store.abandon(ext, offset, n)
                 raise RuntimeError("the stager is closed")
-            self._engine.submit(*Job(token, key, size, ext.fd, offset, store.lock_offset(key)))
+            path, at = self._span(key)
+            self._engine.submit(*Job(token, path, size, ext.fd, offset, store.lock_offset(key), at))
             ok = True   # the engine's now: it comes back from collect
             return True
         finally:
@@ -191,8 +202,10 @@ class NativeStager:
                 store.abandon(job[1], job[2], job[3])
             raise RuntimeError("the stager is closed")
         try:
-            self._engine.submit_many([Job(t, key, items[k][2], ext.fd, offset, store.lock_offset(key))
-                                      for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
+            span = self._span
+            self._engine.submit_many([Job(t, path, items[k][2], ext.fd, offset, store.lock_offset(key), at)
+                                      for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)
+                                      for path, at in (span(key),)])
         except BaseException:
             self._unclaim(tokens, jobs, give_back=True)
             raise
@@ -215,6 +228,14 @@ class NativeStager:
             for job in gone:
                 if job is not None:
                     self.store.abandon(job[1], job[2], job[3])
+
+    def limit(self, n: int) -> None:
+        """Carry at most ``n`` files at once from now on (tune/inflight.py decides)."""
+        self._engine.limit(max(1, int(n)))
+
+    def load(self) -> tuple[int, float, int, int]:
+        """(files done, the seconds they took in all, files carried now, files waiting now)."""
+        return self._engine.load()
 
     def in_flight(self, token: int | None = None) -> bool:
         """Whether the job of ``token`` (None: any job) is under way (submitted, its outcome not yet

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -27,14 +28,18 @@ class ThreadStager:
     """``NativeStager``'s contract on Python threads (module docstring)."""
 
     def __init__(self, store: LocalStore, capacity: Capacity, src_root: str, handoff: str | None, threads: int,
-                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None) -> None:
+                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None, *,
+                 most: int | None = None) -> None:
         self.store, self.capacity = store, capacity_of(capacity)
         self._root, self._handoff = src_root, handoff
         self._on_done, self._on_batch = on_done, on_batch
         self._lock = threading.Lock()
         self._jobs: set[int] = set()
         self._closing = False
-        self._pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="clairvoyant-file-stage")
+        # ``most`` threads, of which ``_active`` carry a file at once (``limit``); the engine's counters
+        self._gate = threading.Condition()
+        self._active, self._running, self._done, self._busy = max(1, int(threads)), 0, 0, 0.0
+        self._pool = ThreadPoolExecutor(max(1, int(most or threads)), thread_name_prefix="clairvoyant-file-stage")
 
     def submit(self, token: int, key: str, size: int) -> bool | None:
         """As ``NativeStager.submit``: True under way, False no room (nothing reserved), None under
@@ -70,7 +75,33 @@ class ThreadStager:
         with self._lock:
             return bool(self._jobs) if token is None else token in self._jobs
 
+    def limit(self, n: int) -> None:
+        """Carry at most ``n`` files at once from now on (tune/inflight.py decides)."""
+        with self._gate:
+            self._active = max(1, int(n))
+            self._gate.notify_all()
+
+    def load(self) -> tuple[int, float, int, int]:
+        """(files done, the seconds they took in all, files carried now, files waiting now)."""
+        with self._gate, self._lock:
+            return self._done, self._busy, self._running, max(0, len(self._jobs) - self._running)
+
     def _run(self, token: int, key: str, size: int) -> None:
+        with self._gate:
+            while self._running >= self._active and not self._closing:
+                self._gate.wait(0.1)
+            self._running += 1
+        t0 = time.perf_counter()
+        try:
+            self._carry(token, key, size)
+        finally:
+            with self._gate:
+                self._running -= 1
+                self._done += 1
+                self._busy += time.perf_counter() - t0
+                self._gate.notify()
+
+    def _carry(self, token: int, key: str, size: int) -> None:
         store, n = self.store, entry_size(size)
         loc, why, handed, present, reserved = None, None, False, False, True
         try:
@@ -141,4 +172,6 @@ class ThreadStager:
         the threads are joined. Idempotent."""
         with self._lock:
             self._closing = True
+        with self._gate:
+            self._gate.notify_all()
         self._pool.shutdown(wait=True, cancel_futures=False)   # each queued job sees _closing and gives up
