@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 import signal
 import subprocess
 import sys
@@ -450,6 +451,37 @@ def test_a_sampler_order_is_staged_ahead_and_a_second_epoch_reads_nothing_from_t
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["fixed", "before"])
+def test_files_handed_out_and_not_yet_read_are_staged(tmp_path, monkeypatch, control):
+    """Issue 39: a sampler hands out a DataLoader's prefetch (here 100 indices) before any worker
+    opens a file; the walk staged only positions past the hand-out, so the workers read all of
+    those from the store, one file at a time each (the first epoch at 0.6 of the store's limit).
+    Now they are staged and the readers find them in the tier. Control: the old rule (nothing
+    handed out is staged) reads them from the store."""
+    from clairvoyant.mount import walk as walk_mod
+    from clairvoyant.torch import DistributedSampler
+
+    if control:
+        real = walk_mod.Walk._follow
+        monkeypatch.setattr(walk_mod.Walk, "_follow", lambda self: (real(self), self._handed)[1])
+    with store_mount(tmp_path, open_latency=0.005, stage_threads=4, n=160) as (raw, store, m):
+        ds = MountedFolder(m)
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=1, mount=m.path)
+        it = iter(sampler)
+        ahead = [next(it) for _ in range(100)]   # handed out before any is opened
+        wait_until(lambda: m.staging().get("staged_local", 0) >= 100, 10)
+        for i in ahead:
+            with open(ds.samples[i][0], "rb") as f:
+                f.read()
+        from_store = m.stats().opens_source
+        for _ in it:
+            pass
+        if control:
+            assert from_store >= 50, (from_store, m.staging())
+        else:
+            assert from_store == 0, (from_store, m.staging())
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["fixed", "before"])
 def test_files_read_before_their_copy_are_kept_though_the_readers_are_past_them(tmp_path, monkeypatch, control):
     """The defect: files the readers opened before the mount had copied them (a DataLoader's first
     batches) were read from the store, and when the mount heard of those reads after the readers
@@ -459,18 +491,25 @@ def test_files_read_before_their_copy_are_kept_though_the_readers_are_past_them(
     from clairvoyant.plan.ahead import StagedAhead
     from clairvoyant.torch import DistributedSampler
 
+    from clairvoyant.mount import walk as walk_mod
+
     if control:
         monkeypatch.setattr(StagedAhead, "use_read", lambda self, sample, since: since)
+    # the plan's walk starts only once the first 100 files were read (the readers got there first:
+    # a walk stages what is handed out and not yet read, so on its own it would race them)
+    go, real_run = threading.Event(), walk_mod.Walk.run
+    monkeypatch.setattr(walk_mod.Walk, "run", lambda self: (go.wait(30), real_run(self))[1])
     n = 160   # more than the lag after which a hand-out counts as past (2 progress reports)
     with store_mount(tmp_path, open_latency=0.01, stage_threads=1, n=n) as (raw, store, m):
         ds = MountedFolder(m)
         sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=1, mount=m.path)
         it = iter(sampler)
         ahead = [next(it) for _ in range(100)]   # handed out well before they are read (lag: 64)
-        for i in ahead:   # read from the store: a position handed out is not staged
+        for i in ahead:   # read from the store: no copy was made before
             with open(ds.samples[i][0], "rb") as f:
                 f.read()
         read_through = m.stats().opens_source
+        go.set()   # the walk takes those reads up now, the readers past them
         for i in it:   # handed out one by one: staged ahead, read from the tier
             with open(ds.samples[i][0], "rb") as f:
                 f.read()

@@ -97,7 +97,9 @@ def test_a_slow_source_is_named(dataset, tmp_path, caplog, no_leaks):
     with caplog.at_level(logging.INFO, "clairvoyant"):
         v = _run(tmp_path, slow, tiny, step=0.002, stage_threads=2)
     assert not v["keeps_up"] and v["bottleneck"] == "fetch", v
-    assert any("loading keeps up: NO" in r.getMessage() and "source fetch" in r.getMessage() for r in caplog.records)
+    assert any("loading keeps up: NO" in r.getMessage() and "source fetch" in r.getMessage()
+               and "; staging: 2 in flight" in r.getMessage() for r in caplog.records)
+    assert v["staging"]["inflight"] == 2   # the requests in flight beside the verdict, and why
 
 
 def test_a_fast_source_keeps_up(dataset, tmp_path, no_leaks):

@@ -51,7 +51,7 @@ __all__ = ["Loader", "EpochSetter", "STATE_FORMAT", "PEER_WAIT", "AUTO_START_THR
 
 log = logging.getLogger("clairvoyant")
 PEER_WAIT = 2.0   # seconds
-AUTO_START_THREADS = 48
+AUTO_START_THREADS = 64   # requests in flight before staging measured the store (tune/inflight.py moves it)
 RANGE_START_THREADS = 8   # where the plan reads ranges whole (measured: docs/benchmarks.md, issue 22)
 
 
@@ -461,13 +461,18 @@ class Loader:
         d["stages"] = stage_rates(d["tiers"], d["reader"])
         d["verdict"] = self._last_verdict
         d["stage_threads"] = self._tuner.limit if self._tuner is not None else self.stage_threads
-        d["staging"] = (self._tuner.describe() if self._tuner is not None else
-                        {"inflight": self.stage_threads, "why": "stage_threads fixed by the caller"})
+        d["staging"] = self._staging_choice()
         d["readers"] = self._reader_tuner.readers if self._reader_tuner is not None else self.num_workers
         if self._cluster is not None:
             d["cluster"] = dict(self._cluster.counters(), node=self._cluster.layout.node,
                                 nodes=self._cluster.layout.num_nodes)
         return d
+
+    def _staging_choice(self) -> dict:
+        """The requests in flight staging keeps at the store, and why (tune/inflight.py)."""
+        if self._tuner is not None:
+            return self._tuner.describe()
+        return {"inflight": self.stage_threads, "why": f"{self.stage_threads} in flight: stage_threads set by the caller"}
 
     def _epoch_done(self, run: EpochRun) -> None:
         """The epoch's verdict: logged (verdict=True) and written (metrics=) when asked."""
@@ -475,13 +480,14 @@ class Loader:
         v = judge(w.waits, w.steps, w.samples, w.causes)
         if v is None:
             return
-        self._last_verdict = dict(v.to_dict(), epoch=run.epoch)
+        staging = self._staging_choice()
+        self._last_verdict = dict(v.to_dict(), epoch=run.epoch, staging=staging)
         self._epochs_seen += 1
         if self._reader_tuner is not None and self._epochs_seen > 1:   # the first epoch is unlike the rest
             readers = sum(v.shares.get(c, 0.0) for c in ("queue", "read", "decode", "collate"))
             self._reader_tuner.epoch_done(v.samples_per_s, readers, v.keeps_up)
-        if self._verdict_log:
-            log.info("clairvoyant: %s", v.line(run.epoch))
+        if self._verdict_log:   # with the requests in flight staging chose, and why
+            log.info("clairvoyant: %s; staging: %s", v.line(run.epoch), staging["why"])
         if self._metrics is not None:
             s = self.stats()
             self._metrics.write({"type": "epoch", "epoch": run.epoch, "verdict": v.to_dict(), "line": v.line(run.epoch),
