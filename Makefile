@@ -35,6 +35,8 @@ test: $(STAMP)
 	CLAIRVOYANT_NO_CEXT=1 timeout -k 10 900 $(PY) -m pytest -q tests/cache/test_cache.py tests/load/test_loader.py tests/load/test_errors.py tests/plan/test_residency.py tests/plan/test_elastic.py tests/tune/test_guard.py tests/plan/test_rank_plan.py tests/plan/test_cluster_plan.py tests/mount/test_mount.py tests/stage/test_ranges.py tests/plan/test_sequence.py tests/stage/test_thread_stage.py tests/mount/test_mount_cluster.py tests/plan/test_unplanned.py
 
 bench: $(STAMP) $(VENV)/.bench-installed
+	# the first epoch against the store's limit on every door (issue 39): Loader on a tree, on tar shards, the mount
+	$(PY) benchmarks/first_epoch.py
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
 	$(PY) benchmarks/caching.py --throughput
 	$(PY) benchmarks/balance.py

@@ -173,3 +173,20 @@ def test_map_dataset_tiny(tmp_path):
     out = run("map_dataset.py", "--samples", "64", "--size", "8", "--repeats", "1", "--epochs", "1",
               "--out", str(tmp_path))
     assert "| clairvoyant |" in out and "clairvoyant / DataLoader:" in out and (tmp_path / "map_dataset.json").exists()
+
+
+def test_first_epoch_tiny(tmp_path):
+    """benchmarks/first_epoch.py (issue 39) at a smoke size: the three doors' first epochs against
+    the store's limit, each ratio a number in (0, 1.5]."""
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE is unavailable here: {why}")
+    out = run("first_epoch.py", "--tiny", "--out", str(tmp_path))
+    assert "first epoch against the store's limit" in out
+    ratios = json.loads((tmp_path / "first_epoch.json").read_text())["ratios"]
+    assert set(ratios) == {"tree", "shards", "mount"} and all(0 < r <= 1.5 for r in ratios.values()), ratios
