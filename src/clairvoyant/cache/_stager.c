@@ -158,6 +158,9 @@ static int pack_open(Stager *s, const char *path, int *kept) {
     pthread_mutex_unlock(&s->packs_mu);
     int fd = openat(s->src_fd, path, O_RDONLY | O_CLOEXEC);
     int err = errno;
+    /* samples are read at random: the kernel's read-ahead would fill the store's pipe with bytes
+     * needed later, ahead of those needed now */
+    if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     if (slot >= 0) {
         pthread_mutex_lock(&s->packs_mu);
         s->pack_fd[slot] = fd < 0 ? -1 : fd;
@@ -353,13 +356,16 @@ static struct job *parse_job(PyObject *t, const char *fmt) {
 static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize_t n) {
     pthread_mutex_lock(&s->mu);
     int open_ = s->nthreads > 0 && !s->stopping;
+    Py_ssize_t wake = 0;
     if (open_) {
         if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
         s->queue_tail = tail;
         s->queued += n;
-        for (Py_ssize_t k = 0; k < n && k < s->active; k++) pthread_cond_signal(&s->work);
+        wake = s->active - s->running;   /* the threads that may take a job now, at most one per job */
+        if (wake > n) wake = n;
     }
     pthread_mutex_unlock(&s->mu);
+    for (Py_ssize_t k = 0; k < wake; k++) pthread_cond_signal(&s->work);   /* (woken threads find the lock free) */
     if (!open_) {
         free_list(head);
         PyErr_SetString(PyExc_RuntimeError, "the stager is closed");
