@@ -132,3 +132,32 @@ def test_metrics_lines_and_report(dataset, tmp_path, no_leaks):
     assert main(["report", str(path), "--out", str(tmp_path / "run.png")]) == 0
     assert (tmp_path / "run.png").stat().st_size > 10_000
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def sleepy_decode(b: bytes) -> np.ndarray:
+    time.sleep(0.004)   # a reader's 4 ms per sample that uses no core: 64 ms per batch of 16
+    return tiny(b)
+
+
+def test_a_pipeline_staged_just_in_time_is_named_for_its_staging(tmp_path, no_leaks):
+    """Issue 39's case through the Loader: staging delivers a batch every ~40 ms (16 requests of
+    40 ms at once), each reader spends ~64 ms on a batch and four readers are idle between batches,
+    so staging is the bottleneck, but every batch is staged before the loop begins to wait for it
+    and the waits fall inside a reader's decode (the old split named decode). Control: the next
+    epoch, every sample in the tier, is decode's."""
+    from clairvoyant.testing import make_dataset
+    data = make_dataset(str(tmp_path / "data"), 480, num_classes=4, size=8)
+    store = EmulatedStore(data, open_latency=0.040, read_latency=0.0, state_dir=str(tmp_path / "emu"))
+    with Loader(store, batch_size=16, local_dir=tmp_path / "l", num_workers=4, output="numpy",
+                decode=sleepy_decode, stage_threads=16, verdict=True) as ld:
+        verdicts = []
+        for e in range(2):
+            ld.set_epoch(e)
+            for _ in ld:
+                time.sleep(0.001)
+            verdicts.append(ld.stats()["verdict"])
+    cold, warm = verdicts
+    assert not cold["keeps_up"] and cold["bottleneck"] == "fetch", cold
+    assert cold["shares"]["fetch"] > 2 * cold["shares"]["decode"], cold["shares"]
+    assert not warm["keeps_up"] and warm["bottleneck"] in ("decode", "queue"), warm   # the control
+    assert warm["shares"]["fetch"] < 0.25, warm["shares"]   # (the epoch's first batch waits on its start)
