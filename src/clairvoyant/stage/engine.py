@@ -89,7 +89,10 @@ class Stager:
                          for i in range(threads)]
         self._size_lock = threading.Lock()
         # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
-        self._native = (NativeRoute(tiers, manifest, source.root or "/", threads, self._deliver, self._queue.put,
+        # planned misses and peer reads waiting in the queue: the requests waiting for a thread
+        # (planned hits, which the queue also holds, ask nothing of the store)
+        self._waiting, self._waiting_lock = 0, threading.Lock()
+        self._native = (NativeRoute(tiers, manifest, source.root or "/", threads, self._deliver, self._put,
                                     self._failed, most=inflight.HI, span=source.native_span)
                         if native.applies(source, tiers, gate is not None) else None)
         self._wholes: queue.SimpleQueue = queue.SimpleQueue()   # (sample, its own staging went well)
@@ -123,7 +126,7 @@ class Stager:
         """Cumulative (requests done, the seconds they took, their bytes) and the requests waiting
         now, of the staging threads and the native threads together: what tune/inflight.py measures."""
         done, busy, nbytes = self._tiers.counters.get("fetches", "fetch_seconds", "fetch_bytes")
-        waiting = self._queue.qsize()
+        waiting = self._waiting
         if self._native is not None:
             n_done, n_busy, _, n_waiting = self._native.load()
             done, busy, waiting = done + n_done, busy + n_busy, waiting + n_waiting
@@ -163,7 +166,13 @@ class Stager:
             back = {id(it) for it in self._native.submit([it for it, n in zip(items, native) if n])}   # not taken
             items = [it for it, n in zip(items, native) if not n or id(it) in back]
         for it in items:
-            self._queue.put(it)
+            self._put(it)
+
+    def _put(self, it: Item) -> None:
+        if not it.hit:
+            with self._waiting_lock:
+                self._waiting += 1
+        self._queue.put(it)
 
     def _deliver(self, batch_id: int, j: int, placed: Placement, seconds: float) -> None:
         if not self._stop:
@@ -247,6 +256,9 @@ class Stager:
                     return
                 continue   # staging work is dropped on close; after-use work above is finished
             batch_id, j, idx, hit, keep, peer, whole = item
+            if not hit:
+                with self._waiting_lock:
+                    self._waiting -= 1
             if hit and peer < 0 and self._park(item):
                 continue
             if self._gate is not None:
