@@ -5,6 +5,7 @@ Each check has a control that shows it can fail."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import threading
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from clairvoyant.stage import native_files as native_stage
-from clairvoyant.cache.entry import entry_size, unseal
+from clairvoyant.cache.entry import entry_size, read_sample, unseal
 from clairvoyant.cache.extents import read_entry
 from clairvoyant.cache.local import LocalStore
 
@@ -347,5 +348,49 @@ def test_the_room_may_be_a_function_read_at_each_submission(tree, engine):
         run.wait(1)
         assert run.done[1].loc is not None
         assert run.stager.submit(2, keys[1], len(files[keys[1]])) is False   # the room is used now
+    finally:
+        run.close()
+
+
+def test_a_packing_file_is_opened_once_and_a_failed_open_is_tried_again_in_its_place(tree, monkeypatch):
+    """Samples packed in one file (a tar shard's members: ``span`` gives the file, the offset and
+    its mtime) are read with one descriptor kept for the file; while the file is missing, each job
+    fails (ENOENT) and the next one tries the open again in the same place, so failures hold no
+    descriptor; once it is there, its jobs succeed. Control: the bytes read are those at each
+    offset, and the mtime check refuses the file once it changed."""
+    src, files, local = tree
+    pack_path = os.path.join(src, "pack.bin")
+    blob = bytes(range(256)) * 64   # 16 KiB: sample k is 1 KiB at 1 KiB * k
+    spans = {f"s{k}": (pack_path, 1024 * k) for k in range(16)}
+    mtime = [-1]
+    span = lambda key, size: (spans[key][0], spans[key][1], mtime[0])   # noqa: E731
+    monkeypatch.setattr(native_stage.NativeStager, "__init__", functools.partialmethod(
+        native_stage.NativeStager.__init__, span=span))
+    run = Run(src, local)
+    def fds() -> int:   # this process's descriptors open on the packing file (or on where it will be)
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}") == pack_path
+            except OSError:
+                pass
+        return n
+    try:
+        assert all(run.stager.submit(k, f"s{k}", 1024) for k in range(8))   # the file is not there yet
+        run.wait(8)
+        assert all(run.done[k].loc is None for k in range(8)) and fds() == 0
+        with open(pack_path, "wb") as f:
+            f.write(blob)
+        mtime[0] = os.stat(pack_path).st_mtime_ns
+        assert all(run.stager.submit(k, f"s{k}", 1024) for k in range(8, 16))
+        run.wait(16)
+        assert all(run.done[k].loc is not None for k in range(8, 16))
+        assert fds() == 1   # one descriptor for the packing file, kept
+        for k in range(8, 16):
+            assert read_sample(run.done[k].loc, 1024) == blob[1024 * k:1024 * (k + 1)]
+        os.utime(pack_path, ns=(mtime[0], mtime[0] + 10**9))   # changed since it was indexed
+        assert run.stager.submit(16, "s3", 1024)
+        run.wait(17)
+        assert run.done[16].loc is None and "re-index" in run.done[16].error
     finally:
         run.close()

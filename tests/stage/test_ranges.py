@@ -427,3 +427,30 @@ def test_the_tuner_starts_lower_where_the_plan_reads_ranges_whole(packed, datase
         with Loader(src, batch_size=8, local_dir=str(tmp_path / local), num_workers=1) as L:
             next(iter(L))
     assert started == [loader_mod.RANGE_START_THREADS, loader_mod.AUTO_START_THREADS]   # control: the tree
+
+
+def test_a_shard_changed_since_the_manifest_is_a_typed_error_not_wrong_bytes(dataset, tmp_path):
+    """The native threads read a tar member at its indexed offset: where the shards were packed
+    again since the manifest was made (a sample of another size now), the sample is not read there
+    (its bytes would run into the next member) but raises SourceChanged naming it, as the Python
+    path does. Control: the shards as they were give every sample's bytes."""
+    import shutil
+
+    from clairvoyant.errors import SourceChanged
+    from clairvoyant.stage.native_files import available
+    if not available():
+        pytest.skip("the native stager is not built here")
+    data = tmp_path / "data"
+    shutil.copytree(dataset, data)
+    shards = pack(str(data), tmp_path / "packed", shard_size="24KiB").dst
+    digest = lambda b: np.frombuffer(hashlib.md5(b).digest(), np.uint8).copy()   # noqa: E731
+    with Loader(shards, batch_size=8, local_dir=str(tmp_path / "l0"), decode=digest, num_workers=1) as L:
+        assert len({bytes(x) for xb, _ in L for x in xb}) == 96   # the control: whole and right
+    victim = sorted(p for p in data.rglob("*.jpg"))[5]
+    victim.write_bytes(victim.read_bytes() + b"\0" * 700)   # another size, packed again under the same names
+    shutil.rmtree(tmp_path / "packed")
+    pack(str(data), tmp_path / "packed", shard_size="24KiB", reindex=True)
+    with pytest.raises(SourceChanged, match=victim.name):
+        with Loader(shards, batch_size=8, local_dir=str(tmp_path / "l1"), decode=digest, num_workers=1) as L:
+            for _ in L:
+                pass

@@ -89,3 +89,21 @@ def test_tick_observes_whole_intervals_of_cumulative_counters():
     assert t.tick(0.1, 40, 1.6, 100) is None             # not a whole interval yet
     assert t.tick(0.3, 120, 4.8, 100) == 24              # 16 in flight on average, 100 waiting
     assert t.describe()["inflight"] == 24 and t.describe()["rate_per_s"] == pytest.approx(400)
+
+
+def test_new_engines_start_a_new_interval():
+    """A Loader's policy outlives its epochs' engines, whose counters start from 0 again: after
+    ``rebase`` the next interval is measured from the new counters. Control: without it the
+    interval's rate comes out negative."""
+    t = InFlight(16, interval=0.25)
+    t.tick(0.0, 0, 0.0, 10)
+    t.tick(0.3, 120, 4.8, 10)
+    t.rebase()
+    assert t.tick(0.4, 5, 0.2, 0) is None          # the new engines' first counters: a new base
+    t.tick(0.7, 100, 4.0, 0)
+    assert t.rate > 0
+    u = InFlight(16, interval=0.25)
+    u.tick(0.0, 0, 0.0, 10)
+    u.tick(0.3, 120, 4.8, 10)
+    u.tick(0.6, 5, 0.2, 0)                          # no rebase: counters went backwards
+    assert u.rate < 0

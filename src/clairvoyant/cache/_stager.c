@@ -18,13 +18,14 @@
  * share of one collect.
  *
  *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
- *   .limit(n)  at most n of the threads carry a job at once from now on (the scheduler's choice of
- *              requests in flight: stage/inflight.py); all of them at the start
+ *   .limit(n)  at most n of the threads carry a job at once from now on (the choice of requests in
+ *              flight: tune/inflight.py); all of them at the start
  *   .load() -> (jobs done, seconds they took in all, jobs running now, jobs queued now)
- *   .submit(token, path, size, out_fd, offset, lock_offset[, src_offset])
+ *   .submit(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime])
  *              src_offset: the sample is ``size`` bytes at this offset of the file (a tar shard's
- *              member); -1 or none: the whole file, whose size must be ``size``
- *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset]), ...])
+ *              member), whose mtime must still be src_mtime (-1: not checked); -1 or none: the
+ *              whole file, whose size must be ``size``
+ *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]), ...])
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
@@ -39,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,6 +56,7 @@ struct job {
     int out_fd;
     int64_t offset, lock_offset;
     int64_t src_offset;   /* where the bytes lie in the source file; -1: the whole file is the sample */
+    int64_t src_mtime;    /* the packing file's mtime when it was indexed (-1: not checked) */
     int err, handed, locked;
     int64_t mtime;
 };
@@ -72,6 +75,7 @@ typedef struct {
     pthread_cond_t packs_cv;           /* (an open under way: its waiters) */
     char *pack_path[MAX_PACKS];        /* shared file system costs a round trip, and a fresh open */
     int pack_fd[MAX_PACKS], npacks;    /* drops the kernel's pages of the file */
+    int max_packs;                     /* kept open at most: MAX_PACKS, or a quarter of RLIMIT_NOFILE */
     pthread_t threads[MAX_THREADS];
 } Stager;
 
@@ -139,22 +143,25 @@ static int pread_exact(int fd, char *buf, uint64_t n, int64_t at) {
 
 /* A file that packs samples, opened once per stager (kept: *kept set, not to be closed by the
  * caller); -1 with errno set. The first thread to want a file opens it while the others wait for
- * that open (fd -2 meanwhile), so that each file is opened once. Past MAX_PACKS files, each job
- * opens its own. */
+ * that open (fd -2 meanwhile), so that each file is opened once; a failed open (-1) is tried
+ * again in its slot by the next job that wants the file. Past ``max_packs`` files (a share of the
+ * process's descriptors), each job opens its own. */
 static int pack_open(Stager *s, const char *path, int *kept) {
     *kept = 0;
     pthread_mutex_lock(&s->packs_mu);
+    int slot = -1;
     for (;;) {
         int i = 0;
         while (i < s->npacks && strcmp(s->pack_path[i], path) != 0) i++;
         if (i == s->npacks) break;
         if (s->pack_fd[i] >= 0) { *kept = 1; int fd = s->pack_fd[i]; pthread_mutex_unlock(&s->packs_mu); return fd; }
-        if (s->pack_fd[i] == -1) break;   /* its open failed: try again, as a job of its own */
+        if (s->pack_fd[i] == -1) { slot = i; s->pack_fd[i] = -2; break; }   /* failed before: this job tries */
         pthread_cond_wait(&s->packs_cv, &s->packs_mu);
     }
-    int slot = -1;
-    char *p = s->npacks < MAX_PACKS ? strdup(path) : NULL;
-    if (p) { slot = s->npacks++; s->pack_path[slot] = p; s->pack_fd[slot] = -2; }
+    if (slot < 0 && s->npacks < s->max_packs) {
+        char *p = strdup(path);
+        if (p) { slot = s->npacks++; s->pack_path[slot] = p; s->pack_fd[slot] = -2; }
+    }
     pthread_mutex_unlock(&s->packs_mu);
     int fd = openat(s->src_fd, path, O_RDONLY | O_CLOEXEC);
     int err = errno;
@@ -190,8 +197,10 @@ static int from_source(Stager *s, struct job *j, char *buf) {
     if (j->src_offset < 0) {
         if (!err && (uint64_t)st.st_size != j->size) err = ESTALE;   /* changed since it was listed */
         if (!err) err = read_exact(fd, buf, j->size);
-    } else {
-        if (!err && (uint64_t)st.st_size < (uint64_t)j->src_offset + j->size) err = ESTALE;
+    } else {   /* the file as it was indexed (its mtime), still holding the sample's bytes */
+        int64_t now = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        if (!err && ((uint64_t)st.st_size < (uint64_t)j->src_offset + j->size ||
+                     (j->src_mtime >= 0 && now != j->src_mtime))) err = ESTALE;
         if (!err) err = pread_exact(fd, buf, j->size, j->src_offset);
     }
     if (!kept) close(fd);
@@ -303,6 +312,10 @@ static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     s->active = threads;
+    struct rlimit rl;   /* the process's descriptors: this engine keeps at most a quarter open */
+    s->max_packs = MAX_PACKS;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < MAX_PACKS)
+        s->max_packs = (int)(rl.rlim_cur / 4);
     for (int i = 0; i < threads; i++) {
         if (pthread_create(&s->threads[i], NULL, worker, s) != 0) {
             stop(s);
@@ -327,15 +340,15 @@ static PyObject *Stager_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)s;
 }
 
-/* A job from its tuple (token, path, size, out_fd, offset, lock_offset[, src_offset]), parsed with
+/* A job from its tuple (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]), parsed with
  * ``fmt``; NULL with the Python error set. */
 static struct job *parse_job(PyObject *t, const char *fmt) {
-    long long token, offset, lock_offset, src_offset = -1;
+    long long token, offset, lock_offset, src_offset = -1, src_mtime = -1;
     PyObject *path;
     unsigned long long size;
     int out_fd;
     if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset,
-                          &src_offset))
+                          &src_offset, &src_mtime))
         return NULL;
     struct job *j = calloc(1, sizeof *j);
     char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
@@ -348,6 +361,7 @@ static struct job *parse_job(PyObject *t, const char *fmt) {
     j->offset = offset;
     j->lock_offset = lock_offset;
     j->src_offset = src_offset;
+    j->src_mtime = src_mtime;
     return j;
 }
 
@@ -375,7 +389,7 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
 }
 
 static PyObject *Stager_submit(Stager *s, PyObject *args) {
-    struct job *j = parse_job(args, "LO&KiLL|L");
+    struct job *j = parse_job(args, "LO&KiLL|LL");
     return j ? enqueue(s, j, j, 1) : NULL;
 }
 
@@ -389,7 +403,7 @@ static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     struct job *head = NULL, *tail = NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
         struct job *j = parse_job(PySequence_Fast_GET_ITEM(seq, k),
-                                  "LO&KiLL|L;a job is (token, path, size, out_fd, offset, lock_offset[, src_offset])");
+                                  "LO&KiLL|LL;a job is (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime])");
         if (!j) {
             Py_DECREF(seq);
             free_list(head);

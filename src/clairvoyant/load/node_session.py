@@ -31,12 +31,11 @@ from ..dist.topology import (digest63, gather_over_group, local_from_env, node_n
 from ..errors import ConfigError, CorruptEntry
 from ..manifest import Manifest
 from ..plan.layout import NodeLayout
-from ..plan.ranges import Ranges
+from ..plan.ranges import DEFAULT_REQUEST_BYTES, Ranges
 from ..plan.rank_plan import ClusterTiers, PlanConfig, RankEpochPlan, plan_rank_epoch
 from ..source import Source
-from ..stage.engine import RangeReader
-from ..plan.ranges import DEFAULT_REQUEST_BYTES
 from ..stage import native
+from ..stage.engine import RangeReader
 from ..stage.gate import NodeProgress
 
 log = logging.getLogger("clairvoyant")

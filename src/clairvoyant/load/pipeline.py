@@ -126,7 +126,10 @@ class EpochRun:
         if progress is not None:
             progress.set(self._base)
             gate = lambda k, stopped: progress.wait_for(self._base + k, stopped)  # noqa: E731
+        if tuner is not None:
+            tuner.rebase()   # this run's engines count from 0
         self._stager = Stager(source, tiers, manifest, threads=options.stage_threads, on_done=self._on_staged,
+                              most=None if tuner is None else tuner.hi,
                               peer_wait=options.peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges,
                               due=lambda k: k <= self._next + self._window)
         _LIVE.add(self)

@@ -49,6 +49,7 @@ class Copies:
         # the requests in flight: the one policy of every door (tune/inflight.py), from the engine's
         # own counters after each batch of copies it tells; at most ``threads`` of the slots' twice
         self.inflight = InFlight(threads, hi=2 * max(1, int(threads)))
+        self._tick_lock = threading.Lock()
         self._files = file_engine(self.tiers.local, self.tiers.local_capacity, mount.source.root, handoff,
                                   self.inflight.limit, self._copied, self._copies_told, most=self.inflight.hi)
 
@@ -150,11 +151,12 @@ class Copies:
             n, self._slots_back = self._slots_back, 0
         if n:
             self._inflight.release(n)
-        done, busy, _, waiting = self._files.load()
-        limit = self.inflight.tick(time.monotonic(), done, busy, waiting)
-        if limit is not None:
-            self._files.limit(limit)
-            self._counters.set(inflight=limit)
+        with self._tick_lock:   # (the Python twin tells from each of its threads)
+            done, busy, _, waiting = self._files.load()
+            limit = self.inflight.tick(time.monotonic(), done, busy, waiting)
+            if limit is not None:
+                self._files.limit(limit)
+                self._counters.set(inflight=limit)
 
     # -- the tier ----------------------------------------------------------------------------------
 

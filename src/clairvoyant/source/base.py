@@ -52,11 +52,13 @@ class Source(abc.ABC):
     #: are not one integer (a regression's floats, a vector); None: the manifest's integer label
     target_field: str | None = None
 
-    def native_span(self, key: str) -> tuple[str, int]:
-        """Where sample ``key``'s bytes lie, for the native staging threads (``native_reads``): the
-        file (relative to ``root``, or absolute) and the offset of the bytes in it, -1 where the
-        whole file is the sample (its size the listed one)."""
-        return key, -1
+    def native_span(self, key: str, size: int) -> tuple[str, int, int] | None:
+        """Where sample ``key``'s ``size`` bytes lie, for the native staging threads
+        (``native_reads``): the file (relative to ``root``, or absolute), the offset of the bytes in
+        it and the file's mtime as indexed (checked before the read), or -1, -1 where the whole
+        file is the sample (its size checked); None where the source says the sample is not
+        ``size`` bytes (it changed since the manifest: the Python path raises the typed error)."""
+        return key, -1, -1
 
     @abc.abstractmethod
     def scan(self) -> Iterator[tuple[str, int]]:

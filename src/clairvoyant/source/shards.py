@@ -159,12 +159,22 @@ class TarShardSource(Source):
         return bool(self._want_fields) and self.index.has_json()
 
     #: a sample is a plain byte span of its shard (``native_span``): the native staging threads
-    #: pread it themselves
+    #: pread it themselves; False for a subclass that reads, charges or checks otherwise
     native_reads = True
 
-    def native_span(self, key: str) -> tuple[str, int]:
-        ix, i = self.index, self._row(key)
-        return ix.shards[int(ix.shard[i])][0], int(ix.offset[i])
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if "native_reads" not in cls.__dict__ and any(
+                m in cls.__dict__ for m in ("read", "read_versioned", "_read_range", "read_range")):
+            cls.native_reads = False
+
+    def native_span(self, key: str, size: int) -> tuple[str, int, int] | None:
+        ix = self.index
+        i = ix.find(key)
+        if i < 0 or int(ix.length[i]) != size:
+            return None
+        path, _, mtime_ns = ix.shards[int(ix.shard[i])]
+        return path, int(ix.offset[i]), int(mtime_ns)
 
     def locate(self, key: str) -> tuple[str, int, int]:
         """``(shard path, offset, length)`` of sample ``key``."""

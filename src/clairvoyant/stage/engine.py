@@ -32,7 +32,6 @@ from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..plan.ranges import Ranges
 from ..source import Source
-from ..tune import inflight
 from . import native
 from .native import Item, NativeRoute
 
@@ -65,13 +64,14 @@ _WAKE = ("wake",)
 
 
 class Stager:
-    """Stages samples in need order with a number of threads that ``resize`` may change."""
+    """Stages samples in need order with a number of threads that ``limit`` may change (up to
+    ``most`` native threads; the starting number where None)."""
 
     def __init__(self, source: Source, tiers: Tiers, manifest: Manifest, *, threads: int,
                  on_done: OnDone, peer_wait: float = 0.0,
                  gate: Callable[[int, Callable[[], bool]], None] | None = None,
                  peer_fetch: PeerFetch | None = None, ranges: RangeReader | None = None,
-                 due: Callable[[int], bool] | None = None) -> None:
+                 due: Callable[[int], bool] | None = None, most: int | None = None) -> None:
         self._source, self._tiers, self._manifest = source, tiers, manifest
         self._on_done = on_done
         self._peer_wait = peer_wait   # how long a planned hit waits for another rank to keep it
@@ -93,7 +93,7 @@ class Stager:
         # (planned hits, which the queue also holds, ask nothing of the store)
         self._waiting, self._waiting_lock = 0, threading.Lock()
         self._native = (NativeRoute(tiers, manifest, source.root or "/", threads, self._deliver, self._put,
-                                    self._failed, most=inflight.HI, span=source.native_span)
+                                    self._failed, most=most, span=source.native_span)
                         if native.applies(source, tiers, gate is not None) else None)
         self._wholes: queue.SimpleQueue = queue.SimpleQueue()   # (sample, its own staging went well)
         # planned hits parked while their range is read whole, until it is or they are due (_park):

@@ -55,7 +55,8 @@ class NativeRoute:
 
     def __init__(self, tiers: Tiers, manifest: Manifest, root: str, threads: int, deliver: Deliver,
                  fallback: Callable[[Item], None], fatal: Callable[[BaseException], None], *,
-                 most: int | None = None, span: Callable[[str], tuple[str, int]] | None = None) -> None:
+                 most: int | None = None,
+                 span: Callable[[str, int], tuple[str, int, int] | None] | None = None) -> None:
         self._tiers, self._manifest = tiers, manifest
         self._deliver, self._fallback, self._fatal = deliver, fallback, fatal
         self._lock = threading.Lock()

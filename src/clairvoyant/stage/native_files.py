@@ -51,8 +51,8 @@ def available() -> bool:
 Capacity = Union[int, Callable[[], int]]
 
 
-def _whole_file(key: str) -> tuple[str, int]:
-    return key, -1
+def _whole_file(key: str, size: int) -> tuple[str, int, int]:
+    return key, -1, -1
 
 
 def capacity_of(capacity: Capacity) -> Callable[[], int]:
@@ -73,6 +73,7 @@ class Job(NamedTuple):
     offset: int          # where in it
     lock_offset: int     # the key's node-wide lock byte (cache/tier_format.h)
     src_offset: int = -1   # where the bytes lie in the file at ``path`` (a tar shard's member); -1: all of it
+    src_mtime: int = -1    # that file's mtime when it was indexed, checked before the read (-1: not)
 
 
 class Done(NamedTuple):
@@ -93,12 +94,14 @@ class NativeStager:
 
     def __init__(self, store: LocalStore, capacity: Capacity, src_root: str, handoff: str | None, threads: int,
                  on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None, *,
-                 most: int | None = None, span: Callable[[str], tuple[str, int]] | None = None) -> None:
+                 most: int | None = None, span: Callable[[str, int], tuple[str, int, int] | None] | None = None
+                 ) -> None:
         if _Engine is None:
             raise RuntimeError("the native stager is not built here (clairvoyant.cache._stager)")
         self.store, self._on_done, self._on_batch = store, on_done, on_batch
         self.capacity = capacity_of(capacity)
-        # where a key's bytes lie: (path under src_root, offset; -1: the whole file) (Source.native_span)
+        # where a key's bytes lie: (path under src_root, offset and mtime; -1: the whole file), or
+        # None where they are not the listed size there (Source.native_span): such a file is refused
         self._span = span or _whole_file
         # ``most`` threads, of which ``threads`` carry a file at once until ``limit`` says otherwise
         self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(most or threads)))
@@ -115,6 +118,9 @@ class NativeStager:
         will tell, once, after its entry is published)."""
         n = entry_size(size)
         store = self.store
+        where = self._span(key, size)
+        if where is None:   # not where the manifest says (the source changed): the caller's own way words it
+            return False
         with self._lock:   # claim the token first: two callers never both submit it
             if self._closing:
                 raise RuntimeError("the stager is closed")
@@ -139,8 +145,7 @@ class NativeStager:
                 job = None
                 store.abandon(ext, offset, n)
                 raise RuntimeError("the stager is closed")
-            path, at = self._span(key)
-            self._engine.submit(*Job(token, path, size, ext.fd, offset, store.lock_offset(key), at))
+            self._engine.submit(*Job(token, where[0], size, ext.fd, offset, store.lock_offset(key), *where[1:]))
             ok = True   # the engine's now: it comes back from collect
             return True
         finally:
@@ -161,12 +166,15 @@ class NativeStager:
         its exception as its outcome (the others went on). An exception raised by this call itself
         means none of them was submitted."""
         out: list[bool | None | Exception] = [None] * len(items)
+        where = [self._span(key, size) for _, key, size in items]
         with self._lock:
             if self._closing:
                 raise RuntimeError("the stager is closed")
             mine = []
             for k, it in enumerate(items):
-                if it[0] not in self._jobs:   # (a token twice in items: the second is under way)
+                if where[k] is None:   # not where the manifest says: refused, as submit refuses it
+                    out[k] = False
+                elif it[0] not in self._jobs:   # (a token twice in items: the second is under way)
                     self._jobs[it[0]] = None
                     mine.append(k)
         if not mine:
@@ -202,10 +210,9 @@ class NativeStager:
                 store.abandon(job[1], job[2], job[3])
             raise RuntimeError("the stager is closed")
         try:
-            span = self._span
-            self._engine.submit_many([Job(t, path, items[k][2], ext.fd, offset, store.lock_offset(key), at)
-                                      for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)
-                                      for path, at in (span(key),)])
+            self._engine.submit_many([Job(t, where[k][0], items[k][2], ext.fd, offset, store.lock_offset(key),
+                                          *where[k][1:])
+                                      for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
         except BaseException:
             self._unclaim(tokens, jobs, give_back=True)
             raise

@@ -23,7 +23,7 @@ the most requests seen waiting for admission, their bytes):
 
 Every decision keeps its reason (``why``), shown in ``stats()["staging"]`` and the verdict. One
 policy for every door: the Loader's staging threads and native engine and the mount's copies
-apply the same limit (stage/inflight.py measures and applies it).
+apply the same limit (each measures itself: ``load``; and applies it: ``limit``).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class InFlight:
 
     def __init__(self, start: int = START, *, lo: int = LO, hi: int = HI, memory: int = MEMORY,
                  interval: float = 0.25) -> None:
-        self.lo, self.hi, self.memory, self.interval = lo, hi, memory, interval
-        self.limit = max(lo, min(hi, int(start)))
+        self.lo, self.hi, self.memory, self.interval = min(lo, hi), hi, memory, interval
+        self.limit = max(self.lo, min(hi, int(start)))
         self.why = f"starting at {self.limit}: nothing measured yet"
         self.ceiling: int | None = None
         self._ttl = 0
@@ -65,6 +65,11 @@ class InFlight:
         self._backlog = 0   # the most requests seen waiting at a tick since the last observation
         self.rate = self.latency = self.mean_inflight = 0.0
         self.history: list[tuple[float, int]] = []   # (requests/s, limit) per interval
+
+    def rebase(self) -> None:
+        """New engines (their counters from 0): the next tick starts a new interval, and what the
+        last one was measuring (a growth to judge, the backlog seen) is dropped."""
+        self._base, self._backlog, self._grew = None, 0, None
 
     def tick(self, now: float, done: int, busy_s: float, backlog: int, nbytes: int = 0) -> int | None:
         """Given cumulative counters and the backlog now, observe the interval since the last tick
