@@ -23,7 +23,10 @@ the most requests seen waiting for admission, their bytes):
 
 Every decision keeps its reason (``why``), shown in ``stats()["staging"]`` and the verdict. One
 policy for every door: the Loader's staging threads and native engine and the mount's copies
-apply the same limit (each measures itself: ``load``; and applies it: ``limit``).
+apply the same limit (each measures itself: ``load``; and applies it: ``limit``). In the Loader
+the native threads and the Python threads each take it: where the native threads carry the
+misses, the Python threads carry the planned hits and what the native threads gave back, so the
+store sees about the limit, not twice it.
 """
 
 from __future__ import annotations
