@@ -15,6 +15,7 @@ import errno
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -36,8 +37,10 @@ class ThreadStager:
         self._lock = threading.Lock()
         self._jobs: set[int] = set()
         self._closing = False
-        # ``most`` threads, of which ``_active`` carry a file at once (``limit``); the engine's counters
-        self._gate = threading.Condition()
+        # ``_active`` files carried at once (``limit``; at most ``most`` threads), the rest waiting
+        # in ``_pending`` for one to finish; the engine's counters
+        self._gate = threading.Lock()
+        self._pending: deque[tuple[int, str, int]] = deque()
         self._active, self._running, self._done, self._busy = max(1, int(threads)), 0, 0, 0.0
         self._pool = ThreadPoolExecutor(max(1, int(most or threads)), thread_name_prefix="clairvoyant-file-stage")
 
@@ -54,7 +57,7 @@ class ThreadStager:
                 return False
             self._jobs.add(token)
         try:
-            self._pool.submit(self._run, token, key, size)
+            self._admit((token, key, size))
         except BaseException:
             with self._lock:
                 self._jobs.discard(token)
@@ -79,18 +82,26 @@ class ThreadStager:
         """Carry at most ``n`` files at once from now on (tune/inflight.py decides)."""
         with self._gate:
             self._active = max(1, int(n))
-            self._gate.notify_all()
+        self._admit()
 
     def load(self) -> tuple[int, float, int, int]:
         """(files done, the seconds they took in all, files carried now, files waiting now)."""
-        with self._gate, self._lock:
-            return self._done, self._busy, self._running, max(0, len(self._jobs) - self._running)
+        with self._gate:
+            return self._done, self._busy, self._running, len(self._pending)
+
+    def _admit(self, job: tuple[int, str, int] | None = None) -> None:
+        """Queue ``job`` (if any), then hand the pool what the limit lets go now."""
+        go = []
+        with self._gate:
+            if job is not None:
+                self._pending.append(job)
+            while self._pending and (self._running < self._active or self._closing):
+                go.append(self._pending.popleft())
+                self._running += 1
+        for job in go:
+            self._pool.submit(self._run, *job)
 
     def _run(self, token: int, key: str, size: int) -> None:
-        with self._gate:
-            while self._running >= self._active and not self._closing:
-                self._gate.wait(0.1)
-            self._running += 1
         t0 = time.perf_counter()
         try:
             self._carry(token, key, size)
@@ -99,7 +110,7 @@ class ThreadStager:
                 self._running -= 1
                 self._done += 1
                 self._busy += time.perf_counter() - t0
-                self._gate.notify()
+            self._admit()
 
     def _carry(self, token: int, key: str, size: int) -> None:
         store, n = self.store, entry_size(size)
@@ -172,6 +183,5 @@ class ThreadStager:
         the threads are joined. Idempotent."""
         with self._lock:
             self._closing = True
-        with self._gate:
-            self._gate.notify_all()
-        self._pool.shutdown(wait=True, cancel_futures=False)   # each queued job sees _closing and gives up
+        self._admit()   # what waits goes to the pool now: each sees _closing, gives up and is told
+        self._pool.shutdown(wait=True, cancel_futures=False)
