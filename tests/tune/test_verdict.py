@@ -161,3 +161,45 @@ def test_a_pipeline_staged_just_in_time_is_named_for_its_staging(tmp_path, no_le
     assert cold["shares"]["fetch"] > 2 * cold["shares"]["decode"], cold["shares"]
     assert not warm["keeps_up"] and warm["bottleneck"] in ("decode", "queue"), warm   # the control
     assert warm["shares"]["fetch"] < 0.25, warm["shares"]   # (the epoch's first batch waits on its start)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_a_readers_own_reads_of_the_source_are_reported_apart(fmt):
+    """A reader reads samples no tier had room for from the source itself: it reports those
+    seconds apart (the verdict counts them as the fetch), where the fast path decodes the batch
+    (JPEGs) and where it declines it (PNGs: its reads go on to the general path with their times).
+    Control: the same batch with its bytes in hand (the RAM window) reports no source time."""
+    import io
+    import types
+
+    from PIL import Image
+
+    from clairvoyant.load import direct, worker
+    from clairvoyant.load.collate import default_collate
+    from clairvoyant.load.decode import decode_image
+    from clairvoyant.load.transport import Slot
+
+    if direct._simplejpeg is None:
+        pytest.skip("simplejpeg is not installed")
+    blobs = {}
+    for i in range(4):
+        out = io.BytesIO()
+        Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(out, fmt)
+        blobs[f"k{i}"] = out.getvalue()
+
+    class SlowSource:   # 20 ms a read, as a slow store's would be
+        made_in_reader = has_fields = False
+        target_field = fields_of = None
+
+        def read(self, key):
+            time.sleep(0.02)
+            return blobs[key]
+
+    spec = types.SimpleNamespace(source=SlowSource(), collate_fn=None, decode=decode_image, transform=None,
+                                 target_transform=None, digests=False)
+    from_store = worker.Job(0, 0, [worker.Item(k, None, len(b), 0, None, True) for k, b in blobs.items()], False)
+    got = worker._load_batch(from_store, [Slot()], spec, default_collate)
+    assert isinstance(got, worker.Loaded) and got.times[3] >= 0.07 and got.times[0] < 0.02, got.times
+    in_hand = worker.Job(0, 0, [worker.Item(k, None, len(b), 0, b, False) for k, b in blobs.items()], False)
+    got = worker._load_batch(in_hand, [Slot()], spec, default_collate)
+    assert isinstance(got, worker.Loaded) and got.times[3] == 0, got.times
