@@ -133,16 +133,17 @@ class Walk:
 
     def _follow(self) -> int:
         """The readers' progress and reads taken up: the position before which the readers may
-        have read every file (handed out ``lag`` positions ago or more: a sampler hands out indices
-        a DataLoader's prefetch ahead of its workers' opens); 0 until a read of this walk's is heard
-        (everything handed out may still be unread: the first batches' files are staged too)."""
+        have read every file: ``lag`` before the fewer of the positions handed out and the reads
+        heard since this walk began (a sampler hands out indices a DataLoader's prefetch ahead of
+        its workers' opens, and the workers read about in order: what is handed out and not yet
+        read, the first batches' files included, is staged too)."""
         self._flush()   # what is gathered is in the plan's residents before any read is weighed
         handed = self._consumed()
         self._p.counters.set(consumed=handed)
         follower = self._p.follower
         follower.follow(self.held, handed, self._reach, self._capacity)
-        if follower.taken > self._taken:
-            self._since = max(self._since, handed - follower.lag)
+        read = follower.taken - self._taken   # reads heard since this walk began: about how far they got
+        self._since = max(self._since, min(handed, read) - follower.lag)
         return self._since
 
     # -- the walk -------------------------------------------------------------------------------
