@@ -310,8 +310,7 @@ class EpochRun:
 
     def _tune(self, now: float) -> None:
         """Hand the staging's own counters to the policy (tune/inflight.py); apply its limit."""
-        done, busy, nbytes, waiting = self._stager.load()
-        n = self._tuner.tick(now, done, busy, waiting, nbytes)
+        n = self._tuner.follow(now, self._stager.load())
         if n is not None:
             self._stager.limit(n)
 

@@ -152,8 +152,7 @@ class Copies:
         if n:
             self._inflight.release(n)
         with self._tick_lock:   # (the Python twin tells from each of its threads)
-            done, busy, _, waiting = self._files.load()
-            limit = self.inflight.tick(time.monotonic(), done, busy, waiting)
+            limit = self.inflight.follow(time.monotonic(), self._files.load())
             if limit is not None:
                 self._files.limit(limit)
                 self._counters.set(inflight=limit)

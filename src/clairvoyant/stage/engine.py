@@ -32,6 +32,7 @@ from ..errors import ClairvoyantError, SampleReadError, SourceChanged
 from ..manifest import Manifest
 from ..plan.ranges import Ranges
 from ..source import Source
+from ..tune.inflight import Counts
 from . import native
 from .native import Item, NativeRoute
 
@@ -122,15 +123,15 @@ class Stager:
         if self._native is not None:
             self._native.limit(n)
 
-    def load(self) -> tuple[int, float, int, int]:
-        """Cumulative (requests done, the seconds they took, their bytes) and the requests waiting
-        now, of the staging threads and the native threads together: what tune/inflight.py measures."""
+    def load(self) -> Counts:
+        """Requests done, the seconds they took and their bytes (cumulative), and the requests
+        waiting now, of the staging threads and the native threads together (tune/inflight.py)."""
         done, busy, nbytes = self._tiers.counters.get("fetches", "fetch_seconds", "fetch_bytes")
-        waiting = self._waiting
-        if self._native is not None:
-            n_done, n_busy, _, n_waiting = self._native.load()
-            done, busy, waiting = done + n_done, busy + n_busy, waiting + n_waiting
-        return int(done), float(busy), int(nbytes), int(waiting)
+        mine = Counts(int(done), float(busy), self._waiting, int(nbytes))
+        if self._native is None:
+            return mine
+        n = self._native.load()
+        return Counts(mine.done + n.done, mine.busy_s + n.busy_s, mine.waiting + n.waiting, mine.nbytes)
 
     def resize(self, n: int) -> None:
         """Run ``n`` staging threads from now on: new ones start at once, surplus ones retire after

@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple
 from .engines import native_applies
 from .native_files import Done, NativeStager
 from ..cache.tiers import LOCAL, Placement, Tiers
+from ..tune.inflight import Counts
 from ..manifest import Manifest
 
 # deliver(batch, position in batch, placement, seconds); fallback(item): stage it in Python
@@ -137,8 +138,8 @@ class NativeRoute:
     def limit(self, n: int) -> None:
         self._engine.limit(n)
 
-    def load(self) -> tuple[int, float, int, int]:
-        """The engine's (files done, seconds they took, carried now, waiting now)."""
+    def load(self) -> Counts:
+        """The engine's files done, the seconds they took, files waiting now."""
         return self._engine.load()
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from typing import Callable, NamedTuple, Union
 from ..cache.entry import entry_size
 from ..cache.extents import Loc
 from ..cache.local import LocalStore
+from ..tune.inflight import Counts
 
 try:
     if os.environ.get("CLAIRVOYANT_NO_CEXT"):
@@ -240,9 +241,10 @@ class NativeStager:
         """Carry at most ``n`` files at once from now on (tune/inflight.py decides)."""
         self._engine.limit(max(1, int(n)))
 
-    def load(self) -> tuple[int, float, int, int]:
-        """(files done, the seconds they took in all, files carried now, files waiting now)."""
-        return self._engine.load()
+    def load(self) -> Counts:
+        """Files done, the seconds they took in all, files waiting now."""
+        done, busy, _, waiting = self._engine.load()   # (and files carried now)
+        return Counts(done, busy, waiting)
 
     def in_flight(self, token: int | None = None) -> bool:
         """Whether the job of ``token`` (None: any job) is under way (submitted, its outcome not yet

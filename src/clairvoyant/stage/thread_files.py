@@ -22,6 +22,7 @@ from typing import Callable
 from ..nodeio.fileio import read_with_mtime
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
+from ..tune.inflight import Counts
 from .native_files import Capacity, Done, _why, capacity_of
 
 
@@ -84,10 +85,10 @@ class ThreadStager:
             self._active = max(1, int(n))
         self._admit()
 
-    def load(self) -> tuple[int, float, int, int]:
-        """(files done, the seconds they took in all, files carried now, files waiting now)."""
+    def load(self) -> Counts:
+        """Files done, the seconds they took in all, files waiting now."""
         with self._gate:
-            return self._done, self._busy, self._running, len(self._pending)
+            return Counts(self._done, self._busy, len(self._pending))
 
     def _admit(self, job: tuple[int, str, int] | None = None) -> None:
         """Queue ``job`` (if any), then hand the pool what the limit lets go now."""

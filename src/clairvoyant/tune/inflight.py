@@ -33,10 +33,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 LO, HI = 8, 256
 START = 48                 # requests in flight before anything is measured
 MEMORY = 256 << 20         # bytes the requests in flight may buffer at once
+
+
+class Counts(NamedTuple):
+    """What an engine has carried out so far (cumulative) and what waits now: every engine's
+    ``load()`` answers this, and ``tick`` takes it."""
+
+    done: int          # requests finished
+    busy_s: float      # the seconds they took, in all
+    waiting: int       # requests waiting for admission now
+    nbytes: int = 0    # the bytes they moved (where the engine counts them)
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,10 @@ class InFlight:
         """New engines (their counters from 0): the next tick starts a new interval, and what the
         last one was measuring (a growth to judge, the backlog seen) is dropped."""
         self._base, self._backlog, self._grew = None, 0, None
+
+    def follow(self, now: float, counts: Counts) -> int | None:
+        """``tick`` on an engine's ``load()``."""
+        return self.tick(now, counts.done, counts.busy_s, counts.waiting, counts.nbytes)
 
     def tick(self, now: float, done: int, busy_s: float, backlog: int, nbytes: int = 0) -> int | None:
         """Given cumulative counters and the backlog now, observe the interval since the last tick
