@@ -62,7 +62,8 @@ class NativeRoute:
         self._deliver, self._fallback, self._fatal = deliver, fallback, fatal
         self._lock = threading.Lock()
         self._jobs: dict[int, tuple[Item, float]] = {}   # token -> (item, when submitted)
-        self._by_sample: dict[int, list] = {}  # sample -> [jobs under way, Event set when none is]
+        self._by_sample: dict[int, int] = {}   # sample -> its jobs under way
+        self._none_left = threading.Condition(self._lock)   # a sample's last job ended (``wait``)
         self._token = 0
         self._closed = False
         # the room left beside kept samples waiting in the RAM window for it (they go first: the
@@ -82,7 +83,7 @@ class NativeRoute:
             now = time.perf_counter()
             for k, it in enumerate(items):
                 self._jobs[first + k] = (it, now)
-                self._by_sample.setdefault(it.sample, [0, threading.Event()])[0] += 1
+                self._by_sample[it.sample] = self._by_sample.get(it.sample, 0) + 1
         jobs = [(first + k, keys[it.sample], int(sizes[it.sample])) for k, it in enumerate(items)]
         try:
             outcomes = self._engine.submit_many(jobs)
@@ -100,11 +101,12 @@ class NativeRoute:
             got = self._jobs.pop(token, None)
             if got is None:
                 return None
-            e = self._by_sample[got[0].sample]
-            e[0] -= 1
-            if e[0] == 0:
-                del self._by_sample[got[0].sample]
-                e[1].set()
+            s = got[0].sample
+            if self._by_sample[s] > 1:
+                self._by_sample[s] -= 1
+            else:
+                del self._by_sample[s]
+                self._none_left.notify_all()
             return got
 
     def wait(self, sample: int) -> None:
@@ -113,10 +115,8 @@ class NativeRoute:
         at the close, so this ends; it must, before the caller takes the key's lock: the C threads'
         lock is the process's, and would not keep this process's Python threads out."""
         with self._lock:
-            e = self._by_sample.get(sample)
-        if e is not None:
-            while not e[1].wait(0.5) and not self._closed:
-                pass
+            while sample in self._by_sample and not self._closed:
+                self._none_left.wait(0.5)
 
     def _done(self, d: Done) -> None:
         got = self._forget(d.token)
