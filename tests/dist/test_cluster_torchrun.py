@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mpi_util import ours
@@ -35,10 +36,17 @@ def _port() -> str:
 def run(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epochs: int, mode: str = "auto",
         when: str = "before", timeout: float = 200, first: int = 0) -> dict:
     """The job's result (rank 0's JSON line); every process of it gone afterwards."""
+    agents, token = start(dataset, tmp_path, nodes, per_node, cap, epochs, mode, when, first)
+    return _result(agents, token, timeout)
+
+
+def start(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epochs: int, mode: str = "auto",
+          when: str = "before", first: int = 0, **extra_env: str) -> tuple[list[subprocess.Popen], str]:
+    """The job's agents, started, and the token its processes carry."""
     token, port = f"cvtorchrun-{uuid.uuid4().hex}", _port()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT", "CLAIRVOYANT_NODE")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra_env)
     agents = [subprocess.Popen([str(TORCHRUN), "--nnodes", str(nodes), "--nproc-per-node", str(per_node),
                                 "--node-rank", str(i), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                                 f"127.0.0.1:{port}", "--rdzv-id", token, str(SCRIPT), dataset, str(tmp_path), cap,
@@ -46,7 +54,7 @@ def run(dataset: str, tmp_path: Path, nodes: int, per_node: int, cap: str, epoch
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True)
               for i in range(nodes)]
-    return _result(agents, token, timeout)
+    return agents, token
 
 
 def _result(procs: list[subprocess.Popen], token: str, timeout: float) -> dict:
@@ -88,6 +96,40 @@ def test_torchrun_two_nodes_read_the_store_about_once_per_job(dataset, tmp_path,
         assert all(off["exact"]), off["exact"]
         print("node by node:", off["opens"])
         assert sum(off["opens"]) >= 1.6 * n, off["opens"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("auth", ["on", "off"])
+def test_an_outsider_beside_a_torchrun_job_receives_no_sample(dataset, tmp_path, auth):
+    """2 nodes x 2 ranks at 60%, paused after the first epoch: an outsider that knows the wire
+    finds the ports the job's ranks listen on (those that greet as ZeroMQ does), connects to each
+    as every rank (plain, and with CURVE keys of its own) and asks for every sample. With the
+    defaults it receives no byte of any sample, the job counts the handshakes it refused, and the
+    next epoch still serves every sample once. Control (``CLAIRVOYANT_PEER_AUTH=off``): the
+    outsider receives samples, the source's bytes."""
+    from outsider import ask_for_every_sample, listening_ports, speaks_zmtp
+    agents, token = start(dataset, tmp_path, 2, 2, "60%", 2, CLAIRVOYANT_TEST_PAUSE="6",
+                          CLAIRVOYANT_PEER_AUTH=auth)
+    try:
+        deadline = time.monotonic() + 150
+        while not (tmp_path / "probe-now").exists() and time.monotonic() < deadline \
+                and all(a.poll() is None for a in agents):
+            time.sleep(0.2)
+        assert (tmp_path / "probe-now").exists(), "the job did not finish its first epoch"
+        ranks = [p for p in ours(token) if "--rdzv-endpoint" not in psutil.Process(p).cmdline()]   # not the agents
+        ports = [p for p in listening_ports(ranks) if speaks_zmtp(p)]
+        got = ask_for_every_sample(ports, 4, 96)
+    finally:
+        out = _result(agents, token, 200)
+    assert len(ports) == 4, ports   # one peer service per rank
+    assert all(out["exact"]), out["exact"]   # the job's epochs: every sample once
+    files = {Path(r, f).read_bytes() for r, _, fs in os.walk(dataset) for f in fs}
+    if auth == "on":
+        assert got == [], f"{len(got)} answers leaked"
+        assert sum((r["cluster"] or {}).get("refused_keys", 0) for r in out["ranks"]) >= 4, out["ranks"]
+        assert all("CURVE" in (r["cluster"] or {}).get("transport", "") for r in out["ranks"]), out["ranks"]
+    else:
+        assert got and set(got) <= files, len(got)   # the control: samples leak
 
 
 @pytest.mark.timeout(600)

@@ -13,12 +13,15 @@ zmq = pytest.importorskip("zmq")
 
 from clairvoyant.dist import peers  # noqa: E402
 from clairvoyant.dist.peers import PeerService  # noqa: E402
-from clairvoyant.dist.wire import REQUEST, REQUEST_MAGIC  # noqa: E402
+from clairvoyant.dist.wire import REPLY, REQUEST, REQUEST_MAGIC  # noqa: E402
+from clairvoyant.dist.secret import JobSecret, rank_keys  # noqa: E402
 from clairvoyant.dist.wire_zmq import ZmqWire  # noqa: E402
 
+SECRET = JobSecret(b"0123456789abcdef-the-tests-secret", "the tests")
 
-def _services(n: int, serve, state=None, **kw) -> list[PeerService]:
-    wires = [ZmqWire(r, n, "127.0.0.1") for r in range(n)]
+
+def _services(n: int, serve, state=None, secret=SECRET, **kw) -> list[PeerService]:
+    wires = [ZmqWire(r, n, "127.0.0.1", secret=secret) for r in range(n)]
     for w in wires:
         w.connect([x.address for x in wires])
     out = [PeerService(w, serve(r), state=None if state is None else state(r), **kw) for r, w in enumerate(wires)]
@@ -80,10 +83,7 @@ def test_corrupt_bytes_and_foreign_messages_are_refused(monkeypatch):
         assert svcs[0].fetch(1, 3, 2000, 5.0) is None
         assert svcs[0].counters()["bad_checksum"] == 1
         ctx = zmq.Context()
-        d = ctx.socket(zmq.DEALER)
-        d.setsockopt(zmq.IDENTITY, b"2")
-        d.setsockopt(zmq.LINGER, 0)
-        d.connect(svcs[1].wire.address)
+        d = _dealer(ctx, svcs[1].wire.address, b"2", rank_keys(SECRET, 2), rank_keys(SECRET, 1)[0])   # rank 2's key
         d.send(REQUEST.pack(b"NOTOURS!", 1, 2, 3))               # right size, wrong magic
         d.send(b"\x80\x04\x95" + b"p" * 40)                      # a pickle's opening, wrong size
         d.send(REQUEST.pack(REQUEST_MAGIC, 9, 4, 1000))          # a real request: answered
@@ -95,6 +95,68 @@ def test_corrupt_bytes_and_foreign_messages_are_refused(monkeypatch):
         assert svcs[0].fetch(1, 4, 2000, 5.0) == b"x" * 1000      # control
     finally:
         for s in svcs:
+            s.close()
+
+
+def _dealer(ctx, address: str, ident: bytes, keys=None, server_key=None):
+    """A DEALER that speaks for rank ``ident``: with CURVE ``keys`` (public, secret) toward a server
+    of ``server_key``, or none."""
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.IDENTITY, ident)
+    d.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        d.curve_serverkey = server_key
+        d.curve_publickey, d.curve_secretkey = keys
+    d.connect(address)
+    return d
+
+
+def _asks_for_every_sample(address: str, ident: bytes, keys=None, server_key=None, n: int = 20) -> list[bytes]:
+    """An outsider that knows the wire: asks ``address`` for samples 0..n-1 as rank ``ident``; what
+    it received (each answer's payload)."""
+    ctx = zmq.Context()
+    d = _dealer(ctx, address, ident, keys, server_key)
+    try:
+        for i in range(n):
+            d.send(REQUEST.pack(REQUEST_MAGIC, 100 + i, i, 10_000))
+        got, end = [], time.monotonic() + 1.5
+        while time.monotonic() < end:
+            if d.poll(100):
+                got.append(d.recv()[REPLY.size:])
+        return got
+    finally:
+        d.close()
+        ctx.term()
+
+
+def test_an_outsider_receives_no_sample():
+    """A process that knows the wire format and the ranks' identities, beside the job's services,
+    asks for every sample: without a key, with a key from another secret (toward the real
+    server's public key), and with a rank's real key but another rank's identity. It receives no
+    sample; the handshakes are refused and counted, the claimed identity refused unread; the job
+    still serves its own ranks. Control: with authentication off the outsider gets every sample."""
+    data = {i: b"sample-%03d" % i * 50 for i in range(20)}
+    svcs = _services(3, lambda r: data.get)
+    try:
+        target, server_key = svcs[0].wire.address, rank_keys(SECRET, 0)[0]
+        other = JobSecret(b"another-secret-of-another-job!!", "a guess")
+        assert _asks_for_every_sample(target, b"1") == []
+        assert _asks_for_every_sample(target, b"1", rank_keys(other, 1), server_key) == []
+        assert _asks_for_every_sample(target, b"1", rank_keys(SECRET, 2), server_key) == []   # rank 2 as rank 1
+        c = svcs[0].counters()
+        assert c["refused_keys"] >= 2 and c["refused"] == 20 and c["served"] == 0, c
+        assert svcs[1].fetch(0, 7, 10_000, 5.0) == data[7]   # the job's own ranks are served
+    finally:
+        for s in svcs:
+            s.close()
+    assert _peer_threads() == []
+    open_svcs = _services(3, lambda r: data.get, secret=None)   # control: nothing authenticated
+    try:
+        got = _asks_for_every_sample(open_svcs[0].wire.address, b"1")
+        assert sorted(got) == sorted(data.values())
+        assert open_svcs[0].counters()["refused_keys"] == 0
+    finally:
+        for s in open_svcs:
             s.close()
 
 

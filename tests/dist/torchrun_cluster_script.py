@@ -7,7 +7,8 @@ argv: dataset, workdir, local_capacity, epochs, cluster ("auto" or "off"), when 
 Loader is made before torch.distributed is initialised, as Lightning does, and finds its peers
 through torchrun's agent store; "after": through the process group's store), token (only marks the
 processes), and optionally the first epoch (a job restarted at an epoch boundary: epochs first to
-first + epochs - 1). Rank 0 prints one JSON line: store opens per epoch, whether every epoch served every
+first + epochs - 1). With CLAIRVOYANT_TEST_PAUSE (seconds), rank 0 writes ``probe-now`` in the
+workdir after the first epoch and every rank waits that long before the next. Rank 0 prints one JSON line: store opens per epoch, whether every epoch served every
 sample exactly once with the source's bytes, and each rank's counters.
 """
 
@@ -17,6 +18,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 os.environ["CLAIRVOYANT_NODE"] = "node%s" % os.environ["GROUP_RANK"]
 
@@ -47,6 +49,11 @@ def main() -> None:
         opens.append(counters.opens)
         reads.append(counters.bytes)
         served.append(every)
+        pause = float(os.environ.get("CLAIRVOYANT_TEST_PAUSE", "0"))
+        if pause and e == first:   # an outsider asks the running job's services meanwhile (tests/outsider.py)
+            if rank == 0:
+                open(os.path.join(work, "probe-now"), "w").close()
+            time.sleep(pause)
     stats = ld.stats()
     ld.close()
     per_rank: list = [None] * size

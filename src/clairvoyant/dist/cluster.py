@@ -161,9 +161,12 @@ def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> 
 
 def zmq_wire(group: Group, host: str | None = None) -> Any:
     """A ZeroMQ backend of rank ``group.rank``, bound on ``host`` (default: the address peers reach
-    this node by) and connected to every rank's, the addresses exchanged through ``group``."""
+    this node by) and connected to every rank's, the addresses exchanged through ``group``; its
+    peers authenticated with the job's secret (dist/secret.py: collective)."""
+    from .secret import job_secret
     from .wire_zmq import ZmqWire, reachable_address
-    wire = ZmqWire(group.rank, group.size, host or reachable_address(os.environ.get("MASTER_ADDR")))
+    wire = ZmqWire(group.rank, group.size, host or reachable_address(os.environ.get("MASTER_ADDR")),
+                   secret=job_secret(group))
     try:
         wire.connect([b.decode() for b in group.allgather(wire.address.encode(),
                                                           "the exchange of the peer service's addresses")])

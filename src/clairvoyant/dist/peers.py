@@ -263,13 +263,15 @@ class PeerService(ServiceThread):
         bad_checksum, failed or passed_over (their sum is ``fetches`` once none is in progress);
         ``passed_over`` counts fetches not sent to a peer passed over after a time-out; ``sent`` counts
         requests that went out, ``late`` replies that came after their caller gave up, ``refused``
-        messages dropped unread; ``served``/``unserved`` the requests this rank answered with a hit
+        messages dropped unread, ``refused_keys`` connections refused in their handshake (no key of
+        the job's: dist/wire_zmq.py); ``served``/``unserved`` the requests this rank answered with a hit
         or a miss; ``errors`` MPI errors met; ``per_peer`` hits and bytes by rank; ``dead_peers``
         the ranks MPI reported failed; ``slow_peers`` the ranks passed over now."""
         with self._lock:
             out = self._c.snapshot()
             out["per_peer"] = {p: {"hits": self._peer_hits[p], "bytes": self._peer_bytes[p]}
                                for p in sorted(self._peer_hits)}
+            out["refused_keys"] = int(getattr(self.wire, "refused_keys", 0))   # (ZeroMQ: handshakes refused)
             out["dead_peers"] = sorted(self._dead)
             out["slow_peers"] = sorted(p for p, until in self._passed.items() if until > time.monotonic())
             return out

@@ -10,21 +10,33 @@ torch.distributed's gloo for this (benchmarks/transport_candidates.py, docs/benc
 110 KB fetch in 0.7 ms against gloo's 0.9 ms, and a dead peer costs a time-out while the socket
 goes on, where gloo's group is dead for good.
 
+**Who may connect.** Every socket speaks CURVE (ZeroMQ's authenticated encryption, RFC 26) with
+the rank's key pair, derived from the job's secret (dist/secret.py): a rank's ROUTER admits only
+a connection that proves it holds one of the job's ranks' keys (a ZAP handler, pyzmq's
+``ThreadAuthenticator``, whose user id for the connection is that rank), and a DEALER connects
+only to the peer that proves it holds the rank's key it asked for. A connection that has no such
+key is dropped in the handshake, before any message of it is read, and counted
+(``refused_keys``); a request whose routing identity is not the rank its key belongs to is
+refused unread (a rank cannot speak for another). Where the secret is None
+(``CLAIRVOYANT_PEER_AUTH=off``) the sockets speak plain TCP and anyone who reaches them is
+served.
+
 What comes in is checked as over MPI: a request must be exactly a request's size from a rank of
 the job other than this one; a reply at most its header plus the largest payload asked for. The
 rest is refused unread (``MAXMSGSIZE`` also drops an oversized request's connection). Sends
 never block: a full queue (a peer that does not take its messages) or a reply to a rank no
 longer connected fails that one message, as a fault naming the peer, and its fetch fails at
-once. ZeroMQ does not tell of a dead peer: its fetches time out, and the service passes it over. Nothing here is authenticated: bind on a
-network only the job's nodes reach, as with MPI over TCP.
+once. ZeroMQ does not tell of a dead peer: its fetches time out, and the service passes it over.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
 
+from ..errors import ConfigError
 from .wire import REPLY, REQUEST, Fault, Received
 
 ADDR_VAR = "CLAIRVOYANT_PEER_ADDR"   # the address peers reach this node by (else found from the route)
@@ -48,18 +60,57 @@ def reachable_address(toward: str | None = None) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
+def _admission(ctx: Any, ranks: dict[bytes, int]) -> Any:
+    """A ZAP handler on ``ctx`` (started) admitting the CURVE keys of ``ranks`` (Z85 public key ->
+    rank), each as its rank."""
+    from zmq.auth.thread import ThreadAuthenticator
+    from zmq.utils import z85
+
+    class Admission(ThreadAuthenticator):
+        def callback(self, domain: str, key: bytes) -> bool:   # (pyzmq's credentials provider)
+            return key in ranks
+
+        def curve_user_id(self, client_public_key: bytes) -> str:
+            return str(ranks[z85.encode(client_public_key)])
+
+    auth = Admission(ctx, log=logging.getLogger("clairvoyant.zap"))
+    auth.start()
+    auth.configure_curve_callback("clairvoyant", auth)   # (the ROUTER's zap_domain)
+    return auth
+
+
 class ZmqWire:
     """Rank ``rank`` of ``size``: its ROUTER bound on ``host`` (``address`` is where peers reach
-    it); ``connect`` with every rank's address before the service starts."""
+    it); ``connect`` with every rank's address before the service starts. ``secret``: the job's
+    (dist/secret.py), whose keys every socket proves itself with; None: no authentication."""
 
     name = "ZeroMQ"
 
-    def __init__(self, rank: int, size: int, host: str) -> None:
+    def __init__(self, rank: int, size: int, host: str, *, secret: Any) -> None:
         import zmq
         self._zmq = zmq
         self.rank, self.size = int(rank), int(size)
         self._ctx = zmq.Context(io_threads=1)
+        self._auth, self._keys = None, None
+        if secret is not None:
+            if not zmq.has("curve"):
+                self._ctx.term()
+                raise ConfigError(f"this pyzmq's libzmq ({zmq.zmq_version()}) has no CURVE security, which the "
+                                  "cluster's peers need: install pyzmq's wheel (pip install --force-reinstall pyzmq), "
+                                  "or set CLAIRVOYANT_PEER_AUTH=off on a network only the job reaches")
+            from .secret import rank_keys
+            self._keys = [rank_keys(secret, r) for r in range(self.size)]
+            self._auth = _admission(self._ctx, {pub: r for r, (pub, _) in enumerate(self._keys)})
+        self.name = "ZeroMQ, CURVE" if secret is not None else "ZeroMQ, not authenticated"
         self._router = self._socket(zmq.ROUTER)
+        if self._keys is not None:
+            self._router.curve_server = True
+            self._router.curve_publickey, self._router.curve_secretkey = self._keys[self.rank]
+            self._router.zap_domain = b"clairvoyant"
+        # handshakes that failed (no CURVE, or a key not the job's): counted, never read
+        self._monitor = self._router.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self.refused_keys = 0
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)    # a reply to a rank not connected: an error, not a silent drop
         self._router.setsockopt(zmq.MAXMSGSIZE, 4096)   # a peer that sends more is cut off (the handshake counts too)
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a rank started again takes its identity over
@@ -70,6 +121,7 @@ class ZmqWire:
         self._dealt: dict[int, str] = {}   # peer -> the address its dealer is connected to
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._of: dict[Any, int] = {}   # dealer socket -> its peer's rank
         self._sent: list[tuple[int, int]] = []
         self._closed = False
@@ -101,6 +153,9 @@ class ZmqWire:
             zmq = self._zmq
             d = self._socket(zmq.DEALER)
             d.setsockopt(zmq.IDENTITY, str(self.rank).encode())
+            if self._keys is not None:   # it reaches only the peer that holds ``dest``'s key
+                d.curve_serverkey = self._keys[dest][0]
+                d.curve_publickey, d.curve_secretkey = self._keys[self.rank]
             d.connect(address)
             self._dealers[dest], self._dealt[dest] = d, address
             self._of[d] = dest
@@ -125,11 +180,16 @@ class ZmqWire:
         for sock, _ in self._poller.poll(0):
             for _ in range(64):
                 try:
+                    if sock is self._monitor:
+                        sock.recv_multipart(zmq.NOBLOCK)   # (an event: its number, its endpoint)
+                        self.refused_keys += 1
+                        continue
+                    if sock is self._router:   # (frames: the connection's key's rank is on them)
+                        got.append(self._request(sock.recv_multipart(zmq.NOBLOCK, copy=False)))
+                        continue
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                if sock is self._router:
-                    got.append(self._request(frames))
                 else:
                     src = self._of[sock]
                     ok = len(frames) == 1 and REPLY.size <= len(frames[0]) <= REPLY.size + largest
@@ -137,11 +197,13 @@ class ZmqWire:
         sent, self._sent = self._sent, []
         return got, sent, []
 
-    def _request(self, frames: list[bytes]) -> Received:
-        ident = frames[0].decode("ascii", "replace") if frames else ""
+    def _request(self, frames: list) -> Received:
+        ident = frames[0].bytes.decode("ascii", "replace") if frames else ""
         src = int(ident) if ident.isdigit() else -1
+        if self._keys is not None and len(frames) == 2 and frames[1].get("User-Id") != ident:
+            src = -1   # a rank's identity claimed by a connection with another rank's key
         if len(frames) == 2 and len(frames[1]) == REQUEST.size and 0 <= src < self.size and src != self.rank:
-            return "request", frames[1], src
+            return "request", frames[1].bytes, src
         return "refused", b"", max(src, 0)
 
     def busy(self) -> bool:
@@ -153,6 +215,9 @@ class ZmqWire:
             return
         self._closed = True
         ms = max(0, int(linger * 1000))
-        for s in [self._router, *self._dealers.values()]:
+        self._router.disable_monitor()
+        for s in [self._monitor, self._router, *self._dealers.values()]:
             s.close(linger=ms)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()

@@ -45,13 +45,15 @@ class ServiceLink:
     ``host``; nothing of the launcher's (MPI, torchrun's store) is used here, so the mount goes on
     serving when its launcher, or a peer, is gone. ``member_pid``: the member that started it."""
 
-    def __init__(self, node: int, nodes: int, host: str, control: str, member_pid: int) -> None:
+    def __init__(self, node: int, nodes: int, host: str, control: str, member_pid: int, secret) -> None:
         import zmq
 
         from ..dist.wire_zmq import ZmqWire
+        from ..dist.secret import key_id
         self.node, self.nodes = int(node), int(nodes)
         self.member = int(member_pid)
-        self._wire = ZmqWire(self.node, self.nodes, host)
+        self._wire = ZmqWire(self.node, self.nodes, host, secret=secret)
+        self._secret_id = key_id(secret)
         self._service = None
         self._fingerprint: bytes | None = None
         self._addresses: list[str] = []
@@ -71,7 +73,11 @@ class ServiceLink:
         self._ctx = zmq.Context(io_threads=1)
         self._rep = self._ctx.socket(zmq.REP)
         self._rep.setsockopt(zmq.LINGER, 0)
-        self._rep.bind(f"ipc://{control}")
+        old = os.umask(0o077)   # the control socket: this user's alone (it hands the service joins)
+        try:
+            self._rep.bind(f"ipc://{control}")
+        finally:
+            os.umask(old)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._answer, name="clairvoyant-member", daemon=True)
         self._thread.start()
@@ -99,7 +105,7 @@ class ServiceLink:
             return {"node": self.node, "nodes": self.nodes, "pid": os.getpid(), "address": self._wire.address,
                     "fingerprint": self._fingerprint.hex() if self._fingerprint else None,
                     "mounted": self.described or None, "joins": self.joins, "serving_on": self.serving_on,
-                    "member": self.member}
+                    "member": self.member, "secret": self._secret_id}
         if op == "join":
             addresses = msg.get("addresses")
             error = msg.get("error")

@@ -46,6 +46,7 @@ import uuid
 
 from ..errors import ClairvoyantError, ConfigError
 
+SERVICE_SECRET_VAR = "CLAIRVOYANT_SERVICE_SECRET"   # the job's secret, from a member to the service it starts
 SERVICE_PREFIX = "clairvoyant-service-"   # <tmp>/clairvoyant-service-<pid>.log and .ctl: a service's log and control
 LEAVE_GRACE = 4.0    # seconds a leaving service keeps answering its peers' probes before it unmounts
 START_WAIT = float(os.environ.get("CLAIRVOYANT_GATHER_TIMEOUT", "1800"))   # for a service to list the source
@@ -117,9 +118,10 @@ class _Service:
             out.flush()
 
 
-def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None) -> _Service | None:
+def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None, secret) -> _Service | None:
     """The service already serving ``mnt`` for node ``node`` of ``nodes``, or None (nothing mounted
-    there). A ConfigError where another mount serves it, or a member of another job still has it."""
+    there). A ConfigError where another mount serves it, a member of another job still has it, or
+    its peers' keys come from another secret than ``secret`` (the job's)."""
     from ..fuse.daemon import mounted
     from .fs import read_info
     if not mounted(mnt):
@@ -145,6 +147,12 @@ def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None) 
     if local_dir and os.path.realpath(local_dir) != os.path.realpath(info.get("local_dir", local_dir)):
         raise ConfigError(f"{mnt} is served with its local tier in {info.get('local_dir')}, not {local_dir}; "
                           f"unmount it (clairvoyant umount {mnt}) to start it with another")
+    from ..dist.secret import key_id
+    if hello.get("secret") != key_id(secret):
+        raise ConfigError(f"{mnt} is served with its peers' keys from another job secret than this launch's "
+                          f"({'none: CLAIRVOYANT_PEER_AUTH=off' if secret is None else secret.where}); unmount it "
+                          f"(clairvoyant umount {mnt}) and launch again, or give every launch the same secret "
+                          "(CLAIRVOYANT_JOB_SECRET, or the secret file in the home directory: docs/security.md)")
     log, _ = _paths(int(hello["pid"]))
     svc = _Service(int(hello["pid"]), control, log, None)
     try:
@@ -155,7 +163,7 @@ def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None) 
 
 
 def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, node: int, nodes: int,
-           host: str) -> _Service:
+           host: str, secret) -> _Service:
     """Start the node's mount service in a session of its own (a launcher's teardown does not reach
     it), its output in its log."""
     _sweep()
@@ -171,6 +179,8 @@ def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, 
     if args.reindex:
         cmd += ["--reindex"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+    if secret is not None:   # (its environment is readable by this user and root only)
+        env[SERVICE_SECRET_VAR] = secret.key.hex()
     with open(tmp_log, "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True)
@@ -183,6 +193,7 @@ def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
     ``group``: the launcher's rendezvous (dist/cluster.py)."""
     from ..dist.group import agree
+    from ..dist.secret import job_secret
     from ..dist.wire_zmq import ADDR_VAR, reachable_address
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
@@ -218,12 +229,13 @@ def run_member(args: argparse.Namespace, group) -> int:
         return fail(f"the address its peers would reach it by is {host}, a loopback address, while the nodes are "
                     f"on several hosts: set {ADDR_VAR} to this node's address on the network the nodes share")
     try:
-        svc = _adopt(mnt, node, nodes, src, local_dir)
+        secret = job_secret(group)   # (collective) the services' keys come from it (dist/secret.py)
+        svc = _adopt(mnt, node, nodes, src, local_dir, secret)
     except ConfigError as e:
         return fail(str(e))
     adopted = svc is not None
     if svc is None:
-        svc = _spawn(args, src, mnt, local_dir, node, nodes, host)
+        svc = _spawn(args, src, mnt, local_dir, node, nodes, host, secret)
     hello = None
     deadline = time.monotonic() + START_WAIT
     while svc.alive() and time.monotonic() < deadline and not told.is_set():
@@ -290,6 +302,23 @@ def run_member(args: argparse.Namespace, group) -> int:
 
 # -- the service: the node's mount, in a session of its own ---------------------------------------------
 
+def service_secret():
+    """The job's secret its member handed this service (taken out of the environment, so that no
+    process it starts inherits it), or None where authentication is off."""
+    from ..dist.secret import JobSecret, auth_off
+    raw = os.environ.pop(SERVICE_SECRET_VAR, "")
+    if auth_off():
+        return None
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ConfigError(f"a cluster's mount service starts with the job's secret from its member ({SERVICE_SECRET_VAR}): "
+                          "start it with `clairvoyant mount --cluster` under a launcher, not by hand")
+    return JobSecret(key, "the member that started this service")
+
+
 def run_service(args: argparse.Namespace) -> int:
     """``clairvoyant mount SRC MNT --serve-node N/NODES ...`` (started by a member): the node's mount
     with a ServiceLink until unmounted (module docstring)."""
@@ -303,7 +332,11 @@ def run_service(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     log_path, control = _paths(os.getpid())
-    link = ServiceLink(node, nodes, args.peer_host, control, int(args.member))
+    try:
+        link = ServiceLink(node, nodes, args.peer_host, control, int(args.member), service_secret())
+    except ConfigError as e:
+        print(f"clairvoyant: node {node}'s mount did not start: {e}", flush=True)
+        return 1
     try:
         m = Mount(args.paths[0], args.paths[1], local_dir=args.local_dir, local_capacity=args.local_capacity,
                   reindex=args.reindex, cluster=link,
