@@ -12,6 +12,19 @@ import zmq
 from clairvoyant.dist.wire import REPLY, REQUEST, REQUEST_MAGIC
 
 
+def with_word(pids: list[int], word: bytes) -> list[int]:
+    """Those of ``pids`` whose command line holds ``word`` (one that ended meanwhile: not)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word in f.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def listening_ports(pids: list[int]) -> list[tuple[str, int]]:
     """(address, port) on which the processes ``pids`` listen over TCP."""
     ports = set()
@@ -53,10 +66,13 @@ def ask_for_every_sample(ports: list[tuple[str, int]], ranks: int, samples: int,
                     if curve:
                         d.curve_publickey, d.curve_secretkey = zmq.curve_keypair()
                         d.curve_serverkey = zmq.curve_keypair()[0]
+                    socks.append(d)
                     d.connect(f"tcp://{host}:{port}")
                     for i in range(samples):
-                        d.send(REQUEST.pack(REQUEST_MAGIC, 1 + i, i, 1 << 20), zmq.NOBLOCK)
-                    socks.append(d)
+                        try:
+                            d.send(REQUEST.pack(REQUEST_MAGIC, 1 + i, i, 1 << 20), zmq.NOBLOCK)
+                        except zmq.Again:   # no connection to queue on (its handshake failed)
+                            break
         got: list[bytes] = []
         end = time.monotonic() + wait
         poller = zmq.Poller()

@@ -15,7 +15,8 @@ are held back past the peer deadline from epoch 1 on (slow), or nothing happens 
 Every rank that lives writes OUTDIR/out/rank-N.json itself (a dead rank cannot take the others' results
 with it): its samples of each epoch as md5s, those its share of the epoch's order should hold (read
 from the files), its epoch times and its counters. No collective call over the job's communicator
-follows the start of epoch 1."""
+follows the start of epoch 1. With CLAIRVOYANT_TEST_PAUSE (seconds) rank 0 writes OUTDIR/probe-now after
+epoch 0 and every rank waits that long before epoch 1."""
 
 from __future__ import annotations
 
@@ -97,6 +98,11 @@ def faults(dataset: str, work: str, cap: str, scenario: str) -> None:
         out["waits"].append(waits)
         out["yielded"].append(got)
         out["expected"].append(share(ld, dataset, e, rank, size))
+        pause = float(os.environ.get("CLAIRVOYANT_TEST_PAUSE", "0"))
+        if pause and e == 0:   # an outsider asks the running job meanwhile (tests/outsider.py)
+            if rank == 0:
+                open(os.path.join(work, "probe-now"), "w").close()
+            time.sleep(pause)
     out["finished_at"] = time.time()
     if scenario == "kill":   # the next epoch needs every rank: a clear error, not a hang or a raw MPI one
         ld.set_epoch(2)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -141,6 +142,37 @@ def steady(faults_data, tmp_path_factory) -> dict[int, dict]:
         assert [check(y, x) for y, x in zip(r["yielded"], r["expected"])] == [[], []], r["rank"]
         assert r["cluster"]["timeouts"] == r["cluster"]["failed"] == 0, r["cluster"]
     return out
+
+
+@needs_mpirun
+@pytest.mark.timeout(300)
+def test_an_outsider_beside_an_mpirun_job_finds_no_port_of_its_peers(faults_data, tmp_path):
+    """Under mpirun the Loader's peers talk over MPI: an outsider that looks at the ports the
+    running job's ranks listen on while it pauses after epoch 0 finds none that speaks ZeroMQ (no
+    peer service of clairvoyant's to ask), and the job's epochs give every rank its share once.
+    (Its control, ports found and refused, is the torchrun test's: 4 ports, 0 samples.)"""
+    from outsider import listening_ports, speaks_zmtp
+    token = f"cvcluster-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([MPIRUN, "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, str(SCRIPT),
+                             faults_data, str(tmp_path), "30%", "2", "on", "steady", token],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **ENV, "CLAIRVOYANT_TEST_PAUSE": "4"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "probe-now").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert (tmp_path / "probe-now").exists(), "the job did not finish its first epoch"
+        ranks = [p for p in ours(token) if p != proc.pid and Path(f"/proc/{p}/comm").read_text().startswith("python")]
+        ports = listening_ports(ranks)
+        assert len(ranks) == 4 and [w for w in ports if speaks_zmtp(w)] == [], ports
+    finally:
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    out = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (tmp_path / "out").glob("rank-*.json")}
+    assert sorted(out) == [0, 1, 2, 3]
+    for r in out.values():
+        assert [check(y, x) for y, x in zip(r["yielded"], r["expected"])] == [[], []], r["rank"]
+        assert "MPI" in r["cluster"].get("transport", "MPI"), r["cluster"]
 
 
 @needs_mpirun

