@@ -260,6 +260,7 @@ class Loader:
         self._node.open_progress()
         self.store = self.tiers.local
         self.collate_fn = collate_fn
+        self._fast, self._transform_path = self._transform_recipe(decode)
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
         if num_workers is None:   # what a DataLoader's num_workers (a script's -j) set is chosen here
@@ -419,12 +420,36 @@ class Loader:
                           # has not written yet is worth waiting for a moment rather than read twice
                           peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
 
+    def _transform_recipe(self, decode) -> tuple[Any, dict]:
+        """The transform's recipe where load/fast_transform.py carries it out on uint8, and which path
+        runs and why (``stats()["transform"]``, logged once)."""
+        from .fast_transform import Recipe, recognize
+        if self.transform is None:
+            return None, {"path": "none", "why": "no transform"}
+        if os.environ.get("CLAIRVOYANT_FAST_TRANSFORM", "1") == "0":
+            why = "CLAIRVOYANT_FAST_TRANSFORM=0"
+        elif decode is not None:
+            why = f"decode={decode!r} is given: the transform takes what it returns"
+        elif self.collate_fn is not None:
+            why = "collate_fn= is given"
+        elif self.source.has_fields:
+            why = "the samples have fields besides the image"
+        else:
+            got = recognize(self.transform)
+            if isinstance(got, Recipe):
+                log.info("clairvoyant: the transform (%s) runs on uint8, a batch at a time (its draws are "
+                         "torchvision's)", got.described)
+                return got, {"path": "fast", "why": got.described}
+            why = got
+        log.info("clairvoyant: the transform runs as given, per sample: %s", why)
+        return None, {"path": "as given", "why": why}
+
     def _reader_spec(self, position: int) -> ReaderSpec:
         return ReaderSpec(decode=self.decode, transform=self.transform, target_transform=self.target_transform,
                           collate_fn=self.collate_fn, source=self.source, seed=self.seed, epoch=self._epoch,
                           rank=self.rank, num_workers=self.num_workers, position=position,
                           stride=self.batch_size * self.world_size, worker_init_fn=self.worker_init_fn,
-                          digests=self._guard is not None)
+                          digests=self._guard is not None, fast=self._fast)
 
     def state_dict(self) -> dict:
         """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this
@@ -462,6 +487,7 @@ class Loader:
         d["verdict"] = self._last_verdict
         d["stage_threads"] = self._tuner.limit if self._tuner is not None else self.stage_threads
         d["staging"] = self._staging_choice()
+        d["transform"] = dict(self._transform_path)
         d["readers"] = self._reader_tuner.readers if self._reader_tuner is not None else self.num_workers
         if self._cluster is not None:
             d["cluster"] = dict(self._cluster.counters(), node=self._cluster.layout.node,

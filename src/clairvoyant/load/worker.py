@@ -23,6 +23,7 @@ records the checksum of the bytes it decoded and of each array it wrote.
 from __future__ import annotations
 
 import ctypes
+import functools
 import pickle
 import signal
 import struct
@@ -39,7 +40,7 @@ import xxhash
 from ..cache.entry import read_sample
 from ..cache.extents import Loc
 from ..errors import CorruptEntry
-from . import direct, seeding
+from . import direct, fast_transform, seeding
 from .collate import default_collate
 from .heap import keep_heap
 from .transport import Slot, pack
@@ -67,6 +68,7 @@ class ReaderSpec:
     stride: int                   # positions per batch (batch size x world size)
     worker_init_fn: Callable[[int], None] | None = None
     digests: bool = False
+    fast: Any = None   # the transform's recipe where load/fast_transform.py carries it out (uint8, per batch)
 
 
 class Item(NamedTuple):
@@ -292,10 +294,13 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
             read_s += took
         stage = "decode"
         try:
-            sample = spec.decode(data)
-            stage = "transform"
-            if spec.transform is not None:
-                sample = spec.transform(sample)
+            if spec.fast is not None:   # decode and geometry on uint8 (load/fast_transform.py)
+                sample = fast_transform.apply(spec.fast, data)
+            else:
+                sample = spec.decode(data)
+                stage = "transform"
+                if spec.transform is not None:
+                    sample = spec.transform(sample)
             fields = fields_of(item.key) if fields_of is not None else None
             label = item.label if target_field is None else fields.pop(target_field)
             target = label if spec.target_transform is None else spec.target_transform(label)
@@ -308,6 +313,8 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
         if served is not None:   # only samples the batch holds (a skipped one was never served)
             served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
+    if spec.fast is not None:   # converted and normalized as one batch
+        collate = functools.partial(fast_transform.collate_fast, spec.fast, collate=collate)
     return _collated(job, slots, spec, collate, samples, skipped, repaired, read_s, decode_s, served, source_s)
 
 

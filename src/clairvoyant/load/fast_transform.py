@@ -1,0 +1,269 @@
+"""POLICY and MECHANISM: torchvision's standard image transforms carried out on uint8, a batch at a
+time (issue 40).
+
+:func:`recognize` looks at a reader's ``transform``: a ``torchvision.transforms.Compose`` (v1)
+made only of these classes, exactly (not a subclass), with these parameters, is taken:
+
+- geometry, in order: ``RandomResizedCrop(size, scale, ratio)`` or ``Resize(int)`` then
+  ``CenterCrop(size)`` (either alone too), bilinear with antialias (torchvision's default);
+  ``RandomHorizontalFlip(p)`` anywhere among them;
+- then ``ToTensor()``, then optionally ``Normalize(mean, std)``.
+
+Anything else (another interpolation, ``antialias=False``, ``max_size``, a ``Lambda`` or a step of
+the user's own, a v2 pipeline, another order) is left to run as it is, and the reason is kept
+(``stats()["transform"]``, the log). What it gives is what torchvision gives: float32 CHW in
+[0, 1], normalized; the random draws are torchvision's own (its ``get_params`` and the flip's
+``torch.rand(1)``, in the Compose's order, under the reader's per-sample seeding), so the crops are
+the same as the slow path's and the same after a restart.
+
+How (:func:`apply` per sample, :func:`finish` per batch): the JPEG's header gives its size
+before anything is drawn; libjpeg-turbo (simplejpeg) decodes it at the smallest DCT scale that
+keeps the crop at least its output size ("downsample while still compressed"), where that halves
+the image at least (a scale closer to 1 saves little, and the values then differ from PIL's by
+more than a rounding; at full size they are within one level of it); anything simplejpeg
+declines (PNG, CMYK) is decoded by Pillow and converted to RGB as ``ImageFolder`` does; the crop
+is a view; the resize is torch's uint8 bilinear with antialias (PIL's filter: equal values here);
+the flip a view. Samples are collated as uint8, then the batch is converted and normalized at once
+(``ToTensor`` then ``Normalize``'s arithmetic, in float32, in the same order: the same values).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+try:
+    import simplejpeg as _simplejpeg
+except ImportError:   # Pillow decodes everything then
+    _simplejpeg = None
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+class Step(NamedTuple):
+    kind: str              # "rrc", "resize", "center_crop", "flip"
+    size: tuple[int, int]  # (h, w) out ("resize": (short side, 0))
+    args: tuple            # rrc: (scale, ratio); flip: (p,)
+
+
+class Recipe(NamedTuple):
+    """What the recognized Compose does: its geometric steps, then the conversion."""
+
+    steps: tuple[Step, ...]
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+    described: str
+
+    def out_size(self) -> tuple[int, int] | None:
+        """The (h, w) every sample comes out at, or None where it depends on the image."""
+        size = None
+        for s in self.steps:
+            if s.kind in ("rrc", "center_crop"):
+                size = s.size
+            elif s.kind == "resize":
+                size = None
+        return size
+
+
+def _pair(size: Any) -> tuple[int, int] | None:
+    if isinstance(size, int):
+        return (size, size)
+    if isinstance(size, (list, tuple)) and len(size) in (1, 2) and all(isinstance(x, int) for x in size):
+        return (size[0], size[0]) if len(size) == 1 else (int(size[0]), int(size[1]))
+    return None
+
+
+def recognize(transform: Any) -> Recipe | str:
+    """The recipe of ``transform``, or why it is left to run as it is (module docstring)."""
+    try:
+        import torchvision.transforms as T
+        from torchvision.transforms import InterpolationMode
+    except ImportError:
+        return "torchvision is not installed"
+    if transform is None:
+        return "no transform"
+    if type(transform) is not T.Compose:
+        return f"the transform is a {type(transform).__name__}, not a torchvision.transforms.Compose"
+    steps: list[Step] = []
+    mean = std = None
+    seen_tensor = False
+    names = []
+    for t in transform.transforms:
+        kind = type(t)
+        names.append(kind.__name__)
+        if seen_tensor:
+            if kind is T.Normalize and mean is None:
+                if len(t.mean) not in (1, 3) or len(t.std) not in (1, 3) or any(s == 0 for s in t.std):
+                    return f"Normalize({t.mean}, {t.std}) is not per channel of RGB"
+                mean, std = tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std)
+                continue
+            return f"{kind.__name__} after ToTensor is not one the fast path carries out"
+        if kind is T.ToTensor:
+            seen_tensor = True
+            continue
+        if kind in (T.RandomResizedCrop, T.Resize) and (
+                t.interpolation != InterpolationMode.BILINEAR or t.antialias is False):
+            return f"{kind.__name__} with interpolation={t.interpolation.value}, antialias={t.antialias}"
+        if kind is T.RandomResizedCrop:
+            size = _pair(t.size)
+            if size is None:
+                return f"RandomResizedCrop(size={t.size!r})"
+            steps.append(Step("rrc", size, (tuple(t.scale), tuple(t.ratio))))
+        elif kind is T.Resize:
+            if not isinstance(t.size, int) and not (isinstance(t.size, (list, tuple)) and len(t.size) == 1):
+                return f"Resize(size={t.size!r}): only a shorter side is carried out"
+            if t.max_size is not None:
+                return "Resize(max_size=...)"
+            steps.append(Step("resize", (t.size if isinstance(t.size, int) else t.size[0], 0), ()))
+        elif kind is T.CenterCrop:
+            size = _pair(t.size)
+            if size is None:
+                return f"CenterCrop(size={t.size!r})"
+            steps.append(Step("center_crop", size, ()))
+        elif kind is T.RandomHorizontalFlip:
+            steps.append(Step("flip", (0, 0), (float(t.p),)))
+        else:
+            return f"{kind.__name__} is not one the fast path carries out (it runs as given)"
+    if not seen_tensor:
+        return "no ToTensor: the transform gives a PIL image"
+    recipe = Recipe(tuple(steps), mean, std, " + ".join(names))
+    if recipe.out_size() is None:
+        return "the output's size depends on each image's (no crop of a fixed size last)"
+    return recipe
+
+
+def collate_fast(recipe: Recipe, samples: list, collate) -> Any:
+    """``samples`` ((uint8 image, target) each) as ``collate`` would give them after ToTensor and
+    Normalize: the targets collated by it, the images converted and normalized as one batch."""
+    out = collate([(0, *rest) for _, *rest in samples])
+    images = finish(recipe, [s[0] for s in samples])
+    if isinstance(out, tuple):
+        return (images, *out[1:])
+    out[0] = images
+    return out
+
+
+def _decode(data: bytes, header: tuple[int, int] | None, need: tuple[int, int]) -> np.ndarray:
+    """``data`` as uint8 HWC RGB, decoded by libjpeg-turbo at the smallest DCT scale that keeps at
+    least ``need`` (h, w) pixels (0: full size), or by Pillow."""
+    if header is not None:
+        try:
+            return _simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=need[0], min_width=need[1])
+        except ValueError:
+            pass   # CMYK and the like: Pillow, as ImageFolder decodes them
+    from PIL import Image
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def _header(data: bytes) -> tuple[int, int] | None:
+    if _simplejpeg is None or data[:3] != _JPEG_MAGIC:
+        return None
+    try:
+        h, w = _simplejpeg.decode_jpeg_header(data)[:2]
+        return int(h), int(w)
+    except ValueError:
+        return None
+
+
+def _size_of(data: bytes, header: tuple[int, int] | None) -> tuple[int, int]:
+    if header is not None:
+        return header
+    from PIL import Image
+    with Image.open(io.BytesIO(data)) as img:
+        return img.size[1], img.size[0]
+
+
+def _resize(x, size: tuple[int, int]):
+    import torch.nn.functional as F
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+
+def _short_side(h: int, w: int, short: int) -> tuple[int, int]:
+    """torchvision's Resize(int) output size: the shorter side ``short``, the other in proportion."""
+    if h <= w:
+        return short, int(short * w / h)
+    return int(short * h / w), short
+
+
+def apply(recipe: Recipe, data: bytes):
+    """One sample through the recipe's geometry: a uint8 tensor [3, h, w] (its draws made as
+    torchvision makes them, in the Compose's order)."""
+    import torch
+    from torchvision.transforms import RandomResizedCrop
+    header = _header(data)
+    H, W = _size_of(data, header)
+    # the draws first (they need only the size), so that the decode can use them
+    plan = []
+    h, w = H, W
+    for s in recipe.steps:
+        if s.kind == "rrc":
+            box = RandomResizedCrop.get_params(torch.zeros(1, 1, 1).expand(3, h, w), list(s.args[0]),
+                                               list(s.args[1]))
+            plan.append((s, box))
+            h, w = s.size
+        elif s.kind == "flip":
+            plan.append((s, bool(torch.rand(1) < s.args[0])))
+        elif s.kind == "resize":
+            h, w = _short_side(h, w, s.size[0])
+            plan.append((s, (h, w)))
+        else:
+            plan.append((s, None))
+            h, w = s.size
+    need = (0, 0)
+    if plan and plan[0][0].kind == "rrc" and header is not None:   # the crop at least its output size
+        (i, j, ch, cw), (oh, ow) = plan[0][1], plan[0][0].size
+        need = (math.ceil(H * oh / ch), math.ceil(W * ow / cw))
+    elif plan and plan[0][0].kind == "resize" and header is not None:
+        need = plan[0][1]
+    if need[0] * 2 > H or need[1] * 2 > W:   # a DCT scale that does not halve the image: full size
+        need = (0, 0)                        # (the values then within the resize's rounding of PIL's)
+    img = _decode(data, header, need)
+    fy, fx = img.shape[0] / H, img.shape[1] / W   # the DCT scale (1 at full size)
+    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).unsqueeze(0)   # channels last in memory
+    first = True
+    for s, arg in plan:
+        if s.kind == "rrc":
+            i, j, ch, cw = arg
+            if first and (fy != 1 or fx != 1):
+                i, j = int(round(i * fy)), int(round(j * fx))
+                ch, cw = max(1, int(round(ch * fy))), max(1, int(round(cw * fx)))
+            x = _resize(x[..., i:i + ch, j:j + cw], s.size)
+        elif s.kind == "resize":
+            x = _resize(x, arg)
+        elif s.kind == "center_crop":
+            x = _center_crop(x, s.size)
+        elif arg:   # flip
+            x = x.flip(-1)
+        first = False
+    return x[0]
+
+
+def _center_crop(x, size: tuple[int, int]):
+    import torch.nn.functional as F
+    h, w = x.shape[-2:]
+    ch, cw = size
+    if ch > h or cw > w:   # torchvision pads with 0 first
+        pad = [(cw - w) // 2 if cw > w else 0, (cw - w + 1) // 2 if cw > w else 0,
+               (ch - h) // 2 if ch > h else 0, (ch - h + 1) // 2 if ch > h else 0]
+        x = F.pad(x, pad, value=0)
+        h, w = x.shape[-2:]
+    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+    return x[..., top:top + ch, left:left + cw]
+
+
+def finish(recipe: Recipe, images: Sequence) -> Any:
+    """The batch's uint8 images ([3, h, w] each, one size) as torchvision's ToTensor and Normalize
+    give them, stacked: float32 [B, 3, h, w]."""
+    import torch
+    x = torch.stack(list(images)).to(torch.float32).div_(255)
+    if recipe.mean is not None:
+        mean = torch.tensor(recipe.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(recipe.std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = x.sub_(mean).div_(std)
+    return x.contiguous()
