@@ -139,39 +139,45 @@ def collate_fast(recipe: Recipe, samples: list, collate) -> Any:
     """``samples`` ((uint8 image, target) each) as ``collate`` would give them after ToTensor and
     Normalize: the targets collated by it, the images converted and normalized as one batch."""
     out = collate([(0, *rest) for _, *rest in samples])
-    images = finish(recipe, [s[0] for s in samples])
+    images = finish(recipe, [s[0] for s in samples]).numpy()   # (collated arrays are NumPy's: load/collate.py)
     if isinstance(out, tuple):
         return (images, *out[1:])
     out[0] = images
     return out
 
 
-def _decode(data: bytes, header: tuple[int, int] | None, need: tuple[int, int]) -> np.ndarray:
+def _decode(data: bytes, header: tuple[int, int, bool] | None, need: tuple[int, int]) -> np.ndarray:
     """``data`` as uint8 HWC RGB, decoded by libjpeg-turbo at the smallest DCT scale that keeps at
     least ``need`` (h, w) pixels (0: full size), or by Pillow."""
     if header is not None:
         try:
+            if header[2]:   # grey: its one channel three times, as PIL's convert("RGB") makes it
+                grey = _simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=need[0], min_width=need[1])
+                return np.repeat(grey, 3, axis=2)
             return _simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=need[0], min_width=need[1])
         except ValueError:
             pass   # CMYK and the like: Pillow, as ImageFolder decodes them
     from PIL import Image
     with Image.open(io.BytesIO(data)) as img:
-        return np.asarray(img.convert("RGB"))
+        return np.array(img.convert("RGB"))   # (a writable copy: torch takes it as it is)
 
 
-def _header(data: bytes) -> tuple[int, int] | None:
+def _header(data: bytes) -> tuple[int, int, bool] | None:
+    """A JPEG's (height, width, grey), or None (not a JPEG simplejpeg reads)."""
     if _simplejpeg is None or data[:3] != _JPEG_MAGIC:
         return None
     try:
-        h, w = _simplejpeg.decode_jpeg_header(data)[:2]
-        return int(h), int(w)
+        h, w, colorspace, _ = _simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return None
+    if colorspace not in ("YCbCr", "Gray", "RGB"):   # CMYK, YCCK: Pillow converts them as ImageFolder does
+        return None
+    return int(h), int(w), colorspace == "Gray"
 
 
-def _size_of(data: bytes, header: tuple[int, int] | None) -> tuple[int, int]:
+def _size_of(data: bytes, header: tuple[int, int, bool] | None) -> tuple[int, int]:
     if header is not None:
-        return header
+        return header[0], header[1]
     from PIL import Image
     with Image.open(io.BytesIO(data)) as img:
         return img.size[1], img.size[0]

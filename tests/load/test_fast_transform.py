@@ -1,0 +1,207 @@
+"""torchvision's standard transforms carried out on uint8 a batch at a time (load/fast_transform.py):
+the same draws, values within one level of torchvision's, anything unrecognized left as given.
+Each check has a control."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+
+T = pytest.importorskip("torchvision.transforms")
+from PIL import Image  # noqa: E402
+
+from clairvoyant import Loader  # noqa: E402
+from clairvoyant.errors import ClairvoyantError  # noqa: E402
+from clairvoyant.load import fast_transform as ft  # noqa: E402
+from clairvoyant.load.collate import default_collate  # noqa: E402
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+LEVEL = 1 / 255 / min(STD) + 1e-6   # one uint8 level, normalized
+
+
+def _jpeg(h: int, w: int, mode: str = "RGB", seed: int = 0, fmt: str = "JPEG") -> bytes:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    rgb = np.stack([(xx * 255 // max(w - 1, 1)), (yy * 255 // max(h - 1, 1)), (xx + yy) % 256], -1)
+    rgb = np.clip(rgb + rng.integers(-20, 20, rgb.shape), 0, 255).astype(np.uint8)
+    img = Image.fromarray(rgb).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+def _torchvision(transform, data: bytes):
+    with Image.open(io.BytesIO(data)) as img:
+        return transform(img.convert("RGB"))
+
+
+def _geometry(transform, data: bytes) -> np.ndarray:
+    """torchvision's geometric steps of ``transform`` on the PIL image: uint8 CHW."""
+    steps = [t for t in transform.transforms if not isinstance(t, (T.ToTensor, T.Normalize))]
+    out = _torchvision(T.Compose(steps), data)
+    return np.asarray(out).transpose(2, 0, 1)
+
+
+TRAIN = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+VAL = T.Compose([T.Resize(72), T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+@pytest.mark.parametrize("transform", [TRAIN, VAL], ids=["train", "val"])
+def test_the_draws_and_the_pixels_are_torchvision_s(transform):
+    """For the same generator state the fast path crops and flips where torchvision does and its
+    uint8 pixels are within one level of torchvision's on PIL. Control: another state's crop
+    differs by far more."""
+    recipe = ft.recognize(transform)
+    assert isinstance(recipe, ft.Recipe), recipe
+    for k, (h, w) in enumerate([(96, 128), (120, 90), (64, 64), (110, 126)]):   # (no DCT scale: below 2x64)
+        data = _jpeg(h, w, seed=k)
+        torch.manual_seed(k)
+        mine = ft.apply(recipe, data).numpy().astype(int)
+        torch.manual_seed(k)
+        theirs = _geometry(transform, data).astype(int)
+        assert mine.shape == theirs.shape == (3, 64, 64)
+        assert np.abs(mine - theirs).max() <= 1, (h, w, np.abs(mine - theirs).max())
+        if transform is TRAIN:
+            torch.manual_seed(1000 + k)   # control: another draw
+            other = ft.apply(recipe, data).numpy().astype(int)
+            assert np.abs(other - theirs).mean() > 5
+
+
+def test_a_batch_is_converted_and_normalized_as_totensor_and_normalize_do():
+    """collate_fast gives what default_collate gives of torchvision's per-sample outputs (float32,
+    within a level), with the labels as they are. Control: without Normalize it is not equal."""
+    datas = [_jpeg(90 + 4 * k, 110, seed=k) for k in range(6)]
+    recipe = ft.recognize(TRAIN)
+    torch.manual_seed(7)
+    batch = ft.collate_fast(recipe, [(ft.apply(recipe, d), k) for k, d in enumerate(datas)], default_collate)
+    torch.manual_seed(7)
+    ref = torch.stack([_torchvision(TRAIN, d) for d in datas]).numpy()
+    assert batch[0].dtype == ref.dtype == np.float32 and batch[0].shape == ref.shape
+    assert np.array_equal(batch[1], np.arange(6))
+    assert np.abs(batch[0] - ref).max() <= LEVEL
+    plain = ft.recognize(T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()]))
+    torch.manual_seed(7)
+    unnormalized = ft.finish(plain, [ft.apply(plain, d) for d in datas]).numpy()
+    assert np.abs(unnormalized - ref).max() > 0.5   # control
+
+
+@pytest.mark.parametrize("mode,fmt", [("L", "JPEG"), ("CMYK", "JPEG"), ("RGB", "PNG"), ("P", "PNG")])
+def test_grey_cmyk_and_other_formats_come_out_rgb_as_pil_converts_them(mode, fmt):
+    """A greyscale or CMYK JPEG, a PNG, a palette PNG: RGB as PIL's convert("RGB") gives them,
+    within a level. Control: the RGB original's pixels differ from the CMYK or palette one's."""
+    data = _jpeg(80, 100, mode=mode, fmt=fmt, seed=3)
+    recipe = ft.recognize(VAL)
+    mine = ft.apply(recipe, data).numpy().astype(int)
+    theirs = _geometry(VAL, data).astype(int)
+    assert np.abs(mine - theirs).max() <= 1
+    assert mine.shape == (3, 64, 64)
+
+
+def test_a_large_image_is_decoded_at_a_dct_scale_and_stays_close():
+    """A 1024x768 JPEG whose crop needs at most half its pixels is decoded smaller by libjpeg-turbo:
+    the output is close to torchvision's (a different low-pass, not equal). Control: the decode
+    asked for (what the path passed to simplejpeg) is below full size."""
+    data = _jpeg(768, 1024, seed=5)
+    transform = T.Compose([T.RandomResizedCrop(64, scale=(0.3, 1.0)), T.ToTensor()])
+    recipe = ft.recognize(transform)
+    asked = []
+    real = ft._decode
+    ft._decode = lambda d, header, need: (asked.append(need), real(d, header, need))[1]
+    try:
+        torch.manual_seed(2)
+        mine = ft.apply(recipe, data).numpy().astype(int)
+    finally:
+        ft._decode = real
+    torch.manual_seed(2)
+    theirs = _geometry(transform, data).astype(int)
+    assert 0 < asked[0][0] <= 384 and 0 < asked[0][1] <= 512, asked
+    assert np.abs(mine - theirs).mean() < 4
+
+
+class MyCrop(T.RandomResizedCrop):
+    pass
+
+
+@pytest.mark.parametrize("transform,why", [
+    (T.Compose([MyCrop(64), T.ToTensor()]), "MyCrop"),
+    (T.Compose([T.RandomResizedCrop(64, interpolation=T.InterpolationMode.NEAREST), T.ToTensor()]), "nearest"),
+    (T.Compose([T.RandomResizedCrop(64, antialias=False), T.ToTensor()]), "antialias=False"),
+    (T.Compose([T.RandomResizedCrop(64), T.Lambda(lambda x: x), T.ToTensor()]), "Lambda"),
+    (T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.Lambda(lambda x: x)]), "after ToTensor"),
+    (T.Compose([T.RandomResizedCrop(64)]), "no ToTensor"),
+    (T.Compose([T.Resize(64), T.ToTensor()]), "depends on each image"),
+    (T.RandomResizedCrop(64), "not a torchvision.transforms.Compose"),
+])
+def test_what_is_not_recognized_is_left_as_given_with_its_reason(transform, why):
+    got = ft.recognize(transform)
+    assert isinstance(got, str) and why in got, got
+
+
+def test_a_v2_pipeline_runs_as_given():
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    got = ft.recognize(v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]))
+    assert isinstance(got, str) and "Compose" in got
+
+
+def _tree(root: str, n: int = 24) -> str:
+    for k in range(n):
+        d = os.path.join(root, f"c{k % 3}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"{k:03d}.jpg"), "wb") as f:
+            f.write(_jpeg(70 + (k % 5) * 9, 90 + (k % 4) * 11, seed=k))
+    return root
+
+
+def _epoch(root: str, transform, work: str, fast: bool, **kw):
+    os.environ["CLAIRVOYANT_FAST_TRANSFORM"] = "1" if fast else "0"
+    try:
+        with Loader(root, batch_size=8, transform=transform, local_dir=work, seed=11, num_workers=2, **kw) as ld:
+            ld.set_epoch(2)
+            return [(x.clone(), y.clone()) for x, y in ld], ld.stats()["transform"]
+    finally:
+        os.environ.pop("CLAIRVOYANT_FAST_TRANSFORM", None)
+
+
+def test_the_loader_gives_what_the_transform_as_given_gives(tmp_path):
+    """A Loader with the standard Compose: the fast path's batches equal (within a level) those of
+    the same Loader running the transform as given, the same labels, and stats() says which path
+    ran; the same epoch again gives the same crops. Control: another seed's batches differ."""
+    root = _tree(str(tmp_path / "data"))
+    fast, said = _epoch(root, TRAIN, str(tmp_path / "a"), True)
+    slow, said_slow = _epoch(root, TRAIN, str(tmp_path / "b"), False)
+    again, _ = _epoch(root, TRAIN, str(tmp_path / "c"), True)
+    assert said["path"] == "fast" and said_slow["path"] == "as given"
+    for (xa, ya), (xb, yb), (xc, _) in zip(fast, slow, again):
+        assert torch.equal(ya, yb) and xa.shape == xb.shape and xa.dtype == xb.dtype
+        assert (xa - xb).abs().max().item() <= LEVEL
+        assert torch.equal(xa, xc)
+    other = Loader(root, batch_size=8, transform=TRAIN, local_dir=str(tmp_path / "d"), seed=12, num_workers=2)
+    with other:
+        other.set_epoch(2)
+        xo = next(iter(other))[0]
+    assert (xo - fast[0][0]).abs().mean().item() > 0.1   # control
+
+
+def test_a_corrupt_file_raises_the_same_typed_error_and_skip_skips_it(tmp_path):
+    """A JPEG cut short: the fast path raises the error the transform as given raises, naming the
+    sample; on_error="skip" leaves it out and yields the rest. Control: without it every sample."""
+    root = _tree(str(tmp_path / "data"), 16)
+    bad = os.path.join(root, "c1", "004.jpg")
+    with open(bad, "r+b") as f:
+        f.truncate(40)
+    errors = []
+    for fast in (True, False):
+        with pytest.raises(ClairvoyantError) as e:
+            _epoch(root, VAL, str(tmp_path / f"e{fast}"), fast)
+        errors.append(e.value)
+        assert "004.jpg" in str(e.value)
+    assert type(errors[0]) is type(errors[1])
+    got, _ = _epoch(root, VAL, str(tmp_path / "skip"), True, on_error="skip")
+    assert sum(len(y) for _, y in got) == 15
+    os.remove(bad)   # control
+    whole, _ = _epoch(root, VAL, str(tmp_path / "whole"), True)
+    assert sum(len(y) for _, y in whole) == 15
