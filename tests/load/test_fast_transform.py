@@ -205,3 +205,31 @@ def test_a_corrupt_file_raises_the_same_typed_error_and_skip_skips_it(tmp_path):
     os.remove(bad)   # control
     whole, _ = _epoch(root, VAL, str(tmp_path / "whole"), True)
     assert sum(len(y) for _, y in whole) == 15
+
+
+def test_device_cpu_gives_the_same_batches_converted_after_the_readers(tmp_path):
+    """device="cpu": the images travel as uint8 and are converted and normalized in the training
+    process: the same float32 batches as without it (the same arithmetic); stats() says where.
+    An unrecognized transform with device= is moved as it is. Control: device="cuda" where there
+    is no GPU is a ConfigError that says to pass None."""
+    root = _tree(str(tmp_path / "data"))
+    plain, _ = _epoch(root, TRAIN, str(tmp_path / "a"), True)
+    moved, said = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cpu")
+    assert "converted and normalized on cpu" in said["why"]
+    for (xa, ya), (xb, yb) in zip(plain, moved):
+        assert xb.dtype == torch.float32 and torch.equal(xa, xb) and torch.equal(ya, yb)
+    other = T.Compose([T.RandomResizedCrop(64), T.Lambda(lambda x: x), T.ToTensor()])
+    given, said = _epoch(root, other, str(tmp_path / "c"), True, device="cpu")
+    assert said["path"] == "as given" and given[0][0].dtype == torch.float32
+    if not torch.cuda.is_available():
+        with pytest.raises(ClairvoyantError, match="device=None"):
+            Loader(root, batch_size=8, transform=TRAIN, local_dir=str(tmp_path / "d"), device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_device_cuda_gives_the_batches_on_the_gpu(tmp_path):
+    root = _tree(str(tmp_path / "data"))
+    plain, _ = _epoch(root, TRAIN, str(tmp_path / "a"), True)
+    moved, _ = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cuda")
+    for (xa, _), (xb, _) in zip(plain, moved):
+        assert xb.is_cuda and (xa - xb.cpu()).abs().max().item() <= 1e-6

@@ -135,11 +135,15 @@ def recognize(transform: Any) -> Recipe | str:
     return recipe
 
 
-def collate_fast(recipe: Recipe, samples: list, collate) -> Any:
+def collate_fast(recipe: Recipe, samples: list, collate, uint8: bool = False) -> Any:
     """``samples`` ((uint8 image, target) each) as ``collate`` would give them after ToTensor and
-    Normalize: the targets collated by it, the images converted and normalized as one batch."""
+    Normalize: the targets collated by it, the images converted and normalized as one batch
+    (``uint8``: left uint8, for :func:`finish` on the Loader's device)."""
+    import torch
     out = collate([(0, *rest) for _, *rest in samples])
-    images = finish(recipe, [s[0] for s in samples]).numpy()   # (collated arrays are NumPy's: load/collate.py)
+    images = [s[0] for s in samples]
+    # (collated arrays are NumPy's: load/collate.py)
+    images = torch.stack(images).numpy() if uint8 else finish(recipe, images).numpy()
     if isinstance(out, tuple):
         return (images, *out[1:])
     out[0] = images
@@ -263,13 +267,14 @@ def _center_crop(x, size: tuple[int, int]):
     return x[..., top:top + ch, left:left + cw]
 
 
-def finish(recipe: Recipe, images: Sequence) -> Any:
-    """The batch's uint8 images ([3, h, w] each, one size) as torchvision's ToTensor and Normalize
-    give them, stacked: float32 [B, 3, h, w]."""
+def finish(recipe: Recipe, images: Any) -> Any:
+    """The batch's uint8 images ([3, h, w] each, one size; or a uint8 tensor [B, 3, h, w] on any
+    device) as torchvision's ToTensor and Normalize give them: float32 [B, 3, h, w], there."""
     import torch
-    x = torch.stack(list(images)).to(torch.float32).div_(255)
+    x = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
+    x = x.to(torch.float32).div_(255)
     if recipe.mean is not None:
-        mean = torch.tensor(recipe.mean, dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(recipe.std, dtype=torch.float32).view(1, -1, 1, 1)
+        mean = torch.tensor(recipe.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(recipe.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
         x = x.sub_(mean).div_(std)
     return x.contiguous()

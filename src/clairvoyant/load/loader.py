@@ -134,6 +134,10 @@ class Loader:
         reindex: walk the source again even if a manifest exists.
         output: ``"auto"`` (torch tensors if PyTorch is installed), ``"torch"`` or ``"numpy"``.
         pin_memory: copy batches into page-locked memory (when CUDA is available).
+        device: where batches arrive (e.g. ``"cuda"``; None: the CPU, as the readers make them).
+            Where the transform runs on uint8 (``stats()["transform"]``), images travel as uint8 (a
+            quarter of the bytes) and are converted and normalized there; otherwise every tensor of
+            the batch is moved. A training loop's own ``.to(device)`` is then a no-op.
     """
 
     def __init__(self, source: Any, batch_size: int = 1, *, local_dir: str | os.PathLike[str] | None = None,
@@ -150,7 +154,7 @@ class Loader:
                  worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto",
                  storage_options: dict | None = None, dataset: str | None = None,
                  labels: str | None = None, fields: Sequence[str] | str = (),
-                 compress: str | None = None) -> None:
+                 compress: str | None = None, device: Any = None) -> None:
         if isinstance(stage_threads, str) and stage_threads == "auto":
             self._tuner: InFlight | None = InFlight(AUTO_START_THREADS)
             stage_threads = AUTO_START_THREADS
@@ -234,7 +238,7 @@ class Loader:
             else:
                 self._cluster = self._checked(Cluster(plan_fingerprint=fingerprint), topology)
                 topology = self._cluster.layout
-        self._output = Output(output, pin_memory)   # checked before anything is set up on disk
+        self._output = Output(output, pin_memory, device)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
         small = len(sizes) == 0 or int(sizes.max()) + entry_size(0) < 2**31
@@ -261,6 +265,9 @@ class Loader:
         self.store = self.tiers.local
         self.collate_fn = collate_fn
         self._fast, self._transform_path = self._transform_recipe(decode)
+        if self._fast is not None and self._output.device is not None:   # uint8 to the device, converted there
+            self._output.recipe = self._fast
+            self._transform_path["why"] += f"; converted and normalized on {self._output.device}"
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
         if num_workers is None:   # what a DataLoader's num_workers (a script's -j) set is chosen here
@@ -449,7 +456,8 @@ class Loader:
                           collate_fn=self.collate_fn, source=self.source, seed=self.seed, epoch=self._epoch,
                           rank=self.rank, num_workers=self.num_workers, position=position,
                           stride=self.batch_size * self.world_size, worker_init_fn=self.worker_init_fn,
-                          digests=self._guard is not None, fast=self._fast)
+                          digests=self._guard is not None, fast=self._fast,
+                          fast_uint8=self._output.recipe is not None)
 
     def state_dict(self) -> dict:
         """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this

@@ -341,7 +341,7 @@ class EpochRun:
         self._stats.add(batches=1, samples=n)
         if self._digests:
             self._remember(k, res, out)
-        return out, n
+        return self._output.deliver(out), n
 
     def _remember(self, k: int, res: Loaded, out: Any) -> None:
         """The batch just handed out, as the guard checks it: its samples' records and the checksum

@@ -187,10 +187,20 @@ def _unpack(spec: Any, base: np.ndarray, convert) -> Any:
     return spec[1]
 
 
+def _leaves_to(batch: Any, fn) -> Any:
+    if isinstance(batch, tuple):
+        return tuple(_leaves_to(x, fn) for x in batch)
+    if isinstance(batch, list):
+        return [_leaves_to(x, fn) for x in batch]
+    if isinstance(batch, dict):
+        return {k: _leaves_to(v, fn) for k, v in batch.items()}
+    return fn(batch)
+
+
 class Output:
     """What batches are made of: torch tensors (optionally pinned) or NumPy arrays."""
 
-    def __init__(self, kind: str = "auto", pin_memory: bool = False) -> None:
+    def __init__(self, kind: str = "auto", pin_memory: bool = False, device: Any = None) -> None:
         from ..errors import ConfigError
         if kind not in ("auto", "torch", "numpy"):
             raise ConfigError(f"output={kind!r}: choose 'auto', 'torch' or 'numpy'")
@@ -202,9 +212,33 @@ class Output:
             except ImportError:
                 if kind == "torch":
                     raise ConfigError("output='torch' but PyTorch is not installed: pip install torch") from None
+        self.device = None   # where batches arrive (``deliver``); None: as the readers made them
+        self.recipe = None   # the fast transform whose uint8 images ``deliver`` converts there
+        if device is not None:
+            if self.torch is None:
+                raise ConfigError(f"device={device!r} needs torch tensors: install PyTorch and leave output='auto'")
+            try:
+                self.device = self.torch.device(device)
+            except (RuntimeError, TypeError) as e:
+                raise ConfigError(f"device={device!r}: {e}") from None
+            if self.device.type == "cuda" and not self.torch.cuda.is_available():
+                raise ConfigError(f"device={device!r} but CUDA is not available here: pass device=None (the CPU)")
         self.pin = bool(pin_memory) and self.torch is not None and self.torch.cuda.is_available()
         # pinned memory needs a copy anyway; everything else can be lent without one
         self.can_share = not self.pin
+
+    def deliver(self, batch: Any) -> Any:
+        """``batch`` on the device (its uint8 images converted and normalized there), or as it is."""
+        if self.device is None:
+            return batch
+        torch = self.torch
+        moved = _leaves_to(batch, lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t)
+        if self.recipe is not None and isinstance(moved, (list, tuple)) and moved \
+                and isinstance(moved[0], torch.Tensor) and moved[0].dtype == torch.uint8:
+            from .fast_transform import finish
+            images = finish(self.recipe, moved[0])
+            moved = (images, *moved[1:]) if isinstance(moved, tuple) else [images, *moved[1:]]
+        return moved
 
     def copy(self, view: np.ndarray) -> Any:
         if self.torch is None:

@@ -69,6 +69,7 @@ class ReaderSpec:
     worker_init_fn: Callable[[int], None] | None = None
     digests: bool = False
     fast: Any = None   # the transform's recipe where load/fast_transform.py carries it out (uint8, per batch)
+    fast_uint8: bool = False   # ... its images left uint8 (converted on the Loader's device=)
 
 
 class Item(NamedTuple):
@@ -314,7 +315,7 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
             served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
     if spec.fast is not None:   # converted and normalized as one batch
-        collate = functools.partial(fast_transform.collate_fast, spec.fast, collate=collate)
+        collate = functools.partial(fast_transform.collate_fast, spec.fast, collate=collate, uint8=spec.fast_uint8)
     return _collated(job, slots, spec, collate, samples, skipped, repaired, read_s, decode_s, served, source_s)
 
 
