@@ -37,6 +37,11 @@ test: $(STAMP)
 bench: $(STAMP) $(VENV)/.bench-installed
 	# the first epoch against the store's limit on every door (issue 39): Loader on a tree, on tar shards, the mount
 	$(PY) benchmarks/first_epoch.py
+	# torchvision's standard transforms on uint8, a batch at a time (issue 40), against the DataLoader
+	$(PY) benchmarks/transform_path.py
+	$(PY) benchmarks/transform_path.py --val
+	# what authenticating and encrypting the cluster's peers costs (issue 41)
+	$(PY) benchmarks/peer_auth.py
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)
 	$(PY) benchmarks/caching.py --throughput
 	$(PY) benchmarks/balance.py

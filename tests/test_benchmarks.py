@@ -190,3 +190,28 @@ def test_first_epoch_tiny(tmp_path):
     assert "first epoch against the store's limit" in out
     ratios = json.loads((tmp_path / "first_epoch.json").read_text())["ratios"]
     assert set(ratios) == {"tree", "shards", "mount"} and all(0 < r <= 1.5 for r in ratios.values()), ratios
+
+
+def test_transform_path_tiny(tmp_path):
+    """benchmarks/transform_path.py (issue 40) at a smoke size: the DataLoader, the Loader's fast
+    path and the transform as given each give samples/s and the same channel statistics' shape."""
+    import json
+
+    import pytest
+    pytest.importorskip("torchvision")
+    out = run("transform_path.py", "--tiny", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "transform_path.json").read_text())["rows"]
+    assert rows["Loader"]["transform"]["path"] == "fast", rows["Loader"]
+    assert rows["Loader, transform as given"]["transform"]["path"] == "as given"
+    assert all(r["samples_per_s"] > 0 and len(r["mean"]) == 3 for r in rows.values()), out
+
+
+def test_peer_auth_tiny(tmp_path):
+    """benchmarks/peer_auth.py (issue 41) at a smoke size: both modes fetch, the ratio is a number."""
+    import json
+
+    import pytest
+    pytest.importorskip("zmq")
+    run("peer_auth.py", "--fetches", "50", "--rounds", "1", "--out", str(tmp_path))
+    got = json.loads((tmp_path / "peer_auth.json").read_text())
+    assert set(got["median"]) == {"curve", "plain"} and got["ratio"]["p50"] > 0, got

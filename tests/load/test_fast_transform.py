@@ -71,13 +71,24 @@ def test_the_draws_and_the_pixels_are_torchvision_s(transform):
             assert np.abs(other - theirs).mean() > 5
 
 
+def _packed(batch):
+    """``batch`` as it comes out of a reader's slot (load/transport.py)."""
+    from clairvoyant.load.transport import Output, Slot, pack, unpack_copy
+    slot = Slot()
+    try:
+        spec, size, _ = pack(batch, slot)
+        return unpack_copy(spec, slot, size, Output("numpy"))
+    finally:
+        slot.close()
+
+
 def test_a_batch_is_converted_and_normalized_as_totensor_and_normalize_do():
     """collate_fast gives what default_collate gives of torchvision's per-sample outputs (float32,
     within a level), with the labels as they are. Control: without Normalize it is not equal."""
     datas = [_jpeg(90 + 4 * k, 110, seed=k) for k in range(6)]
     recipe = ft.recognize(TRAIN)
     torch.manual_seed(7)
-    batch = ft.collate_fast(recipe, [(ft.apply(recipe, d), k) for k, d in enumerate(datas)], default_collate)
+    batch = _packed(ft.collate_fast(recipe, [(ft.apply(recipe, d), k) for k, d in enumerate(datas)], default_collate))
     torch.manual_seed(7)
     ref = torch.stack([_torchvision(TRAIN, d) for d in datas]).numpy()
     assert batch[0].dtype == ref.dtype == np.float32 and batch[0].shape == ref.shape

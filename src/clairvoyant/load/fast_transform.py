@@ -139,11 +139,10 @@ def collate_fast(recipe: Recipe, samples: list, collate, uint8: bool = False) ->
     """``samples`` ((uint8 image, target) each) as ``collate`` would give them after ToTensor and
     Normalize: the targets collated by it, the images converted and normalized as one batch
     (``uint8``: left uint8, for :func:`finish` on the Loader's device)."""
-    import torch
+    from .transport import Stack
     out = collate([(0, *rest) for _, *rest in samples])
-    images = [s[0] for s in samples]
-    # (collated arrays are NumPy's: load/collate.py)
-    images = torch.stack(images).numpy() if uint8 else finish(recipe, images).numpy()
+    arrays = [s[0].numpy() for s in samples]   # (views: each lands in the batch's slot once)
+    images = Stack(arrays) if uint8 else Stack(arrays, np.float32, _Normalize(recipe))
     if isinstance(out, tuple):
         return (images, *out[1:])
     out[0] = images
@@ -267,14 +266,43 @@ def _center_crop(x, size: tuple[int, int]):
     return x[..., top:top + ch, left:left + cw]
 
 
+class _Normalize:
+    """``fill`` of a Stack (load/transport.py): a uint8 image [3, h, w] written into its float32
+    place in the batch as ToTensor then Normalize compute it (the same operations, in order)."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        import torch
+        self._torch = torch
+        self.mean = self.std = None
+        if recipe.mean is not None:
+            self.mean = torch.tensor(recipe.mean, dtype=torch.float32).view(-1, 1, 1)
+            self.std = torch.tensor(recipe.std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __call__(self, dest: np.ndarray, image: np.ndarray) -> None:
+        out = self._torch.from_numpy(dest)
+        out.copy_(self._torch.from_numpy(image)).div_(255)
+        if self.mean is not None:
+            out.sub_(self.mean).div_(self.std)
+
+
 def finish(recipe: Recipe, images: Any) -> Any:
     """The batch's uint8 images ([3, h, w] each, one size; or a uint8 tensor [B, 3, h, w] on any
     device) as torchvision's ToTensor and Normalize give them: float32 [B, 3, h, w], there."""
     import torch
-    x = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
-    x = x.to(torch.float32).div_(255)
+    if isinstance(images, torch.Tensor):   # a batch on its device: at once
+        x = images.to(torch.float32).div_(255)
+        if recipe.mean is not None:
+            mean = torch.tensor(recipe.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+            std = torch.tensor(recipe.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+            x = x.sub_(mean).div_(std)
+        return x.contiguous()
+    images = list(images)
+    out = torch.empty((len(images), *images[0].shape), dtype=torch.float32)
     if recipe.mean is not None:
-        mean = torch.tensor(recipe.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-        std = torch.tensor(recipe.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-        x = x.sub_(mean).div_(std)
-    return x.contiguous()
+        mean = torch.tensor(recipe.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(recipe.std, dtype=torch.float32).view(-1, 1, 1)
+    for o, im in zip(out, images):   # an image at a time, in cache: converted where it lands
+        o.copy_(im).div_(255)
+        if recipe.mean is not None:
+            o.sub_(mean).div_(std)
+    return out

@@ -61,12 +61,14 @@ class Slot:
 
 
 class Stack:
-    """A leaf of a collated batch still to be stacked: stacked straight into the slot."""
+    """A leaf of a collated batch still to be stacked: stacked straight into the slot. ``dtype`` and
+    ``fill(dest, array)``: each array converted as it lands (e.g. uint8 to normalized float32:
+    load/fast_transform.py), in place of a plain copy."""
 
-    __slots__ = ("arrays",)
+    __slots__ = ("arrays", "dtype", "fill")
 
-    def __init__(self, arrays: list[np.ndarray]) -> None:
-        self.arrays = arrays
+    def __init__(self, arrays: list[np.ndarray], dtype: Any = None, fill: Any = None) -> None:
+        self.arrays, self.dtype, self.fill = arrays, dtype, fill
 
 
 def _leaf_array(x: Any) -> np.ndarray | None:
@@ -94,7 +96,7 @@ def _plan(tree: Any, cursor: list[int], jobs: list) -> Any:
                 raise ValueError(
                     f"cannot stack samples of shapes {first.shape} and {np.shape(a)} into one batch: "
                     "resize them in decode=, or pass a collate_fn")
-        return _place(shape, first.dtype, tree, cursor, jobs)
+        return _place(shape, np.dtype(tree.dtype) if tree.dtype is not None else first.dtype, tree, cursor, jobs)
     arr = _leaf_array(tree)
     if arr is not None:
         return _place(arr.shape, arr.dtype, arr, cursor, jobs)
@@ -127,7 +129,10 @@ def pack(tree: Any, slot: Slot, digests: bool = False) -> tuple[Any, int, list[i
     leaves: list[int] | None = [] if digests else None
     for offset, shape, dtype, src in jobs:
         out = np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
-        if isinstance(src, Stack):
+        if isinstance(src, Stack) and src.fill is not None:
+            for i, a in enumerate(src.arrays):
+                src.fill(out[i], a)
+        elif isinstance(src, Stack):
             for i, a in enumerate(src.arrays):
                 out[i] = a
         else:
