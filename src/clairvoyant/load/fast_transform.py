@@ -9,8 +9,11 @@ made only of these classes, exactly (not a subclass), with these parameters, is 
   ``RandomHorizontalFlip(p)`` anywhere among them;
 - then ``ToTensor()``, then optionally ``Normalize(mean, std)``.
 
+A ``torchvision.transforms.v2.Compose`` of the same classes of v2 is taken too, with
+``ToImage()`` anywhere before ``ToDtype(torch.float32, scale=True)`` in place of ``ToTensor`` (its
+draws are the same: v2's ``make_params`` is v1's ``get_params``, its flip draws ``torch.rand(1)``).
 Anything else (another interpolation, ``antialias=False``, ``max_size``, a ``Lambda`` or a step of
-the user's own, a v2 pipeline, another order) is left to run as it is, and the reason is kept
+the user's own, another order) is left to run as it is, and the reason is kept
 (``stats()["transform"]``, the log). What it gives is what torchvision gives: float32 CHW in
 [0, 1], normalized; the random draws are torchvision's own (its ``get_params`` and the flip's
 ``torch.rand(1)``, in the Compose's order, under the reader's per-sample seeding), so the crops are
@@ -76,17 +79,31 @@ def _pair(size: Any) -> tuple[int, int] | None:
     return None
 
 
+def _v2() -> Any:
+    try:
+        from torchvision.transforms import v2
+        return v2
+    except ImportError:   # torchvision before 0.16
+        return None
+
+
 def recognize(transform: Any) -> Recipe | str:
     """The recipe of ``transform``, or why it is left to run as it is (module docstring)."""
     try:
+        import torch
         import torchvision.transforms as T
         from torchvision.transforms import InterpolationMode
     except ImportError:
         return "torchvision is not installed"
     if transform is None:
         return "no transform"
-    if type(transform) is not T.Compose:
-        return f"the transform is a {type(transform).__name__}, not a torchvision.transforms.Compose"
+    v2 = _v2()
+    if type(transform) is T.Compose:
+        K = T
+    elif v2 is not None and type(transform) is v2.Compose:
+        K = v2
+    else:
+        return f"the transform is a {type(transform).__name__}, not a torchvision.transforms Compose (v1 or v2)"
     steps: list[Step] = []
     mean = std = None
     seen_tensor = False
@@ -94,36 +111,45 @@ def recognize(transform: Any) -> Recipe | str:
     for t in transform.transforms:
         kind = type(t)
         names.append(kind.__name__)
+        if K is v2 and kind is v2.ToImage and not seen_tensor:   # uint8 CHW: the geometry runs on it alike
+            continue
+        if K is v2 and kind is v2.ToDtype:
+            if t.dtype is not torch.float32 or not t.scale or seen_tensor:
+                return f"ToDtype({t.dtype}, scale={t.scale}) is not the conversion to float32 in [0, 1]"
+            seen_tensor = True
+            continue
         if seen_tensor:
-            if kind is T.Normalize and mean is None:
+            if kind is K.Normalize and mean is None:
                 if len(t.mean) not in (1, 3) or len(t.std) not in (1, 3) or any(s == 0 for s in t.std):
                     return f"Normalize({t.mean}, {t.std}) is not per channel of RGB"
                 mean, std = tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std)
                 continue
             return f"{kind.__name__} after ToTensor is not one the fast path carries out"
-        if kind is T.ToTensor:
+        if kind is getattr(K, "ToTensor", None):
             seen_tensor = True
             continue
-        if kind in (T.RandomResizedCrop, T.Resize) and (
-                t.interpolation != InterpolationMode.BILINEAR or t.antialias is False):
-            return f"{kind.__name__} with interpolation={t.interpolation.value}, antialias={t.antialias}"
-        if kind is T.RandomResizedCrop:
+        mode = getattr(t, "interpolation", None)
+        mode = InterpolationMode(mode) if isinstance(mode, str) and mode in ("bilinear", "nearest", "bicubic") \
+            else mode   # (v2 keeps a name as given)
+        if kind in (K.RandomResizedCrop, K.Resize) and (mode != InterpolationMode.BILINEAR or t.antialias is False):
+            return f"{kind.__name__} with interpolation={getattr(mode, 'value', mode)}, antialias={t.antialias}"
+        if kind is K.RandomResizedCrop:
             size = _pair(t.size)
             if size is None:
                 return f"RandomResizedCrop(size={t.size!r})"
             steps.append(Step("rrc", size, (tuple(t.scale), tuple(t.ratio))))
-        elif kind is T.Resize:
+        elif kind is K.Resize:
             if not isinstance(t.size, int) and not (isinstance(t.size, (list, tuple)) and len(t.size) == 1):
                 return f"Resize(size={t.size!r}): only a shorter side is carried out"
             if t.max_size is not None:
                 return "Resize(max_size=...)"
             steps.append(Step("resize", (t.size if isinstance(t.size, int) else t.size[0], 0), ()))
-        elif kind is T.CenterCrop:
+        elif kind is K.CenterCrop:
             size = _pair(t.size)
             if size is None:
                 return f"CenterCrop(size={t.size!r})"
             steps.append(Step("center_crop", size, ()))
-        elif kind is T.RandomHorizontalFlip:
+        elif kind is K.RandomHorizontalFlip:
             steps.append(Step("flip", (0, 0), (float(t.p),)))
         else:
             return f"{kind.__name__} is not one the fast path carries out (it runs as given)"
