@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-0.1
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-gpu clean
 
 # the C sources too: setup.py builds the extensions and the FUSE daemons from them (an editable install)
 $(STAMP): pyproject.toml setup.py $(wildcard src/clairvoyant/*.[ch] src/clairvoyant/*/*.[ch])
@@ -33,6 +33,10 @@ test: $(STAMP)
 	timeout -k 10 1500 $(PY) -m pytest $(PYTEST_ARGS)
 	# again without the C helper, so that its pure-Python fallback keeps working
 	CLAIRVOYANT_NO_CEXT=1 timeout -k 10 900 $(PY) -m pytest -q tests/cache/test_cache.py tests/load/test_loader.py tests/load/test_errors.py tests/plan/test_residency.py tests/plan/test_elastic.py tests/tune/test_guard.py tests/plan/test_rank_plan.py tests/plan/test_cluster_plan.py tests/mount/test_mount.py tests/stage/test_ranges.py tests/plan/test_sequence.py tests/stage/test_thread_stage.py tests/mount/test_mount_cluster.py tests/plan/test_unplanned.py
+
+# on a lent GPU node (docs/benchmarks.md, "Feeding the GPU"): ResNet-50 bf16 through every door, under 5 minutes
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/gpu_feed.py
 
 bench: $(STAMP) $(VENV)/.bench-installed
 	# the first epoch against the store's limit on every door (issue 39): Loader on a tree, on tar shards, the mount

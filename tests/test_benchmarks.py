@@ -215,3 +215,22 @@ def test_peer_auth_tiny(tmp_path):
     run("peer_auth.py", "--fetches", "50", "--rounds", "1", "--out", str(tmp_path))
     got = json.loads((tmp_path / "peer_auth.json").read_text())
     assert set(got["median"]) == {"curve", "plain"} and got["ratio"]["p50"] > 0, got
+
+
+def test_gpu_feed_tiny(tmp_path):
+    """benchmarks/gpu_feed.py (issues 39, 40) at a smoke size on the CPU: a tiny model trained
+    through every door from the FUSE store, each epoch's img/s and ratio written."""
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    pytest.importorskip("torchvision")
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE is unavailable here: {why}")
+    run("gpu_feed.py", "--tiny", "--device", "cpu", "--out", str(tmp_path))
+    got = json.loads((tmp_path / "gpu_feed.json").read_text())
+    assert got["ceiling"] > 0 and set(got["doors"]) == {"dataloader", "loader", "loader_device", "mount"}, got
+    assert all(len(d) == 2 and all(r["img_per_s"] > 0 for r in d) for d in got["doors"].values())
+    assert got["doors"]["loader"][0]["transform"]["path"] == "fast"
