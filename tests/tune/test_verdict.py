@@ -196,7 +196,7 @@ def test_a_readers_own_reads_of_the_source_are_reported_apart(fmt):
             return blobs[key]
 
     spec = types.SimpleNamespace(source=SlowSource(), collate_fn=None, decode=decode_image, transform=None,
-                                 target_transform=None, digests=False)
+                                 target_transform=None, digests=False, fast=None, fast_uint8=False)
     from_store = worker.Job(0, 0, [worker.Item(k, None, len(b), 0, None, True) for k, b in blobs.items()], False)
     got = worker._load_batch(from_store, [Slot()], spec, default_collate)
     assert isinstance(got, worker.Loaded) and got.times[3] >= 0.07 and got.times[0] < 0.02, got.times

@@ -11,6 +11,7 @@ the saved state (load/state.py); each epoch runs in load/pipeline.py.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import weakref
@@ -266,7 +267,8 @@ class Loader:
         self.collate_fn = collate_fn
         self._fast, self._transform_path = self._transform_recipe(decode)
         if self._fast is not None and self._output.device is not None:   # uint8 to the device, converted there
-            self._output.recipe = self._fast
+            from .fast_transform import finish
+            self._output.convert = functools.partial(finish, self._fast)
             self._transform_path["why"] += f"; converted and normalized on {self._output.device}"
         self._reader_tuner = ReaderTuner(_default_workers()) if num_workers is None else None
         self.num_workers = num_workers or self._reader_tuner.readers
@@ -457,7 +459,7 @@ class Loader:
                           rank=self.rank, num_workers=self.num_workers, position=position,
                           stride=self.batch_size * self.world_size, worker_init_fn=self.worker_init_fn,
                           digests=self._guard is not None, fast=self._fast,
-                          fast_uint8=self._output.recipe is not None)
+                          fast_uint8=self._output.convert is not None)
 
     def state_dict(self) -> dict:
         """JSON-serialisable position: resuming from it yields exactly the rest of the epoch, at this

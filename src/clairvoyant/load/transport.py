@@ -218,7 +218,7 @@ class Output:
                 if kind == "torch":
                     raise ConfigError("output='torch' but PyTorch is not installed: pip install torch") from None
         self.device = None   # where batches arrive (``deliver``); None: as the readers made them
-        self.recipe = None   # the fast transform whose uint8 images ``deliver`` converts there
+        self.convert = None  # what ``deliver`` does there to a batch's uint8 images (load/fast_transform.py)
         if device is not None:
             if self.torch is None:
                 raise ConfigError(f"device={device!r} needs torch tensors: install PyTorch and leave output='auto'")
@@ -238,10 +238,9 @@ class Output:
             return batch
         torch = self.torch
         moved = _leaves_to(batch, lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t)
-        if self.recipe is not None and isinstance(moved, (list, tuple)) and moved \
+        if self.convert is not None and isinstance(moved, (list, tuple)) and moved \
                 and isinstance(moved[0], torch.Tensor) and moved[0].dtype == torch.uint8:
-            from .fast_transform import finish
-            images = finish(self.recipe, moved[0])
+            images = self.convert(moved[0])
             moved = (images, *moved[1:]) if isinstance(moved, tuple) else [images, *moved[1:]]
         return moved
 
