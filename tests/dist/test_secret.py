@@ -127,3 +127,29 @@ def test_keys_come_from_the_secret_and_say_nothing_of_it():
     assert "k" * 8 not in repr(s) and key_id(s) != key_id(t) and key_id(None) == "off"
     with pytest.raises(ConfigError, match="'on'"):
         sec.auth_off({"CLAIRVOYANT_PEER_AUTH": "maybe"})
+
+
+def test_one_rank_s_bad_secret_stops_every_rank_with_its_reason(tmp_path):
+    """A secret too short on one rank: that rank's ConfigError says why, the others' name it; none
+    waits. Control: the same secret long enough on both."""
+    home = {"XDG_CONFIG_HOME": str(tmp_path)}
+    got = _run([dict(home, CLAIRVOYANT_JOB_SECRET="short"), home])
+    assert isinstance(got[0], ConfigError) and "at least 16" in str(got[0]), got
+    assert isinstance(got[1], ConfigError) and "rank(s) [0]" in str(got[1]), got
+    ok = _run([dict(home, CLAIRVOYANT_JOB_SECRET="x" * 16)] * 2)
+    assert all(isinstance(x, JobSecret) for x in ok)
+
+
+def test_a_wire_that_cannot_bind_leaves_no_thread_behind():
+    """ZmqWire on an address it cannot bind: the error, and neither the authenticator's thread nor
+    the context left running. Control: on loopback it binds, and its close leaves none either."""
+    pytest.importorskip("zmq")
+    from clairvoyant.dist.wire_zmq import ZmqWire
+    before = threading.active_count()
+    with pytest.raises(Exception):
+        ZmqWire(0, 2, "192.0.2.1", secret=JobSecret(b"k" * 32, "test"))   # (TEST-NET-1: not this host's)
+    assert threading.active_count() == before
+    w = ZmqWire(0, 2, "127.0.0.1", secret=JobSecret(b"k" * 32, "test"))   # control
+    assert threading.active_count() > before
+    w.shut_down(0.0, set())
+    assert threading.active_count() == before

@@ -148,11 +148,20 @@ def _create(path: str) -> bool:
 def job_secret(group, env: Mapping[str, str] | None = None) -> JobSecret | None:
     """The job's secret, the same on every rank of ``group`` (collective; module docstring), or
     None where ``CLAIRVOYANT_PEER_AUTH=off`` (warned)."""
-    off = auth_off(env)
-    got = None if off else (from_environment(env) or from_home(env))
-    mine = b"off" if off else b"" if got is None else \
+    error = None
+    try:   # (a rank's error is said to every rank after the gather: none waits for it)
+        off = auth_off(env)
+        got = None if off else (from_environment(env) or from_home(env))
+    except ConfigError as e:
+        error, off, got = e, False, None
+    mine = b"!" if error is not None else b"off" if off else b"" if got is None else \
         (b"E" if got.where.startswith(SECRET_VAR) else b"H") + got.digest(b"clairvoyant job secret check")
     digests = group.allgather(mine, "the check that every rank holds the job's secret")
+    failed = [r for r, d in enumerate(digests) if d == b"!"]
+    if failed:
+        raise error if error is not None else ConfigError(
+            f"rank(s) {failed} could not take the job's secret (their error says why); fix it there, or set "
+            f"{SECRET_VAR} alike on every rank")
     if any(d == b"off" for d in digests) and not all(d == b"off" for d in digests):
         raise ConfigError(f"{AUTH_VAR}=off on rank(s) {[r for r, d in enumerate(digests) if d == b'off']} only, of "
                           f"{group.size}: set it alike on every rank")

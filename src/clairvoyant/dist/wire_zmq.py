@@ -93,9 +93,18 @@ class ZmqWire:
         self.rank, self.size = int(rank), int(size)
         self._ctx = zmq.Context(io_threads=1)
         self._auth, self._keys = None, None
+        try:
+            self._start(secret, host)
+        except BaseException:   # nothing left running: the authenticator's thread, the context
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.destroy(linger=0)
+            raise
+
+    def _start(self, secret: Any, host: str) -> None:
+        zmq = self._zmq
         if secret is not None:
             if not zmq.has("curve"):
-                self._ctx.term()
                 raise ConfigError(f"this pyzmq's libzmq ({zmq.zmq_version()}) has no CURVE security, which the "
                                   "cluster's peers need: install pyzmq's wheel (pip install --force-reinstall pyzmq), "
                                   "or set CLAIRVOYANT_PEER_AUTH=off on a network only the job reaches")
