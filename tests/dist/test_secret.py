@@ -79,9 +79,13 @@ def test_a_short_secret_or_an_unreadable_file_is_refused_with_advice_that_works(
     with pytest.raises(ConfigError, match="cannot read it"):
         sec.from_environment({"CLAIRVOYANT_JOB_SECRET_FILE": str(tmp_path / "none")})
     f = tmp_path / "s"
-    f.write_text("x" * 40 + "\n")   # the advice followed: a readable file holding it
+    f.write_bytes(b"x" * 40 + b"\xff\x00\n")   # the advice followed: a readable file holding it
+    f.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):   # others may read it
+        sec.from_environment({"CLAIRVOYANT_JOB_SECRET_FILE": str(f)})
+    f.chmod(0o600)
     got = sec.from_environment({"CLAIRVOYANT_JOB_SECRET_FILE": str(f)})
-    assert got.key == b"x" * 40 and str(f) in got.where
+    assert got.key == b"x" * 40 + b"\xff\x00" and str(f) in got.where   # its bytes as they are
 
 
 def test_the_home_secret_file_is_made_once_0600_and_one_others_may_read_is_refused(tmp_path):

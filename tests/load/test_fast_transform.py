@@ -146,6 +146,7 @@ class MyCrop(T.RandomResizedCrop):
     (T.Compose([T.RandomResizedCrop(64)]), "no ToTensor"),
     (T.Compose([T.Resize(64), T.ToTensor()]), "depends on each image"),
     (T.RandomResizedCrop(64), "not a torchvision.transforms Compose"),
+    (T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.Normalize([0.5, 0.5], [0.5, 0.5])]), "per channel"),
 ])
 def test_what_is_not_recognized_is_left_as_given_with_its_reason(transform, why):
     got = ft.recognize(transform)
@@ -260,3 +261,48 @@ def test_device_cuda_gives_the_batches_on_the_gpu(tmp_path):
     moved, _ = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cuda")
     for (xa, _), (xb, _) in zip(plain, moved):
         assert xb.is_cuda and (xa - xb.cpu()).abs().max().item() <= 1e-6
+
+
+def test_scalar_normalize_is_taken_and_a_failed_decode_leaves_the_draws_alone():
+    """Normalize(0.5, 0.5) (scalars, as v1 allows) is recognized; a sample whose decode fails after
+    its draws leaves the generator as it was, so the next sample's crop is the slow path's (which
+    decodes before it draws). Control: the draws a successful sample makes do move it."""
+    recipe = ft.recognize(T.Compose([T.RandomResizedCrop(64), T.ToTensor(), T.Normalize(0.5, 0.5)]))
+    assert isinstance(recipe, ft.Recipe) and recipe.mean == (0.5,)
+    bad = _jpeg(90, 90, seed=1)[:200]   # a header, then nothing
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    with pytest.raises(Exception):
+        ft.apply(recipe, bad)
+    assert torch.equal(torch.get_rng_state(), before)
+    ft.apply(recipe, _jpeg(90, 90, seed=2))   # control
+    assert not torch.equal(torch.get_rng_state(), before)
+
+
+def test_v2_geometry_on_a_tensor_must_antialias_and_todtype_needs_toimage():
+    """v2 on a tensor (after ToImage) antialiases only when told: antialias=None there runs as given;
+    ToDtype with no ToImage before it (the PIL image passes through) runs as given. Control: the
+    same with antialias=True is taken."""
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    tail = [v2.ToDtype(torch.float32, scale=True)]
+    assert "antialias" in ft.recognize(v2.Compose([v2.ToImage(), v2.RandomResizedCrop(64, antialias=None), *tail]))
+    assert "ToImage" in ft.recognize(v2.Compose([v2.RandomResizedCrop(64), *tail]))
+    assert isinstance(ft.recognize(v2.Compose([v2.ToImage(), v2.RandomResizedCrop(64, antialias=True), *tail])),
+                      ft.Recipe)
+
+
+def test_array_rows_with_an_image_transform_run_it_as_given(tmp_path):
+    """Rows of a .npy file (HWC uint8 images) with a v2 Compose the fast path would take for files:
+    the source makes its samples itself (its decoder), so the transform is left to run as given.
+    Control: the same Compose over JPEG files is taken."""
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    transform = v2.Compose([v2.ToImage(), v2.RandomResizedCrop(16), v2.ToDtype(torch.float32, scale=True)])
+    d = tmp_path / "npy"
+    d.mkdir()
+    np.save(d / "a.npy", np.random.default_rng(0).integers(0, 255, (24, 20, 20, 3), dtype=np.uint8))
+    with Loader(str(d), batch_size=8, transform=transform, local_dir=str(tmp_path / "l"), num_workers=1) as ld:
+        said = ld.stats()["transform"]
+    assert said["path"] == "as given" and "decoder" in said["why"], said
+    root = _tree(str(tmp_path / "data"))   # control
+    with Loader(root, batch_size=8, transform=transform, local_dir=str(tmp_path / "m"), num_workers=1) as ld:
+        assert ld.stats()["transform"]["path"] == "fast"

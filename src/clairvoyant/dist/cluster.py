@@ -165,13 +165,25 @@ def zmq_wire(group: Group, host: str | None = None) -> Any:
     peers authenticated with the job's secret (dist/secret.py: collective)."""
     from .secret import job_secret
     from .wire_zmq import ZmqWire, reachable_address
-    wire = ZmqWire(group.rank, group.size, host or reachable_address(os.environ.get("MASTER_ADDR")),
-                   secret=job_secret(group))
+    secret = job_secret(group)
     try:
-        wire.connect([b.decode() for b in group.allgather(wire.address.encode(),
-                                                          "the exchange of the peer service's addresses")])
+        wire, error = ZmqWire(group.rank, group.size, host or reachable_address(os.environ.get("MASTER_ADDR")),
+                              secret=secret), None
+    except Exception as e:   # said on every rank after the exchange: none waits for this one
+        wire, error = None, e
+    try:
+        got = group.allgather(b"" if wire is None else wire.address.encode(),
+                              "the exchange of the peer service's addresses")
+        failed = [r for r, b in enumerate(got) if not b]
+        if failed:
+            if error is not None:
+                raise error
+            raise ConfigError(f"rank(s) {failed} could not start their peer service (their error says why); "
+                              "or pass cluster=False")
+        wire.connect([b.decode() for b in got])
     except BaseException:
-        wire.shut_down(0.0, set())
+        if wire is not None:
+            wire.shut_down(0.0, set())
         raise
     return wire
 

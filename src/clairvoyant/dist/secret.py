@@ -68,22 +68,26 @@ def auth_off(env: Mapping[str, str] | None = None) -> bool:
 def from_environment(env: Mapping[str, str] | None = None) -> JobSecret | None:
     """The secret ``CLAIRVOYANT_JOB_SECRET`` or the file ``CLAIRVOYANT_JOB_SECRET_FILE`` names, or None."""
     env = os.environ if env is None else env
-    raw, where = env.get(SECRET_VAR), SECRET_VAR
+    raw, where = (env.get(SECRET_VAR) or "").encode(), SECRET_VAR
     if not raw and env.get(SECRET_FILE_VAR):
         path = env[SECRET_FILE_VAR]
         try:
             with open(path, "rb") as f:
-                raw = f.read().strip().decode("utf-8", "replace")
+                mode = os.fstat(f.fileno()).st_mode
+                raw = f.read().strip()   # (its bytes as they are: a binary secret keeps its entropy)
         except OSError as e:
             raise ConfigError(f"{SECRET_FILE_VAR}={path}: cannot read it ({e.strerror}); give a readable file "
                               "holding the job's secret, or unset it") from None
+        if mode & 0o077:
+            raise ConfigError(f"{SECRET_FILE_VAR}={path} may be read by others (mode {mode & 0o777:o}): "
+                              f"`chmod 600 {path}`")
         where = f"{SECRET_FILE_VAR} ({path})"
     if not raw:
         return None
     if len(raw) < MIN_LENGTH:
-        raise ConfigError(f"{where}: the job's secret has {len(raw)} characters; give at least {MIN_LENGTH} "
+        raise ConfigError(f"{where}: the job's secret has {len(raw)} bytes; give at least {MIN_LENGTH} "
                           "(e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
-    return JobSecret(raw.encode(), where)
+    return JobSecret(raw, where)
 
 
 def home_file(env: Mapping[str, str] | None = None) -> str:
@@ -106,12 +110,16 @@ def from_home(env: Mapping[str, str] | None = None) -> JobSecret | None:
         except OSError as e:
             log.info("clairvoyant: the secret file %s cannot be read (%s)", path, e.strerror)
             return None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if st.st_mode & 0o077:
-                raise ConfigError(f"the job secret file {path} may be read by others (mode {st.st_mode & 0o777:o}): "
-                                  f"`chmod 600 {path}`, or remove it and a new one is drawn")
-            raw = f.read().strip()
+        try:
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_mode & 0o077:
+                    raise ConfigError(f"the job secret file {path} may be read by others (mode "
+                                      f"{st.st_mode & 0o777:o}): `chmod 600 {path}`, or remove it and a new one is drawn")
+                raw = f.read().strip()
+        except OSError as e:   # a directory there, an I/O error: said on every rank (job_secret)
+            raise ConfigError(f"the job secret file {path} cannot be read ({e.strerror}); remove it and a new one "
+                              f"is drawn, or set {SECRET_VAR}") from None
         if len(raw) >= MIN_LENGTH:
             return JobSecret(raw, f"the secret file {path}")
         log.warning("clairvoyant: the secret file %s is shorter than %d bytes; not used", path, MIN_LENGTH)

@@ -32,6 +32,7 @@ once. ZeroMQ does not tell of a dead peer: its fetches time out, and the service
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -238,7 +239,7 @@ class ZmqWire:
     def wait(self, timeout: float) -> None:
         """Block the service thread until a message arrives, ``wake`` is called, or ``timeout``
         seconds pass (so that a reply is taken when it comes, not at the next look)."""
-        if self._poller.poll(max(0, int(timeout * 1000))):
+        if self._poller.poll(max(0, math.ceil(timeout * 1000))):   # (rounded up: a short pause is no spin)
             self._drain_wake()
 
     def _drain_wake(self) -> None:

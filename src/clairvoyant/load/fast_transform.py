@@ -10,8 +10,10 @@ made only of these classes, exactly (not a subclass), with these parameters, is 
 - then ``ToTensor()``, then optionally ``Normalize(mean, std)``.
 
 A ``torchvision.transforms.v2.Compose`` of the same classes of v2 is taken too, with
-``ToImage()`` anywhere before ``ToDtype(torch.float32, scale=True)`` in place of ``ToTensor`` (its
-draws are the same: v2's ``make_params`` is v1's ``get_params``, its flip draws ``torch.rand(1)``).
+``ToImage()`` before ``ToDtype(torch.float32, scale=True)`` in place of ``ToTensor`` (its draws are
+the same: v2's ``make_params`` is v1's ``get_params``, its flip draws ``torch.rand(1)``; geometry
+after ``ToImage`` must antialias, as it then does on a tensor only when told; v2 scales by
+``mul(1/255)``, this by ``div(255)``: a last-bit difference).
 Anything else (another interpolation, ``antialias=False``, ``max_size``, a ``Lambda`` or a step of
 the user's own, another order) is left to run as it is, and the reason is kept
 (``stats()["transform"]``, the log). What it gives is what torchvision gives: float32 CHW in
@@ -106,23 +108,29 @@ def recognize(transform: Any) -> Recipe | str:
         return f"the transform is a {type(transform).__name__}, not a torchvision.transforms Compose (v1 or v2)"
     steps: list[Step] = []
     mean = std = None
-    seen_tensor = False
+    seen_tensor = as_image = False
     names = []
     for t in transform.transforms:
         kind = type(t)
         names.append(kind.__name__)
-        if K is v2 and kind is v2.ToImage and not seen_tensor:   # uint8 CHW: the geometry runs on it alike
+        if K is v2 and kind is v2.ToImage and not seen_tensor and not as_image:   # uint8 CHW: the geometry alike
+            as_image = True
             continue
         if K is v2 and kind is v2.ToDtype:
             if t.dtype is not torch.float32 or not t.scale or seen_tensor:
                 return f"ToDtype({t.dtype}, scale={t.scale}) is not the conversion to float32 in [0, 1]"
+            if not as_image:   # (on a PIL image v2's ToDtype passes it through)
+                return "ToDtype without ToImage before it leaves the PIL image as it is"
             seen_tensor = True
             continue
+        if as_image and kind in (K.RandomResizedCrop, K.Resize) and t.antialias is not True:
+            return f"{kind.__name__}(antialias={t.antialias}) on a tensor does not antialias"
         if seen_tensor:
             if kind is K.Normalize and mean is None:
-                if len(t.mean) not in (1, 3) or len(t.std) not in (1, 3) or any(s == 0 for s in t.std):
+                m, sd = (tuple(np.atleast_1d(np.asarray(v, dtype=np.float64)).tolist()) for v in (t.mean, t.std))
+                if len(m) not in (1, 3) or len(sd) not in (1, 3) or any(v == 0 for v in sd):
                     return f"Normalize({t.mean}, {t.std}) is not per channel of RGB"
-                mean, std = tuple(float(m) for m in t.mean), tuple(float(s) for s in t.std)
+                mean, std = m, sd
                 continue
             return f"{kind.__name__} after ToTensor is not one the fast path carries out"
         if kind is getattr(K, "ToTensor", None):
@@ -234,6 +242,7 @@ def apply(recipe: Recipe, data: bytes):
     header = _header(data)
     H, W = _size_of(data, header)
     # the draws first (they need only the size), so that the decode can use them
+    state = torch.get_rng_state()
     plan = []
     h, w = H, W
     for s in recipe.steps:
@@ -258,7 +267,11 @@ def apply(recipe: Recipe, data: bytes):
         need = plan[0][1]
     if need[0] * 2 > H or need[1] * 2 > W:   # a DCT scale that does not halve the image: full size
         need = (0, 0)                        # (the values then within the resize's rounding of PIL's)
-    img = _decode(data, header, need)
+    try:
+        img = _decode(data, header, need)
+    except Exception:   # the slow path decodes before it draws: the next samples' draws as there
+        torch.set_rng_state(state)
+        raise
     fy, fx = img.shape[0] / H, img.shape[1] / W   # the DCT scale (1 at full size)
     x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).unsqueeze(0)   # channels last in memory
     first = True

@@ -37,6 +37,7 @@ from ..tune.metrics import MetricsLog, stage_rates
 from ..tune.spike import SpikeRule
 from ..tune.stats import Stats
 from ..tune.verdict import judge
+from .decode import decode_pil
 from .decode import resolve as resolve_decode
 from .guard import Guard
 from .heap import trim_heap
@@ -439,12 +440,17 @@ class Loader:
             why = "CLAIRVOYANT_FAST_TRANSFORM=0"
         elif decode is not None:
             why = f"decode={decode!r} is given: the transform takes what it returns"
+        elif self.decode is not decode_pil:
+            why = "the source's samples are not image files (its own decoder makes them)"
         elif self.collate_fn is not None:
             why = "collate_fn= is given"
         elif self.source.has_fields:
             why = "the samples have fields besides the image"
         else:
-            got = recognize(self.transform)
+            try:
+                got = recognize(self.transform)
+            except Exception as e:   # noqa: BLE001 - a transform it cannot read runs as given
+                got = f"its parameters could not be read ({type(e).__name__}: {e})"
             if isinstance(got, Recipe):
                 log.info("clairvoyant: the transform (%s) runs on uint8, a batch at a time (its draws are "
                          "torchvision's)", got.described)

@@ -73,11 +73,13 @@ class ServiceLink:
         self._ctx = zmq.Context(io_threads=1)
         self._rep = self._ctx.socket(zmq.REP)
         self._rep.setsockopt(zmq.LINGER, 0)
-        old = os.umask(0o077)   # the control socket: this user's alone (it hands the service joins)
         try:
             self._rep.bind(f"ipc://{control}")
-        finally:
-            os.umask(old)
+            os.chmod(control, 0o600)   # the control socket: this user's alone (it hands the service joins)
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            self._wire.shut_down(0.0, set())
+            raise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._answer, name="clairvoyant-member", daemon=True)
         self._thread.start()

@@ -303,8 +303,9 @@ def run_member(args: argparse.Namespace, group) -> int:
 # -- the service: the node's mount, in a session of its own ---------------------------------------------
 
 def service_secret():
-    """The job's secret its member handed this service (taken out of the environment, so that no
-    process it starts inherits it), or None where authentication is off."""
+    """The job's secret its member handed this service (taken out of ``os.environ``, so that no
+    process it starts inherits it; its initial environment in /proc stays readable by this user
+    and root, as docs/security.md says), or None where authentication is off."""
     from ..dist.secret import JobSecret, auth_off
     raw = os.environ.pop(SERVICE_SECRET_VAR, "")
     if auth_off():
