@@ -6,8 +6,8 @@ Every call into the backend happens here. Each round the thread sends the messag
 message the emulated link or ``DELAY_REPLIES`` held back leaves at its due time, from a queue
 ordered by due time: nothing sleeps), sends the callers' queued requests, polls the backend for
 what arrived and what it sent, and answers the requests queued; idle, it polls every 50 us to
-1.6 ms, or, on a backend that can block (ZeroMQ's ``wait``), sleeps there until a message
-arrives or a caller wakes it. A fault that names failed peers (MPI's ULFM) marks them dead and their fetches fail
+1.6 ms, or, on a backend that can block (ZeroMQ's ``wait``), waits there (a pause under a
+millisecond is a look; a caller's request wakes it at once). A fault that names failed peers (MPI's ULFM) marks them dead and their fetches fail
 from then on; one with no peer to blame stops the service. Shutting down lets messages in flight
 leave for up to :data:`LINGER` seconds (the backend's ``shut_down``).
 """

@@ -32,7 +32,6 @@ once. ZeroMQ does not tell of a dead peer: its fetches time out, and the service
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -239,7 +238,9 @@ class ZmqWire:
     def wait(self, timeout: float) -> None:
         """Block the service thread until a message arrives, ``wake`` is called, or ``timeout``
         seconds pass (so that a reply is taken when it comes, not at the next look)."""
-        if self._poller.poll(max(0, math.ceil(timeout * 1000))):   # (rounded up: a short pause is no spin)
+        # (whole milliseconds: a pause under one is a look, not a sleep. Rounding it up to a sleep of
+        # 1 ms was tried: fetches took 1.6 ms instead of 0.55 at their median)
+        if self._poller.poll(max(0, int(timeout * 1000))):
             self._drain_wake()
 
     def _drain_wake(self) -> None:
