@@ -96,7 +96,7 @@ def test_a_batch_is_converted_and_normalized_as_totensor_and_normalize_do():
     assert np.abs(batch[0] - ref).max() <= LEVEL
     plain = ft.recognize(T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()]))
     torch.manual_seed(7)
-    unnormalized = ft.finish(plain, [ft.apply(plain, d) for d in datas]).numpy()
+    unnormalized = ft.finish(plain, torch.stack([ft.apply(plain, d) for d in datas])).numpy()
     assert np.abs(unnormalized - ref).max() > 0.5   # control
 
 

@@ -36,16 +36,11 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-try:
-    import simplejpeg as _simplejpeg
-except ImportError:   # Pillow decodes everything then
-    _simplejpeg = None
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
+from .decode import _JPEG_MAGIC, _simplejpeg   # (the default decoder's libjpeg-turbo, if installed)
 
 
 class Step(NamedTuple):
@@ -306,42 +301,31 @@ def _center_crop(x, size: tuple[int, int]):
 
 
 class _Normalize:
-    """``fill`` of a Stack (load/transport.py): a uint8 image [3, h, w] written into its float32
-    place in the batch as ToTensor then Normalize compute it (the same operations, in order)."""
+    """ToTensor then Normalize's arithmetic (the same operations, in order) from uint8 into float32:
+    an image where it lands in the batch's slot (``fill`` of a Stack, load/transport.py), or a
+    batch on its device (:func:`finish`)."""
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, device: Any = None) -> None:
         import torch
         self._torch = torch
         self.mean = self.std = None
         if recipe.mean is not None:
-            self.mean = torch.tensor(recipe.mean, dtype=torch.float32).view(-1, 1, 1)
-            self.std = torch.tensor(recipe.std, dtype=torch.float32).view(-1, 1, 1)
+            self.mean = torch.tensor(recipe.mean, dtype=torch.float32, device=device).view(-1, 1, 1)
+            self.std = torch.tensor(recipe.std, dtype=torch.float32, device=device).view(-1, 1, 1)
 
-    def __call__(self, dest: np.ndarray, image: np.ndarray) -> None:
-        out = self._torch.from_numpy(dest)
-        out.copy_(self._torch.from_numpy(image)).div_(255)
+    def into(self, out: Any, images: Any) -> Any:
+        out.copy_(images).div_(255)
         if self.mean is not None:
             out.sub_(self.mean).div_(self.std)
+        return out
+
+    def __call__(self, dest: np.ndarray, image: np.ndarray) -> None:
+        self.into(self._torch.from_numpy(dest), self._torch.from_numpy(image))
 
 
 def finish(recipe: Recipe, images: Any) -> Any:
-    """The batch's uint8 images ([3, h, w] each, one size; or a uint8 tensor [B, 3, h, w] on any
-    device) as torchvision's ToTensor and Normalize give them: float32 [B, 3, h, w], there."""
+    """A batch's uint8 images (a tensor [B, 3, h, w] on any device) as torchvision's ToTensor and
+    Normalize give them: float32 [B, 3, h, w], there."""
     import torch
-    if isinstance(images, torch.Tensor):   # a batch on its device: at once
-        x = images.to(torch.float32).div_(255)
-        if recipe.mean is not None:
-            mean = torch.tensor(recipe.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-            std = torch.tensor(recipe.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-            x = x.sub_(mean).div_(std)
-        return x.contiguous()
-    images = list(images)
-    out = torch.empty((len(images), *images[0].shape), dtype=torch.float32)
-    if recipe.mean is not None:
-        mean = torch.tensor(recipe.mean, dtype=torch.float32).view(-1, 1, 1)
-        std = torch.tensor(recipe.std, dtype=torch.float32).view(-1, 1, 1)
-    for o, im in zip(out, images):   # an image at a time, in cache: converted where it lands
-        o.copy_(im).div_(255)
-        if recipe.mean is not None:
-            o.sub_(mean).div_(std)
-    return out
+    out = torch.empty(images.shape, dtype=torch.float32, device=images.device)
+    return _Normalize(recipe, images.device).into(out, images)
