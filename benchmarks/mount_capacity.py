@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> dict:
                                               text=True, check=True).stdout)
                 st = d.get("staging", {})
                 out["nodes"].append({k: st.get(k) for k in ("staged_local", "evicted", "evicted_unread", "kept_reads")}
-                                    | {k: d.get(k) for k in ("opens_local", "opens_source", "opens_peer", "asks",
+                                    | {k: d.get(k) for k in ("opens_local", "opens_source", "opens_peer", "asks", "wait_timeouts",
                                                              "ask_timeouts")}
                                 | {k: round(v, 2) for k, v in st.get("cluster", {}).items()
                                    if k in ("plans", "gather_seconds", "plan_store", "served_absent",

@@ -320,6 +320,36 @@ def test_a_later_part_asked_while_the_first_read_is_reading_the_file_waits_for_i
         assert store.counters().opens == 1, store.counters()   # that lone part did reach the store
 
 
+@pytest.mark.parametrize("published", [True, False])
+def test_a_first_read_waits_for_the_copy_under_way_however_long_it_takes(tmp_path, published):
+    """A program asks for a file that another process of the node is copying into the tier: it
+    waits for that copy (3 s here: the 2 s it once waited let a loaded node read the file twice)
+    instead of reading the store a second time. Control: the copier lets go without publishing
+    (as a killed one does): the read goes to the store at once."""
+    with small_mount(tmp_path) as (src, m):
+        key = keys_of(m)[0]
+        with open(os.path.join(src, key), "rb") as f:
+            data = f.read()
+        assert not m.tiers.local.claim(key, len(data))   # the node-wide lock: a copy under way
+        got = {}
+
+        def read() -> None:
+            with open(os.path.join(m.path, key), "rb") as f:
+                got["b"] = f.read()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(3.0)
+        assert reader.is_alive() and m.stats().opens_source == 0
+        if published:
+            m.tiers.local.put(key, data, os.stat(os.path.join(src, key)).st_mtime_ns, 1 << 30)
+        m.tiers.local.release(key)
+        reader.join(10)
+        assert got["b"] == data
+        s = m.stats()
+        assert (s.opens_local, s.opens_source, s.wait_timeouts) == ((1, 0, 0) if published else (0, 1, 0)), s
+
+
 def _start_cli_mount(src: str, mnt: str, local: str) -> subprocess.Popen:
     log = os.path.join(os.path.dirname(mnt), "mount.log")
     p = cli("mount", src, mnt, "--local-dir", local, "--no-stage", log=log)

@@ -46,10 +46,10 @@ INFO_NAME = ".clairvoyant.json"
 ORDERS_DIR = "mount-orders"
 # the daemon's counters, as mount/mount_stats.h lays them out (tests/mount/test_mount_stats.py checks)
 _FIELDS = ("magic", "version", "size", "opens_local", "opens_source", "bytes_local", "bytes_source", "corrupt",
-           "reads", "info_opens", "pid", "stale", "unused", "events_dropped", "no_open", "opens_seen",
+           "reads", "info_opens", "pid", "stale", "wait_timeouts", "events_dropped", "no_open", "opens_seen",
            "opens_cached", "opens_peer", "bytes_peer", "asks", "ask_timeouts")
 _LAYOUT = struct.Struct("<8sII" + "Q" * (len(_FIELDS) - 3))
-_MAGIC, _VERSION = b"CVMNTST\0", 6
+_MAGIC, _VERSION = b"CVMNTST\0", 7
 
 
 class MountStats(NamedTuple):
@@ -69,6 +69,7 @@ class MountStats(NamedTuple):
     bytes_peer: int = 0
     asks: int = 0              # files the daemon asked of their homes
     ask_timeouts: int = 0      # of those, no answer in time (read from the store)
+    wait_timeouts: int = 0     # first reads that gave up waiting for a copy under way (the file read twice)
 
     @property
     def page_cache_counted(self) -> bool:
@@ -104,7 +105,7 @@ def _stats(v: tuple) -> MountStats:
     return MountStats(f["opens_local"], f["opens_source"], f["bytes_local"], f["bytes_source"], f["corrupt"],
                       f["reads"], f["stale"], f["events_dropped"], f["opens_seen"] if seen else None,
                       f["opens_cached"] if seen else None, f["opens_peer"], f["bytes_peer"], f["asks"],
-                      f["ask_timeouts"])
+                      f["ask_timeouts"], f["wait_timeouts"])
 
 
 def read_info(mnt: str) -> dict:

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define STATS_MAGIC "CVMNTST"     /* 7 characters and a NUL */
-#define STATS_VERSION 6
+#define STATS_VERSION 7
 
 struct mountfs_stats {
     char magic[8];
@@ -15,7 +15,8 @@ struct mountfs_stats {
     uint32_t size;
     uint64_t opens_local, opens_source, bytes_local, bytes_source, corrupt, reads, info_opens, pid;
     uint64_t stale;   /* entries of an earlier session whose source changed since (never served) */
-    uint64_t unused;        /* (was quiet_local: every first read is reported now) */
+    uint64_t wait_timeouts;  /* first reads that waited STAGING_WAIT_MS for another process's copy
+                              * of the file and then read the source themselves (read twice) */
     uint64_t events_dropped;   /* reports the mount process could not take (its pipe was full) */
     uint64_t no_open;         /* 1: the kernel sends no OPEN/RELEASE: opens served by its page cache are unseen */
     uint64_t opens_seen;      /* OPEN requests of files (without no_open) */

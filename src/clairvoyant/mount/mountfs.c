@@ -561,9 +561,22 @@ static int being_staged(uint64_t digest) {
 }
 
 /* A file the tier lacks but that the mount process (or a Loader of the node) is staging now: wait
- * for that copy (up to 2 s) rather than read the shared store a second time. */
+ * for that copy rather than read the shared store a second time. The lock goes with its holder
+ * (the kernel lets go of a dead process's locks), so the wait ends when the copy does; a store
+ * that takes longer than STAGING_WAIT_MS for one file gets the read a second time (counted: on a
+ * loaded node 2 s was once too short, and the file was read twice). Polled at 1 ms, then 10. */
+#define STAGING_WAIT_MS 60000
 static char *wait_for_staging(const struct lfile *f, int *stale) {
-    for (int i = 0; i < 2000 && being_staged(f->digest); i++) usleep(1000);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 0; being_staged(f->digest); i++) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= STAGING_WAIT_MS) {
+            count(&sh->wait_timeouts, 1);
+            break;
+        }
+        usleep(i < 100 ? 1000 : 10000);
+    }
     return read_local(f, stale);
 }
 
