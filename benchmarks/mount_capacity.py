@@ -22,6 +22,7 @@ exchange their orders and run the Loader's cluster plan, and the run prints what
     python benchmarks/mount_capacity.py --cluster --capacity 15%   # with samplers: the cluster plan
     python benchmarks/mount_capacity.py --cluster --launcher torchrun   # issue 32: the mounts started by torchrun
     python benchmarks/mount_capacity.py --cluster --lose-node-at 2   # issue 33: node 3 lost as epoch 2 starts
+    python benchmarks/mount_capacity.py --cluster --start-skew 2   # issue 42: node r's program starts 2r s late
     python benchmarks/mount_capacity.py --images 160 --epochs 2 --json   # a smoke run
 
 With ``--lose-node-at E`` node 3 is killed (its member, its mount service and its program, SIGKILL)
@@ -82,11 +83,13 @@ def reader_main(args: argparse.Namespace) -> None:
     # the nodes start their first epoch together, as DDP's ranks do (its constructor synchronises
     # them): on 2 cores the 4 programs' imports alone spread their starts by seconds otherwise
     work = os.path.dirname(mnt)
-    open(os.path.join(work, f"ready.{rank}"), "w").close()
-    while not all(os.path.exists(os.path.join(work, f"ready.{r}")) for r in range(NODES)):
+    first = args.first_epoch
+    open(os.path.join(work, f"ready.{rank}.{first}"), "w").close()
+    while not all(os.path.exists(os.path.join(work, f"ready.{r}.{first}")) for r in range(NODES)):
         time.sleep(0.01)
+    time.sleep(rank * args.start_skew)   # (--start-skew: node r starts r times that much later)
     at = os.path.join(work, f"at.{rank}")
-    for e in range(args.epochs):
+    for e in range(first, first + args.epochs):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(e)
         with open(at, "w") as f:
@@ -143,6 +146,7 @@ def run(args: argparse.Namespace) -> dict:
                        num_classes=10, size=args.size)
     cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
     out: dict = {"images": args.images, "epochs": args.epochs, "capacity": args.capacity,
+                 "start_skew": args.start_skew, "program_per_epoch": args.program_per_epoch,
                  "sampler": not args.no_sampler, "cluster": args.cluster,
                  "nodes": []}
     with FuseStore(raw, open_latency=args.open_latency, read_latency=0.0) as store:
@@ -180,10 +184,23 @@ def run(args: argparse.Namespace) -> dict:
                 time.sleep(0.1)
             store.reset()
             t0 = time.perf_counter()
-            readers = [subprocess.Popen([sys.executable, HERE, "--reader", mnts[i], "--rank", str(i), "--epochs",
-                                         str(args.epochs)] + (["--no-sampler"] if args.no_sampler else []))
-                       for i in range(NODES)]
-            out["store_opens_per_epoch"] = _watch(work, readers, args, store, mnts)
+            def programs(first: int, epochs: int) -> list[subprocess.Popen]:
+                return [subprocess.Popen([sys.executable, HERE, "--reader", mnts[i], "--rank", str(i), "--epochs",
+                                          str(epochs), "--first-epoch", str(first), "--start-skew", str(args.start_skew)]
+                                         + (["--no-sampler"] if args.no_sampler else []))
+                        for i in range(NODES)]
+
+            if args.program_per_epoch:   # each epoch a new program per node, all ended before the next
+                marks = []
+                for e in range(args.epochs):
+                    readers = programs(e, 1)
+                    if any(r.wait() for r in readers):
+                        raise RuntimeError(f"a node's DataLoader failed in epoch {e}")
+                    marks.append(store.counters().opens)
+                out["store_opens_per_epoch"] = [b - a for a, b in zip([0] + marks[:-1], marks)]
+            else:
+                readers = programs(0, args.epochs)
+                out["store_opens_per_epoch"] = _watch(work, readers, args, store, mnts)
             if any(r.wait() for r in readers[:3 if args.lose_node_at is not None else NODES]):
                 raise RuntimeError("a node's DataLoader failed")
             out["lost_at"] = args.lose_node_at
@@ -312,6 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", default="30%", help="each node's local tier")
     p.add_argument("--open-latency", type=float, default=0.002, help="the store's seconds per open")
     p.add_argument("--no-sampler", action="store_true", help="programs shuffle on their own")
+    p.add_argument("--first-epoch", type=int, default=0, help=argparse.SUPPRESS)   # (a program's first)
+    p.add_argument("--program-per-epoch", action="store_true",
+                   help="each node runs a new program per epoch (with --start-skew: skewed each epoch)")
+    p.add_argument("--start-skew", type=float, default=0.0,
+                   help="seconds between one node's program's start and the next's (issue 42)")
     p.add_argument("--cluster", action="store_true", help="the 4 mounts as one cache (mpirun, issue 23)")
     p.add_argument("--launcher", choices=("mpirun", "torchrun"), default="mpirun",
                    help="what starts the cluster's mounts (issue 32: torchrun, no MPI)")
