@@ -14,7 +14,7 @@ draws the store's bytes per epoch, on against off, one panel per configuration (
     python benchmarks/cluster.py --images 200 --epochs 2 --stores fast --plot out/cluster.png   # a smoke run
 
 The ranks talk through shared memory, far faster than a network: the data plane emulates an
-interconnect (dist/peers.py: every message leaves after a latency plus its size over a bandwidth),
+interconnect (cluster/peers.py: every message leaves after a latency plus its size over a bandwidth),
 by default a plausible HPC fabric, ``--peer-latency 20e-6`` (20 us, one way) and
 ``--peer-bandwidth 10e9`` (10 GB/s per rank); ``--peer-latency 0 --peer-bandwidth 0`` turns it off.
 They reach the ranks as ``CLAIRVOYANT_PEER_LATENCY`` and ``CLAIRVOYANT_PEER_BANDWIDTH``.
@@ -44,7 +44,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from mpi_epochs import timed_epochs
 
     from clairvoyant import Loader
-    from clairvoyant.dist.wire import emulated_link
+    from clairvoyant.cluster.wire import emulated_link
     from clairvoyant.testing import EmulatedStore
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -64,7 +64,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run(data: str, capacity: str, store: str, cluster: str, epochs: int, link: tuple[float, float]) -> list[dict]:
-    from clairvoyant.dist.wire import BANDWIDTH_VAR, LATENCY_VAR
+    from clairvoyant.cluster.wire import BANDWIDTH_VAR, LATENCY_VAR
     mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
     with tempfile.TemporaryDirectory(prefix="cv-cluster-") as work:
         cmd = [mpirun, "-n", "4", "--oversubscribe", "--bind-to", "none", "-x", LATENCY_VAR, "-x", BANDWIDTH_VAR,

@@ -1,7 +1,7 @@
 """Benchmark: what authenticating and encrypting the cluster's peers costs (issue 41).
 
-Two processes, each a rank with the peer service the Loader and the mounts use (dist/peers.py
-over dist/wire_zmq.py, TCP on loopback): rank 1 serves ``--size``-byte samples from memory, rank
+Two processes, each a rank with the peer service the Loader and the mounts use (cluster/peers.py
+over cluster/wire_zmq.py, TCP on loopback): rank 1 serves ``--size``-byte samples from memory, rank
 0 fetches them by number, one at a time (``--fetches``; median and p99) and 16 at once from 16
 threads (fetches/s). Each round runs twice side by side: CURVE with the job's keys (the default)
 and ``CLAIRVOYANT_PEER_AUTH=off`` (plain TCP, as before issue 41); ``--rounds`` rounds alternate
@@ -22,12 +22,12 @@ import statistics
 import threading
 import time
 
-from clairvoyant.dist.peers import PeerService
-from clairvoyant.dist.wire_zmq import ZmqWire
+from clairvoyant.cluster.peers import PeerService
+from clairvoyant.cluster.wire_zmq import ZmqWire
 
 FILES = 64
 try:
-    from clairvoyant.dist.secret import JobSecret
+    from clairvoyant.cluster.secret import JobSecret
     SECRET = JobSecret(os.urandom(32), "the benchmark")
 except ImportError:   # before issue 41: plain only
     SECRET = None

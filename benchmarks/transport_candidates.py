@@ -6,7 +6,7 @@ as the cluster cache's peer fetch does. For each transport: the latency of one f
 serving process is killed in the middle (an error, a time-out, or a hang).
 
 - ``mpi``: mpi4py point to point (``Isend``/``Irecv`` on tags), under ``mpirun -n 2``, as the
-  peer service does today (dist/peers.py);
+  peer service does today (cluster/peers.py);
 - ``zmq``: pyzmq, a ROUTER socket serving, a DEALER asking, over TCP on loopback;
 - ``gloo``: torch.distributed's gloo backend, ``isend``/``irecv`` of tensors (a header, then the
   bytes), in a process group of 2 set up through its TCPStore.

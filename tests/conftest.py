@@ -15,7 +15,7 @@ from clairvoyant.testing import make_dataset
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Manifests go to a per-test cache, never to the user's home; so does the job's secret file
-    (dist/secret.py: the processes a test starts inherit it)."""
+    (cluster/secret.py: the processes a test starts inherit it)."""
     monkeypatch.setenv("CLAIRVOYANT_CACHE", str(tmp_path_factory.mktemp("cvcache")))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     ram = tmp_path_factory.mktemp("ram")

@@ -9,7 +9,7 @@ import time
 import psutil
 import zmq
 
-from clairvoyant.dist.wire import REPLY, REQUEST, REQUEST_MAGIC
+from clairvoyant.cluster.wire import REPLY, REQUEST, REQUEST_MAGIC
 
 
 def with_word(pids: list[int], word: bytes) -> list[int]:

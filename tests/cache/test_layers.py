@@ -12,8 +12,8 @@ PKG = os.path.dirname(clairvoyant.__file__)
 
 # package -> subpackages of clairvoyant it must not import
 FORBIDDEN = {
-    "plan": {"cache", "load", "stage", "source", "dist", "cli", "testing"},
-    "source": {"cache", "load", "stage", "plan", "dist", "cli"},
+    "plan": {"cache", "load", "stage", "source", "cluster", "cli", "testing"},
+    "source": {"cache", "load", "stage", "plan", "cluster", "cli"},
 }
 
 

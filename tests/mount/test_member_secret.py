@@ -1,5 +1,5 @@
 """A cluster mount's member and the service it starts or finds hold the job's keys alike
-(mount/member.py, dist/secret.py). Each check has a control."""
+(mount/member.py, cluster/secret.py). Each check has a control."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from clairvoyant.dist.secret import JobSecret, key_id
+from clairvoyant.cluster.secret import JobSecret, key_id
 from clairvoyant.errors import ConfigError
 from clairvoyant.mount import member
 

@@ -1,6 +1,6 @@
 """The simulator's node loss (``Job.lost_at``, ``clairvoyant simulate --lose-node-at K``): from
 epoch K the job runs on one node fewer, the survivors' tiers as they were. Checked against the
-Loader's own run in tests/dist/test_cluster_elastic.py; here: its shape, conservation, and what
+Loader's own run in tests/cluster/test_cluster_elastic.py; here: its shape, conservation, and what
 the store pays, each with a control."""
 
 from __future__ import annotations

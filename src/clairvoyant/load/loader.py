@@ -22,9 +22,9 @@ import numpy as np
 from .. import manifest as manifest_mod
 from ..cache import codec as codec_mod
 from ..cache.entry import entry_size
-from ..dist import cluster as cluster_mod
-from ..dist.cluster import Cluster
-from ..dist.topology import validate
+from ..cluster import job as cluster_mod
+from ..cluster.job import Cluster
+from ..cluster.topology import validate
 from ..errors import ConfigError, EmptySourceError
 from ..plan import num_batches
 from ..plan.layout import NodeLayout
@@ -230,7 +230,7 @@ class Loader:
         self._cluster_later: bytes | None = None   # the fingerprint, where the cluster forms at the first pass
         self._cluster_insist = False   # cluster=True: no cluster at the first pass is an error
         join = cluster_mod.wanted(cluster)
-        if join:   # the job's nodes as one cache (dist/cluster.py)
+        if join:   # the job's nodes as one cache (cluster/job.py)
             fingerprint = cluster_mod.fingerprint(
                 manifest=self.manifest.fingerprint, seed=int(seed), batch_size=int(batch_size),
                 shuffle=bool(shuffle), drop_last=bool(drop_last),
@@ -313,7 +313,7 @@ class Loader:
 
     @property
     def topology(self) -> NodeLayout:
-        """Where this process sits: rank, world size, the node's ranks (dist/topology.py)."""
+        """Where this process sits: rank, world size, the node's ranks (cluster/topology.py)."""
         return self._node.topology
 
     @property
@@ -365,7 +365,7 @@ class Loader:
         return c
 
     def _form_cluster(self) -> None:
-        """The cluster put off at construction, formed at the first pass (dist/cluster.py
+        """The cluster put off at construction, formed at the first pass (cluster/job.py
         ``formed_late``): the node's topology, tiers and serving follow it."""
         fingerprint, self._cluster_later = self._cluster_later, None
         c = cluster_mod.formed_late(fingerprint, self._cluster_insist)

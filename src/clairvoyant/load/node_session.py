@@ -2,11 +2,11 @@
 
 The node's tiers of the source, opened (cache/node.py) and closed; whether a kept miss goes straight
 to the local tier; the node's deadline gate (``balance=True``, stage/gate.py). Where this process
-sits (dist/topology.py): the rank, world size and node layout, bound to a process group before the
+sits (cluster/topology.py): the rank, world size and node layout, bound to a process group before the
 first pass (one exchange of node names and manifests, never in the constructor). Each epoch's plan
 for this rank (plan/rank_plan.py), from the residents the last epoch's plan left or the tier holds;
 the range reader of a packing source (plan/ranges.py); the samples this node serves to peers (the
-cluster cache, dist/cluster.py).
+cluster cache, cluster/job.py).
 
 ``NodeSession`` is a part of the Loader (load/loader.py), made once the Loader knows its source,
 manifest and sizes; it holds the tiers, the gate, the place in the job and the last epoch's plan
@@ -25,8 +25,8 @@ from ..cache.entry import entry_size, read_sample, unseal
 from ..cache.extents import read_entry
 from ..cache.node import open_tiers, residents
 from ..cache.tiers import Tiers
-from ..dist.cluster import Cluster
-from ..dist.topology import (digest63, gather_over_group, local_from_env, node_name, nodes_of, process_group,
+from ..cluster.job import Cluster
+from ..cluster.topology import (digest63, gather_over_group, local_from_env, node_name, nodes_of, process_group,
                              resolve, validate)
 from ..errors import ConfigError, CorruptEntry
 from ..manifest import Manifest
@@ -42,7 +42,7 @@ log = logging.getLogger("clairvoyant")
 
 
 def place(local_world_size: int | None) -> NodeLayout:
-    """Rank, world size and node layout when none were given (dist/topology.py); a
+    """Rank, world size and node layout when none were given (cluster/topology.py); a
     ``local_world_size=`` argument overrides the node layout."""
     t = resolve()
     return t if local_world_size is None else validate(t.rank, t.world_size, local_world_size=local_world_size,

@@ -14,7 +14,7 @@ what it serves, and which asks go to the store at once. This module carries eith
   daemon waits for them (``<handoff>/<number>``: the bytes, then their mtime; written under a
   temporary name, then renamed), or ``<number>.miss`` when the home did not answer with them: the
   daemon then reads the store itself. A late or dead home costs one time-out (the link passes it
-  over for a while after: ``dist/peers.py``), never an error in the program.
+  over for a while after: ``cluster/peers.py``), never an error in the program.
 - **A request at the home** (:meth:`serve`, in the link's serving threads): from the tier if it
   holds a sound entry; else the home reads the store on the reader's behalf, keeps the file within
   its capacity (evicting the least recently read across the cluster), and sends it.

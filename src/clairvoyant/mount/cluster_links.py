@@ -6,7 +6,7 @@ homes), ``counters()`` and ``close()``. :class:`ServiceLink` is a node's mount s
 by the process a launcher runs (mount/member.py): peers over ZeroMQ, their addresses given each time
 a launcher forms the cluster, so that the mount outlives its launcher; :class:`PeerLink` joins
 mounts that live in the ranks of an MPI job (``PeerLink.node_leaders``) over the cluster's one
-transport (dist/cluster.py); :class:`LoopbackLink` joins mounts of one process (tests). Before
+transport (cluster/job.py); :class:`LoopbackLink` joins mounts of one process (tests). Before
 anything is mounted the nodes check that they number the same files alike
 (:func:`files_fingerprint`).
 """
@@ -41,15 +41,15 @@ def files_fingerprint(manifest) -> bytes:
 class ServiceLink:
     """Node ``node`` of ``nodes``: the link of a mount service (mount/member.py) whose peers'
     addresses the member process gives, over its control socket (``control``: a path), each time
-    a launcher forms the cluster. The peer reads go over ZeroMQ (dist/wire_zmq.py) bound on
+    a launcher forms the cluster. The peer reads go over ZeroMQ (cluster/wire_zmq.py) bound on
     ``host``; nothing of the launcher's (MPI, torchrun's store) is used here, so the mount goes on
     serving when its launcher, or a peer, is gone. ``member_pid``: the member that started it."""
 
     def __init__(self, node: int, nodes: int, host: str, control: str, member_pid: int, secret) -> None:
         import zmq
 
-        from ..dist.wire_zmq import ZmqWire
-        from ..dist.secret import key_id
+        from ..cluster.wire_zmq import ZmqWire
+        from ..cluster.secret import key_id
         self.node, self.nodes = int(node), int(nodes)
         self.member = int(member_pid)
         self._wire = ZmqWire(self.node, self.nodes, host, secret=secret)
@@ -194,7 +194,7 @@ class ServiceLink:
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Tell the member ``fingerprint`` and wait for its word: every node's was the same (the
         peers' addresses), or not (a ConfigError saying which differ)."""
-        from ..dist.store import GATHER_TIMEOUT
+        from ..cluster.store import GATHER_TIMEOUT
         self._fingerprint = bytes(fingerprint)
         deadline = time.monotonic() + GATHER_TIMEOUT
         while not self._joined.wait(0.2):
@@ -206,7 +206,7 @@ class ServiceLink:
             raise ConfigError(self._join_error)
 
     def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        from ..dist.peers import PeerService
+        from ..cluster.peers import PeerService
 
         def answer(number: int) -> bytes | None:
             if number == ALIVE:
@@ -258,12 +258,12 @@ class ServiceLink:
 
 class PeerLink:
     """The mounts of a job's nodes, one per node, living in the job's own processes, over the
-    cluster's one transport (dist/cluster.py ``transport``): MPI under an MPI launcher (or over
+    cluster's one transport (cluster/job.py ``transport``): MPI under an MPI launcher (or over
     ``comm``: ``node_leaders``), torchrun's store and ZeroMQ under torchrun. (``clairvoyant mount
     --cluster`` uses a ServiceLink instead, so that the mount outlives its launcher.)"""
 
     def __init__(self, comm: Any = None) -> None:
-        from ..dist import cluster, peers
+        from ..cluster import job as cluster, peers
         self._peers, self._cluster = peers, cluster
         try:
             self._group, self._on = cluster.transport(comm)
@@ -281,8 +281,8 @@ class PeerLink:
         node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
         from mpi4py import MPI
 
-        from ..dist.group import node_groups
-        from ..dist.topology import node_name
+        from ..cluster.group import node_groups
+        from ..cluster.topology import node_name
         comm = comm if comm is not None else MPI.COMM_WORLD
         groups = node_groups(comm, node_name())
         rank = comm.Get_rank()
@@ -292,7 +292,7 @@ class PeerLink:
 
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
-        from ..dist.group import agree
+        from ..cluster.group import agree
         agree(self._group, fingerprint, what)
 
     def abort(self, code: int) -> None:

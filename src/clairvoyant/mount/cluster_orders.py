@@ -8,7 +8,7 @@ The blob is made once per epoch and set of ranks (the residents are those of its
 so that every node that gathers the same ranks plans from the same bytes.
 
 The blobs travel over the cluster's link as requests of their own kind, for a piece of the node's
-state (dist/wire.py ``STATE_MAGIC``; a file is never asked for this way): piece ``1 + 2e`` answers
+state (cluster/wire.py ``STATE_MAGIC``; a file is never asked for this way): piece ``1 + 2e`` answers
 16 bytes, the length of the node's blob of epoch ``e`` (0: none yet) and its xxh3-64 (a gatherer
 fetches a blob again only when these change), ``2 + 2e`` the blob. Piece ``HOMES`` answers the
 homes a node plans with (8 bytes, the epoch they came from, then 4 per file). The format is a fixed header, a JSON description and

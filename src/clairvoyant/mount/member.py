@@ -4,7 +4,7 @@ and the node's mount service that the member starts (or finds) and that outlives
 Gang launchers (``mpirun``, torchrun's agents, ``srun``) end every process of a job when one of
 them fails; a mount is a per-node service that programs on the node depend on. So the process the
 launcher starts (``clairvoyant mount --cluster SRC MNT``: :func:`run_member`) only forms the
-cluster: it joins the launcher's rendezvous (dist/cluster.py ``rendezvous``: MPI's collectives, or
+cluster: it joins the launcher's rendezvous (cluster/job.py ``rendezvous``: MPI's collectives, or
 torchrun's store), starts the node's mount service in a session of its own (``--serve-node``:
 :func:`run_service`, the ``Mount`` with a ``ServiceLink``), or finds the one already serving
 ``MNT`` (a launcher that restarted its workers, a new job around running mounts), checks with the
@@ -147,7 +147,7 @@ def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None, 
     if local_dir and os.path.realpath(local_dir) != os.path.realpath(info.get("local_dir", local_dir)):
         raise ConfigError(f"{mnt} is served with its local tier in {info.get('local_dir')}, not {local_dir}; "
                           f"unmount it (clairvoyant umount {mnt}) to start it with another")
-    from ..dist.secret import key_id
+    from ..cluster.secret import key_id
     if hello.get("secret") != key_id(secret):
         raise ConfigError(f"{mnt} is served with its peers' keys from another job secret than this launch's "
                           f"({'none: CLAIRVOYANT_PEER_AUTH=off' if secret is None else secret.where}); unmount it "
@@ -191,10 +191,10 @@ def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, 
 
 def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
-    ``group``: the launcher's rendezvous (dist/cluster.py)."""
-    from ..dist.group import agree
-    from ..dist.secret import job_secret
-    from ..dist.wire_zmq import ADDR_VAR, reachable_address
+    ``group``: the launcher's rendezvous (cluster/job.py)."""
+    from ..cluster.group import agree
+    from ..cluster.secret import job_secret
+    from ..cluster.wire_zmq import ADDR_VAR, reachable_address
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
     local_dir = local_dir.replace("{node}", str(node)) if local_dir else local_dir
@@ -229,7 +229,7 @@ def run_member(args: argparse.Namespace, group) -> int:
         return fail(f"the address its peers would reach it by is {host}, a loopback address, while the nodes are "
                     f"on several hosts: set {ADDR_VAR} to this node's address on the network the nodes share")
     try:
-        secret = job_secret(group)   # (collective) the services' keys come from it (dist/secret.py)
+        secret = job_secret(group)   # (collective) the services' keys come from it (cluster/secret.py)
         svc = _adopt(mnt, node, nodes, src, local_dir, secret)
     except ConfigError as e:
         return fail(str(e))
@@ -306,7 +306,7 @@ def service_secret():
     """The job's secret its member handed this service (taken out of ``os.environ``, so that no
     process it starts inherits it; its initial environment in /proc stays readable by this user
     and root, as docs/security.md says), or None where authentication is off."""
-    from ..dist.secret import JobSecret, auth_off
+    from ..cluster.secret import JobSecret, auth_off
     raw = os.environ.pop(SERVICE_SECRET_VAR, "")
     if auth_off():
         return None

@@ -4,7 +4,7 @@ One frozen type, ``NodeLayout``, says it for every part of the runtime: the
 plan (a node's ranks share its tiers and interleave their batches), the Loader
 and the mount, the cluster cache and the simulator. Finding the numbers (the
 launcher's variables, ``torch.distributed``, an exchange of node names, MPI)
-is dist/'s mechanism; what they mean is decided here.
+is cluster/'s mechanism; what they mean is decided here.
 
 Ranks on a node need not be numbered in one block for the plan; the launchers
 that only give a node's size (``LOCAL_WORLD_SIZE``) place them in blocks, and

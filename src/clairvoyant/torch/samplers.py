@@ -25,7 +25,7 @@ FilesFn = Callable[[int], "str | os.PathLike[str] | Sequence[str | os.PathLike[s
 
 def _world() -> tuple[int, int]:
     """(world size, rank): the process group's if one is initialised, else the launcher's."""
-    from ..dist.topology import resolve
+    from ..cluster.topology import resolve
     t = resolve()
     return t.world_size, t.rank
 

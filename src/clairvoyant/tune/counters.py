@@ -78,7 +78,7 @@ NAMES: dict[str, str] = {
     "mount.kept_reads": "files kept after a read the staging heard late",
     "mount.evicted_unread": "evicted files never read",
     "mount.not_home": "reads of files whose home is another node",
-    # a link to the other nodes (dist/peers.py, mount/cluster.py's links)
+    # a link to the other nodes (cluster/peers.py, mount/cluster.py's links)
     "peer.fetches": "fetches asked of a peer",
     "peer.sent": "requests sent",
     "peer.hits": "fetches a peer answered with the bytes",

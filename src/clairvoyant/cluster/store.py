@@ -1,4 +1,4 @@
-"""MECHANISM: the job's ranks as a group (dist/group.py) over torch.distributed's key-value store,
+"""MECHANISM: the job's ranks as a group (cluster/group.py) over torch.distributed's key-value store,
 for jobs started without MPI: torchrun (and Lightning, Accelerate and Kubernetes' PyTorchJob,
 which start their ranks the same way), beside a training that uses NCCL or gloo.
 

@@ -1,6 +1,6 @@
 """The cluster cache end to end: ``mpirun -n 4``, each rank its own "node" (CLAIRVOYANT_NODE) with its
 own local directory, all reading one emulated shared store whose counters they share
-(tests/dist/mpi_cluster_script.py). Every epoch must serve every sample exactly once, with the source's
+(tests/cluster/mpi_cluster_script.py). Every epoch must serve every sample exactly once, with the source's
 bytes, whatever the peers do; the store must be read about once per job. A peer killed or slow in
 the middle of an epoch costs the others at most about one peer deadline, and no sample."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clairvoyant.dist.cluster import PEER_TIMEOUT
+from clairvoyant.cluster.job import PEER_TIMEOUT
 from clairvoyant.testing import make_dataset
 from mpi_util import ENV, MPIRUN, launch, needs_mpirun, needs_ulfm, ours
 
@@ -101,7 +101,7 @@ def test_compressing_tiers_send_their_entries_over_the_wire(scenario, tmp_path):
 
 # --- a peer that dies or turns slow in the middle of an epoch ---------------------------------------
 
-VICTIM, SLOW = 2, 1   # as in tests/dist/mpi_cluster_script.py
+VICTIM, SLOW = 2, 1   # as in tests/cluster/mpi_cluster_script.py
 # Allowed extra time for an epoch with a failed peer: the issue's 2 x the peer deadline, plus this much
 # for a machine whose 2 cores run 4 ranks, their readers and other people's work (measured here: the
 # killed peer costs ~0 s, MPI reports the death at once; the slow one ~2.0 s, one deadline).
@@ -116,7 +116,7 @@ def faults_data(tmp_path_factory) -> str:
 
 
 def run_faults(dataset: str, work: Path, scenario: str) -> tuple[dict[int, dict], int, str]:
-    """A fault scenario of tests/dist/mpi_cluster_script.py on 4 ranks: what each rank that lived to the
+    """A fault scenario of tests/cluster/mpi_cluster_script.py on 4 ranks: what each rank that lived to the
     end wrote, mpirun's exit status, its stderr."""
     token = f"cvcluster-{uuid.uuid4().hex}"
     flags = ("--with-ft", "ulfm") if scenario == "kill" else ()

@@ -1,4 +1,4 @@
-"""Where the job's secret comes from and how the ranks agree on it (dist/secret.py). Each check
+"""Where the job's secret comes from and how the ranks agree on it (cluster/secret.py). Each check
 has a control."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import threading
 
 import pytest
 
-from clairvoyant.dist import secret as sec
-from clairvoyant.dist.secret import JobSecret, job_secret, key_id, rank_keys
+from clairvoyant.cluster import secret as sec
+from clairvoyant.cluster.secret import JobSecret, job_secret, key_id, rank_keys
 from clairvoyant.errors import ConfigError
 
 
 class _ThreadGroup:
-    """Ranks of one process (threads) gathering through a barrier: a group as dist/group.py has it."""
+    """Ranks of one process (threads) gathering through a barrier: a group as cluster/group.py has it."""
 
     name = "a test's threads"
 
@@ -148,7 +148,7 @@ def test_a_wire_that_cannot_bind_leaves_no_thread_behind():
     """ZmqWire on an address it cannot bind: the error, and neither the authenticator's thread nor
     the context left running. Control: on loopback it binds, and its close leaves none either."""
     pytest.importorskip("zmq")
-    from clairvoyant.dist.wire_zmq import ZmqWire
+    from clairvoyant.cluster.wire_zmq import ZmqWire
     before = threading.active_count()
     with pytest.raises(Exception):
         ZmqWire(0, 2, "192.0.2.1", secret=JobSecret(b"k" * 32, "test"))   # (TEST-NET-1: not this host's)

@@ -6,9 +6,9 @@ from any number of threads). It decides nothing about *whom* to ask for *what*:
 that is planning's. What it does decide:
 
 - **The wire.** Fixed little-endian ``struct`` headers and raw bytes, over one of
-  two backends with one interface (dist/wire.py): MPI (dist/wire_mpi.py, on a
+  two backends with one interface (cluster/wire.py): MPI (cluster/wire_mpi.py, on a
   private duplicate of the communicator; the default where ``comm`` is an MPI
-  communicator) or ZeroMQ over TCP (dist/wire_zmq.py, for jobs started by
+  communicator) or ZeroMQ over TCP (cluster/wire_zmq.py, for jobs started by
   torchrun and its kin). Nothing is pickled or unpickled, ever: a message whose
   kind, size or magic is not ours is refused unread and counted as ``refused``.
   A request is :data:`REQUEST`; a reply is :data:`REPLY` followed by the payload
@@ -53,10 +53,10 @@ that is planning's. What it does decide:
 
 This module holds the service's API and what its messages mean (a fetch asked,
 a request answered, a reply taken); the wire's formats and the emulated link
-are dist/wire.py's, the backends dist/wire_mpi.py's and dist/wire_zmq.py's, the
-thread that moves the messages dist/peer_thread.py's.
-For the loader's start-up, :func:`available` is dist/mpi.py's, :func:`node_groups` and
-:func:`agree` dist/group.py's (importable from here too, as are
+are cluster/wire.py's, the backends cluster/wire_mpi.py's and cluster/wire_zmq.py's, the
+thread that moves the messages cluster/peer_thread.py's.
+For the loader's start-up, :func:`available` is cluster/mpi.py's, :func:`node_groups` and
+:func:`agree` cluster/group.py's (importable from here too, as are
 :func:`node_name` and the wire's names). mpi4py is imported only inside the
 functions that need it, so clairvoyant imports without it.
 """
@@ -116,7 +116,7 @@ class PeerService(ServiceThread):
     """This rank's end of the data plane: serves ``serve(index)`` to the other ranks and fetches from them.
 
     ``comm``: an MPI communicator (constructing the service is then collective over it: it
-    duplicates the communicator) or a backend of dist/wire.py (a ``ZmqWire``, connected);
+    duplicates the communicator) or a backend of cluster/wire.py (a ``ZmqWire``, connected);
     :meth:`start` starts the thread. ``serve(index)`` returns the staged sample's
     verified bytes, or None for a miss; it runs in the service thread. ``latency`` (seconds) and
     ``bandwidth`` (bytes/s, 0: unlimited) emulate an interconnect (see the module's notes); None
@@ -270,7 +270,7 @@ class PeerService(ServiceThread):
         ``passed_over`` counts fetches not sent to a peer passed over after a time-out; ``sent`` counts
         requests that went out, ``late`` replies that came after their caller gave up, ``refused``
         messages dropped unread, ``refused_keys`` connections refused in their handshake (no key of
-        the job's: dist/wire_zmq.py); ``served``/``unserved`` the requests this rank answered with a hit
+        the job's: cluster/wire_zmq.py); ``served``/``unserved`` the requests this rank answered with a hit
         or a miss; ``errors`` MPI errors met; ``per_peer`` hits and bytes by rank; ``dead_peers``
         the ranks MPI reported failed; ``slow_peers`` the ranks passed over now."""
         with self._lock:

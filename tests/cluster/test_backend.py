@@ -1,11 +1,11 @@
-"""dist/cluster.py's choice of the cluster's backend and of when it forms, from what the launcher
+"""cluster/job.py's choice of the cluster's backend and of when it forms, from what the launcher
 gives. Each case has its control."""
 
 from __future__ import annotations
 
 import pytest
 
-from clairvoyant.dist import cluster
+from clairvoyant.cluster import job as cluster
 
 pytest.importorskip("torch")
 pytest.importorskip("zmq")
@@ -59,8 +59,8 @@ def test_the_ranks_of_a_restarted_round_gather_under_the_same_keys(monkeypatch):
 
     import itertools
 
-    from clairvoyant.dist import store as store_mod
-    from clairvoyant.dist.store import StoreGroup
+    from clairvoyant.cluster import store as store_mod
+    from clairvoyant.cluster.store import StoreGroup
     from clairvoyant.errors import PeerLost
 
     monkeypatch.setattr(store_mod, "_groups", itertools.repeat(0))   # (both ranks in this one process)
@@ -99,8 +99,8 @@ def test_a_round_never_reads_what_an_interrupted_round_left(monkeypatch):
     pytest.importorskip("torch")
     import torch.distributed as dist
 
-    from clairvoyant.dist import store as store_mod
-    from clairvoyant.dist.store import StoreGroup
+    from clairvoyant.cluster import store as store_mod
+    from clairvoyant.cluster.store import StoreGroup
     from clairvoyant.errors import PeerLost
 
     monkeypatch.setattr(store_mod, "_groups", itertools.repeat(0))   # (every rank in this one process)

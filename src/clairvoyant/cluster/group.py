@@ -2,8 +2,8 @@
 
 A group is any object with ``rank``, ``size``, ``name`` and ``allgather(blob, what)`` (every
 rank's bytes, by rank: collective, each rank calls the same gathers in the same order), and
-``close()``: :class:`~clairvoyant.dist.mpi.MPIGroup` over an MPI communicator (``mpirun``,
-``srun``), :class:`~clairvoyant.dist.store.StoreGroup` over torch.distributed's key-value store
+``close()``: :class:`~clairvoyant.cluster.mpi.MPIGroup` over an MPI communicator (``mpirun``,
+``srun``), :class:`~clairvoyant.cluster.store.StoreGroup` over torch.distributed's key-value store
 (torchrun, Lightning, Accelerate, a Kubernetes PyTorchJob). Both raise ``PeerLost`` naming
 ``what`` when a rank can no longer take part. What the cluster exchanges is built on it here:
 an agreement on a fingerprint, the ranks of each node, int64 arrays. Raw bytes only: nothing
@@ -31,7 +31,7 @@ class Group(Protocol):
 
 
 def as_group(comm: Any) -> Group:
-    """``comm`` as a group: a group as it is, an MPI communicator wrapped (dist/mpi.py)."""
+    """``comm`` as a group: a group as it is, an MPI communicator wrapped (cluster/mpi.py)."""
     if hasattr(comm, "allgather") and hasattr(comm, "name") and not hasattr(comm, "Get_rank"):
         return comm
     from .mpi import MPIGroup

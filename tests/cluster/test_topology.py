@@ -9,8 +9,8 @@ import re
 import pytest
 
 from clairvoyant import ConfigError
-from clairvoyant.dist.topology import detect
-from clairvoyant.dist.topology import validate as Topology
+from clairvoyant.cluster.topology import detect
+from clairvoyant.cluster.topology import validate as Topology
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -60,14 +60,14 @@ def group(tmp_path):
 
 
 def test_without_a_group_the_variables_rule():
-    from clairvoyant.dist.topology import process_group, resolve
+    from clairvoyant.cluster.topology import process_group, resolve
     assert process_group() is None
     assert resolve({"RANK": "1", "WORLD_SIZE": "2"}) == Topology(1, 2, 0)
 
 
 def test_the_group_wins_over_lightnings_partial_variables(group):
     """Lightning's launcher sets WORLD_SIZE and LOCAL_RANK but no RANK: the group is the truth."""
-    from clairvoyant.dist.topology import resolve
+    from clairvoyant.cluster.topology import resolve
     t = resolve({"LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     assert (t.rank, t.world_size, t.origin) == (0, 1, "torch.distributed")
     # control: the variables alone (no group) would say another world size
@@ -80,13 +80,13 @@ def test_the_group_wins_over_lightnings_partial_variables(group):
     ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"}, "OMPI_COMM_WORLD_SIZE='3'"),
 ])
 def test_variables_that_contradict_the_group_are_an_error_naming_both(group, env, named):
-    from clairvoyant.dist.topology import resolve
+    from clairvoyant.cluster.topology import resolve
     with pytest.raises(ConfigError, match=r"torch.distributed says rank 0 of 1.*" + re.escape(named)):
         resolve(env)
 
 
 def test_a_launcher_of_one_process_may_start_a_group_of_its_own(group):
-    from clairvoyant.dist.topology import resolve
+    from clairvoyant.cluster.topology import resolve
     assert resolve({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).origin == "torch.distributed"
 
 
@@ -113,7 +113,7 @@ def test_a_loader_follows_a_group_started_after_it(dataset, tmp_path, monkeypatc
 _EXCHANGE = """
 import json, os, sys
 import torch.distributed as dist
-from clairvoyant.dist.topology import NodeLayout, digest63, gather_over_group, nodes_of
+from clairvoyant.cluster.topology import NodeLayout, digest63, gather_over_group, nodes_of
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 4), rank=rank, world_size=4)
 rows = gather_over_group([digest63(sys.argv[3 + rank].encode())])
@@ -131,7 +131,7 @@ dist.destroy_process_group()
 ])
 def test_the_node_layout_is_exchanged_over_the_group(tmp_path, nodes, expected):
     """No LOCAL_WORLD_SIZE (Lightning sets none): every rank's node name is gathered over the group."""
-    from clairvoyant.dist.topology import NodeLayout, nodes_of
+    from clairvoyant.cluster.topology import NodeLayout, nodes_of
     with pytest.raises(ConfigError, match=r"ranks \[0, 2\] share a node"):   # the pure half, on its own
         nodes_of([7, 8, 7, 9])
     t = NodeLayout(nodes_of([7, 7, 8, 8, 8]), 4)
@@ -158,7 +158,7 @@ import torch.distributed as dist
 from clairvoyant import ConfigError, Loader
 rank, store, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
-from clairvoyant.dist import topology
+from clairvoyant.cluster import topology
 topology.GATHER_TIMEOUT = 3.0
 src = sys.argv[4 + rank] if mode == "differ" else sys.argv[4]
 if mode == "alone" and rank == 1:   # makes no Loader: rank 0 must not hang

@@ -1,5 +1,5 @@
-"""MECHANISM: MPI for a job's nodes (dist/cluster.py): whether MPI can carry the cluster here
-(:func:`available`), and the job's ranks as a group (dist/group.py) over a communicator
+"""MECHANISM: MPI for a job's nodes (cluster/job.py): whether MPI can carry the cluster here
+(:func:`available`), and the job's ranks as a group (cluster/group.py) over a communicator
 (:class:`MPIGroup`: non-blocking collectives watched for lost ranks).
 
 mpi4py is imported only inside the functions that need it, so clairvoyant imports without it.
@@ -51,7 +51,7 @@ def available() -> str | None:
 
 
 class MPIGroup:
-    """The ranks of ``comm`` as a group (dist/group.py), on a duplicate of it (``dup``) so that its
+    """The ranks of ``comm`` as a group (cluster/group.py), on a duplicate of it (``dup``) so that its
     gathers never mix with the caller's. ``dead()``: ranks known to be gone from elsewhere (the
     peer service met them)."""
 

@@ -1,4 +1,4 @@
-"""One scenario of the peer service, run by tests/dist/test_peers.py under ``mpirun -n 4``.
+"""One scenario of the peer service, run by tests/cluster/test_peers.py under ``mpirun -n 4``.
 
 Usage: ``mpi_peers_script.py SCENARIO OUTDIR TOKEN``. Each rank writes what it saw as
 JSON to OUTDIR/rank-N.json (no rank's results travel over MPI, so a dead rank
@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from clairvoyant.dist import peers
+from clairvoyant.cluster import peers
 from clairvoyant.errors import ConfigError
 
 N = 400   # samples 0..N-1 are staged on rank i % size; N..N+49 nowhere

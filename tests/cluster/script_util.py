@@ -1,4 +1,4 @@
-"""What the torchrun scripts of tests/dist share: a sample's digest as its decoded value, and a
+"""What the torchrun scripts of tests/cluster share: a sample's digest as its decoded value, and a
 barrier that waits without spinning."""
 
 from __future__ import annotations

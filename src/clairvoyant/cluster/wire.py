@@ -1,4 +1,4 @@
-"""MECHANISM: the peer service's wire (dist/peers.py): what its messages are, what a backend
+"""MECHANISM: the peer service's wire (cluster/peers.py): what its messages are, what a backend
 that carries them reports, and the emulated interconnect they may travel over.
 
 A request is :data:`REQUEST` (its magic says its kind: a sample, or, :data:`STATE_MAGIC`, a piece
@@ -9,13 +9,13 @@ magic is not ours is refused unread (over MPI it is received into :data:`DRAIN` 
 truncated away).
 
 Two backends carry them, with one interface (``post``, ``poll``, ``busy``, ``shut_down``;
-``rank``, ``size``, ``name``): dist/wire_mpi.py (MPI, under ``mpirun``/``srun``) and
-dist/wire_zmq.py (ZeroMQ over TCP, for jobs that torchrun and its kin start). ``poll`` reports
+``rank``, ``size``, ``name``): cluster/wire_mpi.py (MPI, under ``mpirun``/``srun``) and
+cluster/wire_zmq.py (ZeroMQ over TCP, for jobs that torchrun and its kin start). ``poll`` reports
 what arrived (:data:`Received`), which sends completed and any :class:`Fault`.
 
 For benchmarks, ``CLAIRVOYANT_PEER_LATENCY`` (seconds) and ``CLAIRVOYANT_PEER_BANDWIDTH``
 (bytes per second) emulate an interconnect (:func:`emulated_link`); the service thread holds
-each message back accordingly (dist/peer_thread.py).
+each message back accordingly (cluster/peer_thread.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Loader job of 4 nodes loses one at epoch 2 and is restarted on the other 3 from its checkpoint
-(tests/dist/torchrun_elastic_script.py): every epoch serves
+(tests/cluster/torchrun_elastic_script.py): every epoch serves
 every sample exactly once across the restart, and what the store pays after it is what
 ``clairvoyant simulate --lose-node-at 2`` predicts (the simulator's ``Job.lost_at``), within 10%:
 the lost node's share, then what 3 tiers of 30% cannot hold."""

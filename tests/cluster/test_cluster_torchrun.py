@@ -1,5 +1,5 @@
 """The cluster cache under torchrun, no MPI: two (or four) torchrun agents on this machine, each a
-"node" of 2 (or 1) ranks with its own local directory (tests/dist/torchrun_cluster_script.py), the
+"node" of 2 (or 1) ranks with its own local directory (tests/cluster/torchrun_cluster_script.py), the
 ranks finding each other through torchrun's rendezvous store and serving each other over ZeroMQ.
 Every epoch must serve every sample exactly once, with the source's bytes; the store must be read
 about once per job."""

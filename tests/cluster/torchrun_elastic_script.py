@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_cluster_elastic.py under torchrun: one agent per "node" of one rank
+"""Run by tests/cluster/test_cluster_elastic.py under torchrun: one agent per "node" of one rank
 (``PHYS_NODE``, set by the test for each agent, names its local directory) reading one emulated
 store.
 

@@ -1,6 +1,6 @@
 """MECHANISM: the peer service's one thread (``clairvoyant-peers``): it moves the messages that
-dist/peers.py's :class:`~clairvoyant.dist.peers.PeerService` asks and answers with, over whichever
-backend carries them (dist/wire_mpi.py, dist/wire_zmq.py).
+cluster/peers.py's :class:`~clairvoyant.cluster.peers.PeerService` asks and answers with, over whichever
+backend carries them (cluster/wire_mpi.py, cluster/wire_zmq.py).
 
 Every call into the backend happens here. Each round the thread sends the messages due (a
 message the emulated link or ``DELAY_REPLIES`` held back leaves at its due time, from a queue
@@ -34,13 +34,13 @@ QUIET_PAUSE = 5e-3   # a quiet service's pause between looks (idle, it polled 60
 
 
 class ServiceThread:
-    """The thread's half of :class:`~clairvoyant.dist.peers.PeerService` (a base class of it):
+    """The thread's half of :class:`~clairvoyant.cluster.peers.PeerService` (a base class of it):
     the loop, sends, what the backend reports, faults, shutdown. It calls the
     service's ``_queue_request``, ``_take_reply`` and ``_answer_queued`` (what a message means and
     what it is answered) and ``_finish``/``_fail_waiting`` (a caller's outcome)."""
 
     # set up by PeerService.__init__
-    wire: Any   # the backend (dist/wire.py)
+    wire: Any   # the backend (cluster/wire.py)
     latency: float
     bandwidth: float
     idle_max: float

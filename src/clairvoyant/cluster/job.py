@@ -1,5 +1,5 @@
 """MECHANISM: the job's nodes as one cache: who is on which node, what each node can hold, and
-the peer service through which a node's tier serves the others (dist/peers.py).
+the peer service through which a node's tier serves the others (cluster/peers.py).
 
 Every rank of the job plans the whole cluster alike (plan/cluster.py) from what
 is exchanged here once, at start-up: the ranks of each node, each node's
@@ -11,8 +11,8 @@ stop with a clear error instead of serving each other wrong samples.
 One transport, two backends, chosen by what the launcher gives (:func:`backend`): under an
 MPI launcher (``mpirun``, ``srun --mpi=pmix``) the exchanges are MPI collectives and the peer
 service runs over MPI; under torchrun and its kin (Lightning, Accelerate, a Kubernetes
-PyTorchJob) the exchanges go through torch.distributed's key-value store (dist/store.py) and
-the peer service over ZeroMQ (dist/wire_zmq.py), beside a training that uses NCCL. Whether to
+PyTorchJob) the exchanges go through torch.distributed's key-value store (cluster/store.py) and
+the peer service over ZeroMQ (cluster/wire_zmq.py), beside a training that uses NCCL. Whether to
 run as a cluster: ``cluster="auto"`` turns it on where the launcher says the job spans more than
 one node (or ``CLAIRVOYANT_NODE`` names nodes) and a backend is there; without one the loader
 logs once that it runs node by node, and why.
@@ -162,7 +162,7 @@ def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> 
 def zmq_wire(group: Group, host: str | None = None) -> Any:
     """A ZeroMQ backend of rank ``group.rank``, bound on ``host`` (default: the address peers reach
     this node by) and connected to every rank's, the addresses exchanged through ``group``; its
-    peers authenticated with the job's secret (dist/secret.py: collective)."""
+    peers authenticated with the job's secret (cluster/secret.py: collective)."""
     from .secret import job_secret
     from .wire_zmq import ZmqWire, reachable_address
     secret = job_secret(group)

@@ -1,4 +1,4 @@
-"""The peer service over ZeroMQ (dist/wire_zmq.py), the backend of jobs without MPI: services of
+"""The peer service over ZeroMQ (cluster/wire_zmq.py), the backend of jobs without MPI: services of
 one process joined on loopback. Each check has a control."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 
-from clairvoyant.dist import peers  # noqa: E402
-from clairvoyant.dist.peers import PeerService  # noqa: E402
-from clairvoyant.dist.wire import REPLY, REQUEST, REQUEST_MAGIC  # noqa: E402
-from clairvoyant.dist.secret import JobSecret, rank_keys  # noqa: E402
-from clairvoyant.dist.wire_zmq import ZmqWire  # noqa: E402
+from clairvoyant.cluster import peers  # noqa: E402
+from clairvoyant.cluster.peers import PeerService  # noqa: E402
+from clairvoyant.cluster.wire import REPLY, REQUEST, REQUEST_MAGIC  # noqa: E402
+from clairvoyant.cluster.secret import JobSecret, rank_keys  # noqa: E402
+from clairvoyant.cluster.wire_zmq import ZmqWire  # noqa: E402
 
 SECRET = JobSecret(b"0123456789abcdef-the-tests-secret", "the tests")
 

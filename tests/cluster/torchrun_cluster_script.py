@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_cluster_torchrun.py under torchrun, one agent per "node" (``--nnodes N
+"""Run by tests/cluster/test_cluster_torchrun.py under torchrun, one agent per "node" (``--nnodes N
 --node-rank I``, c10d rendezvous on this machine): each node (CLAIRVOYANT_NODE from torchrun's
 GROUP_RANK) has its own local directory, and all read one emulated store whose counters the
 processes share.

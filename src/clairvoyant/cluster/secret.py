@@ -1,4 +1,4 @@
-"""MECHANISM: the job's secret, from which every rank's CURVE keys come (dist/wire_zmq.py), and
+"""MECHANISM: the job's secret, from which every rank's CURVE keys come (cluster/wire_zmq.py), and
 where it comes from.
 
 The peers of a job prove to each other that they belong to it: each rank's key pair is derived

@@ -1,9 +1,9 @@
-"""MECHANISM: the peer service's messages over MPI (one backend of dist/peers.py's transport).
+"""MECHANISM: the peer service's messages over MPI (one backend of cluster/peers.py's transport).
 
 Non-blocking sends and receives on a private duplicate of the communicator: a message waiting is
 matched (``Improbe``) and received into a buffer of the size its tag allows (a request's exact
 size, a reply's header plus the largest payload asked for); anything else is received into
-:data:`~clairvoyant.dist.wire.DRAIN` bytes, the rest truncated away unread, and refused. Raw
+:data:`~clairvoyant.cluster.wire.DRAIN` bytes, the rest truncated away unread, and refused. Raw
 bytes through mpi4py's buffer API: nothing pickled. An MPI error that names a failed peer (ULFM,
 ``mpirun --with-ft ulfm``) is acknowledged and reported with the ranks MPI lists as failed;
 without ULFM, Open MPI ends the whole job when a rank dies. Shutting down lets messages in flight

@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_cluster.py under ``mpirun -n N``: each rank is its own "node" (CLAIRVOYANT_NODE),
+"""Run by tests/cluster/test_cluster.py under ``mpirun -n N``: each rank is its own "node" (CLAIRVOYANT_NODE),
 with its own local directory, all reading one emulated store whose counters the processes share.
 
 argv: dataset, workdir, local_capacity, epochs, cluster (on/off), scenario, token (only marks the
@@ -35,8 +35,8 @@ os.environ["CLAIRVOYANT_NODE"] = "node%s" % os.environ.get("OMPI_COMM_WORLD_RANK
 from mpi4py import MPI  # noqa: E402
 
 from clairvoyant import Loader  # noqa: E402
-from clairvoyant.dist import peers  # noqa: E402
-from clairvoyant.dist.cluster import PEER_TIMEOUT  # noqa: E402
+from clairvoyant.cluster import peers  # noqa: E402
+from clairvoyant.cluster.job import PEER_TIMEOUT  # noqa: E402
 from clairvoyant.plan.order import epoch_order  # noqa: E402
 from clairvoyant.plan.partition import rank_indices  # noqa: E402
 from clairvoyant.testing import EmulatedStore  # noqa: E402

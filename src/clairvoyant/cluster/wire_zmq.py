@@ -1,17 +1,17 @@
-"""MECHANISM: the peer service's messages over ZeroMQ (one backend of dist/peers.py's transport),
+"""MECHANISM: the peer service's messages over ZeroMQ (one backend of cluster/peers.py's transport),
 for jobs that torchrun, Lightning, Accelerate or a Kubernetes PyTorchJob start without MPI.
 
 Each rank binds one ROUTER socket (its requests come in there, its replies go out there, routed
 by the asking rank's identity) on an ephemeral TCP port of the address its peers reach it by,
 and asks each peer through a DEALER socket of its own whose identity is its rank. The addresses
-are exchanged once, through the job's rendezvous (dist/store.py), before the service starts.
+are exchanged once, through the job's rendezvous (cluster/store.py), before the service starts.
 pyzmq's wheels carry libzmq: nothing is compiled here. ZeroMQ was measured against MPI and
 torch.distributed's gloo for this (benchmarks/transport_candidates.py, docs/benchmarks.md): a
 110 KB fetch in 0.7 ms against gloo's 0.9 ms, and a dead peer costs a time-out while the socket
 goes on, where gloo's group is dead for good.
 
 **Who may connect.** Every socket speaks CURVE (ZeroMQ's authenticated encryption, RFC 26) with
-the rank's key pair, derived from the job's secret (dist/secret.py): a rank's ROUTER admits only
+the rank's key pair, derived from the job's secret (cluster/secret.py): a rank's ROUTER admits only
 a connection that proves it holds one of the job's ranks' keys (a ZAP handler, pyzmq's
 ``ThreadAuthenticator``, whose user id for the connection is that rank), and a DEALER connects
 only to the peer that proves it holds the rank's key it asked for. A connection that has no such
@@ -83,7 +83,7 @@ def _admission(ctx: Any, ranks: dict[bytes, int]) -> Any:
 class ZmqWire:
     """Rank ``rank`` of ``size``: its ROUTER bound on ``host`` (``address`` is where peers reach
     it); ``connect`` with every rank's address before the service starts. ``secret``: the job's
-    (dist/secret.py), whose keys every socket proves itself with; None: no authentication."""
+    (cluster/secret.py), whose keys every socket proves itself with; None: no authentication."""
 
     name = "ZeroMQ"
 
