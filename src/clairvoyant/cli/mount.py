@@ -150,6 +150,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 def cmd_umount(args: argparse.Namespace) -> int:
     from ..fuse.daemon import mounted, unmount
     from ..mount.fs import read_info
+    from ..nodeio.fileio import process_alive
 
     mnt = os.path.realpath(args.mountpoint)
     if not mounted(mnt):
@@ -169,11 +170,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     if mounted(mnt):
         unmount(mnt)
-    while pid > 0 and time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    while pid > 0 and process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     if mounted(mnt):
         print(f"{mnt} is still mounted (busy?): close the programs using it, then run fusermount3 -u {mnt}",

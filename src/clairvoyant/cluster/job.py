@@ -34,9 +34,9 @@ from .group import Group, agree, allgather_int64, node_groups
 from .mpi import available
 from .peers import PeerService
 from .topology import node_name
+from .timeouts import PEER_TIMEOUT
 
 log = logging.getLogger("clairvoyant")
-PEER_TIMEOUT = 2.0   # seconds a staging thread waits for a peer before it reads the shared store
 _warned: list[str] = []
 
 

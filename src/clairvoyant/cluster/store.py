@@ -28,8 +28,8 @@ import os
 from typing import Any, Mapping
 
 from ..errors import PeerLost
+from .timeouts import GATHER_TIMEOUT
 
-GATHER_TIMEOUT = float(os.environ.get("CLAIRVOYANT_GATHER_TIMEOUT", "1800"))   # seconds (torch's own default)
 _groups = itertools.count()   # groups made in this process: the n-th of every rank is one group
 
 

@@ -21,8 +21,8 @@ from typing import Mapping, Sequence
 
 from ..errors import ConfigError
 from ..plan.layout import NodeLayout
+from .timeouts import GATHER_TIMEOUT
 
-GATHER_TIMEOUT = 300.0   # seconds the Loader's one exchange over the process group waits for every rank
 
 # (rank, world size, local rank, ranks on this node) variables, most specific launcher first.
 _LAUNCHERS = (

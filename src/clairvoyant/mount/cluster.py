@@ -52,13 +52,10 @@ from ..tune.counters import Counters
 from .cluster_handoff import PeerFiles
 from .cluster_homes import HOMES_FILE, load_homes, save_homes, tell_daemon
 from .cluster_orders import HOMES
+from ..cluster.timeouts import ASK_TIMEOUT, CONTROL_WAIT
 
 log = logging.getLogger("clairvoyant")
-ASK_TIMEOUT = 1.0     # seconds a fetch from a home may take before the daemon reads the store
-ASK_WAIT_MS = 2000    # what the daemon waits for an answer (the fetch's time-out, and room to write it)
 COPY_WAIT = 5.0       # seconds a home's answer waits for its own copy of the file to be published
-CONTROL_WAIT = 2.0   # seconds a request for a peer's orders or homes may take (one that times out
-                     # passes the peer over for 5x that: less than GATHER_WAIT, so a gather can end)
 CLOSE_WAIT = 10.0     # seconds close() waits for answers to peers under way (each a read of the store at most)
 
 

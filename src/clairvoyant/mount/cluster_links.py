@@ -22,11 +22,12 @@ import time
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..nodeio.fileio import process_alive
 from ..tune.counters import Counters
+from ..cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
 ALIVE = 1 << 62   # the piece of a node's state that says it serves (a probe; orders and homes are below)
-PROBE_WAIT = 1.0  # seconds a probe waits for a peer's answer (asked twice)
 
 
 def files_fingerprint(manifest) -> bytes:
@@ -143,17 +144,7 @@ class ServiceLink:
         return {"error": f"unknown request {op!r}"}
 
     def member_alive(self) -> bool:
-        try:
-            os.kill(self.member, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:   # a zombie (its launcher has not reaped it yet) is gone too
-            with open(f"/proc/{self.member}/stat") as f:
-                return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-        except OSError:
-            return True
+        return process_alive(self.member)   # (a zombie its launcher has not reaped yet is gone)
 
     def leave_asked(self) -> int | None:
         """The joins so far if the member asked to leave (and nothing since), else None."""
@@ -194,7 +185,6 @@ class ServiceLink:
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Tell the member ``fingerprint`` and wait for its word: every node's was the same (the
         peers' addresses), or not (a ConfigError saying which differ)."""
-        from ..cluster.store import GATHER_TIMEOUT
         self._fingerprint = bytes(fingerprint)
         deadline = time.monotonic() + GATHER_TIMEOUT
         while not self._joined.wait(0.2):

@@ -29,14 +29,13 @@ import numpy as np
 import xxhash
 
 from .numbering import Numbered
+from ..cluster.timeouts import GATHER_WAIT, QUICK_WAIT
 
 log = logging.getLogger("clairvoyant")
 HOMES = 0                # the piece of a node's state that is the homes it plans with
 MAGIC, VERSION = b"CVNORDR1", 1
 _HEAD = struct.Struct("<8sII")   # magic, version, length of the JSON description
 LENGTH = 16              # bytes of the answer to a request for a blob's length
-GATHER_WAIT = 20.0       # seconds a node waits for every node's orders of an epoch before it plans alone
-QUICK_WAIT = 2.0     # seconds waited for nodes that offered nothing the epoch before either
 GATHER_EVERY = 0.02      # seconds between its rounds of asking
 _ARRAYS = ("files", "counts", "next_files", "next_counts")
 

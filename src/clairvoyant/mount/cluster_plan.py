@@ -40,7 +40,8 @@ from ..cache.entry import entry_size
 from ..cache.node import residents
 from ..plan.cluster import ClusterEpoch
 from ..plan.cluster_walk import WalkCursor, cluster_plan, dense_homes, node_duty, plan_homes, survivors
-from .cluster_orders import GATHER_WAIT, NodeOrders, gather
+from ..cluster.timeouts import GATHER_WAIT
+from .cluster_orders import NodeOrders, gather
 from .numbering import Numbered
 from .orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
 from .walk import Parts

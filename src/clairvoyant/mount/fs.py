@@ -36,7 +36,7 @@ from ..fuse.daemon import Daemon, check_mountpoint, mounted, start, teardown, wa
 from ..source import PosixSource, as_source
 from ..plan.unplanned import hash_homes
 from . import listing
-from .cluster import ASK_WAIT_MS
+from ..cluster.timeouts import ASK_WAIT_MS
 
 DAEMON = Daemon("mountfs", os.path.dirname(os.path.abspath(__file__)))   # built from mountfs.c by setup.py
 HANDOFF_PREFIX = "handoff."

@@ -45,11 +45,11 @@ import time
 import uuid
 
 from ..errors import ClairvoyantError, ConfigError
+from ..cluster.timeouts import GATHER_TIMEOUT
 
 SERVICE_SECRET_VAR = "CLAIRVOYANT_SERVICE_SECRET"   # the job's secret, from a member to the service it starts
 SERVICE_PREFIX = "clairvoyant-service-"   # <tmp>/clairvoyant-service-<pid>.log and .ctl: a service's log and control
 LEAVE_GRACE = 4.0    # seconds a leaving service keeps answering its peers' probes before it unmounts
-START_WAIT = float(os.environ.get("CLAIRVOYANT_GATHER_TIMEOUT", "1800"))   # for a service to list the source
 _LAUNCHER_VARS = ("OMPI_", "PMIX_", "PRTE_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LOCAL_", "MASTER_", "RANK",
                   "WORLD_SIZE", "SLURM_STEP", "PMI_")
 
@@ -237,7 +237,7 @@ def run_member(args: argparse.Namespace, group) -> int:
     if svc is None:
         svc = _spawn(args, src, mnt, local_dir, node, nodes, host, secret)
     hello = None
-    deadline = time.monotonic() + START_WAIT
+    deadline = time.monotonic() + GATHER_TIMEOUT
     while svc.alive() and time.monotonic() < deadline and not told.is_set():
         svc.relay(sys.stderr)
         hello = ask(svc.control, {"op": "hello"}, 1.0) if os.path.exists(svc.control) else None
@@ -252,7 +252,7 @@ def run_member(args: argparse.Namespace, group) -> int:
               flush=True)
         return 1
     if hello is None or not hello.get("fingerprint"):
-        return fail("its mount service ended" if not svc.alive() else f"not ready within {START_WAIT:.0f} s")
+        return fail("its mount service ended" if not svc.alive() else f"not ready within {GATHER_TIMEOUT:.0f} s")
     error = None
     try:
         agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")

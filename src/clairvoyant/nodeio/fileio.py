@@ -23,7 +23,9 @@ os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 def process_alive(p: int) -> bool:
-    """Whether process ``p`` exists (this one does): who may still write a temporary file it named."""
+    """Whether process ``p`` runs (this one does): who may still write a temporary file it named,
+    whether a mount's member or daemon is still there. A zombie (exited, not yet reaped by its
+    parent) is gone. The one such check of the package."""
     if p == pid():
         return True
     try:
@@ -32,7 +34,11 @@ def process_alive(p: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def pid() -> int:
