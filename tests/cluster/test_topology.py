@@ -113,11 +113,11 @@ def test_a_loader_follows_a_group_started_after_it(dataset, tmp_path, monkeypatc
 _EXCHANGE = """
 import json, os, sys
 import torch.distributed as dist
-from clairvoyant.cluster.topology import NodeLayout, digest63, gather_over_group, nodes_of
+from clairvoyant.cluster.topology import NodeLayout, digest63, gather_over_group
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 4), rank=rank, world_size=4)
 rows = gather_over_group([digest63(sys.argv[3 + rank].encode())])
-t = NodeLayout(nodes_of([r[0] for r in rows]), rank)
+t = NodeLayout.from_names([r[0] for r in rows], rank=rank)
 print(json.dumps([rank, 4, t.local_rank, t.local_world_size]))
 dist.destroy_process_group()
 """
@@ -131,10 +131,10 @@ dist.destroy_process_group()
 ])
 def test_the_node_layout_is_exchanged_over_the_group(tmp_path, nodes, expected):
     """No LOCAL_WORLD_SIZE (Lightning sets none): every rank's node name is gathered over the group."""
-    from clairvoyant.cluster.topology import NodeLayout, nodes_of
+    from clairvoyant.cluster.topology import NodeLayout
     with pytest.raises(ConfigError, match=r"ranks \[0, 2\] share a node"):   # the pure half, on its own
-        nodes_of([7, 8, 7, 9])
-    t = NodeLayout(nodes_of([7, 7, 8, 8, 8]), 4)
+        NodeLayout.from_names([7, 8, 7, 9])
+    t = NodeLayout.from_names([7, 7, 8, 8, 8], rank=4)
     assert (t.local_rank, t.local_world_size) == (2, 3)
     import subprocess
     import sys

@@ -56,11 +56,17 @@ def agree(comm: Any, fingerprint: bytes, what: str) -> None:
                       "start every rank with the same settings and data")
 
 
+def node_names(comm: Any, name: str) -> list[bytes]:
+    """Every rank's node name, by rank (collective: every rank passes its node's name); the layout
+    is ``NodeLayout.from_names`` of them (plan/layout.py)."""
+    return as_group(comm).allgather(name.encode(), "the exchange of the nodes' names")
+
+
 def node_groups(comm: Any, name: str) -> list[list[int]]:
-    """The ranks of each node (collective: every rank passes its node's name), nodes in the order
-    of their lowest rank."""
+    """The ranks of each node, in any placement, nodes in the order of their lowest rank
+    (collective): for picking one rank per node (a mount's node leaders)."""
     groups: dict[bytes, list[int]] = {}
-    for r, blob in enumerate(as_group(comm).allgather(name.encode(), "the exchange of the nodes' names")):
+    for r, blob in enumerate(node_names(comm, name)):
         groups.setdefault(blob, []).append(r)
     return list(groups.values())
 

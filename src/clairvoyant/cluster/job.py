@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..plan.layout import NodeLayout
-from .group import Group, agree, allgather_int64, node_groups
+from .group import Group, agree, allgather_int64, node_names
 from .mpi import available
 from .peers import PeerService
 from .topology import node_name
@@ -237,14 +237,10 @@ class Cluster:
         g = self.group
         agree(g, plan_fingerprint, "the data, seed, batch size, shuffle, drop_last or compression (compress=, "
               "its codec and measured ratio: install the same zstandard on every node)")
-        groups = node_groups(g, node_name())
-        for nodes in groups:
-            if list(nodes) != list(range(nodes[0], nodes[0] + len(nodes))):
-                raise ConfigError(
-                    f"ranks {nodes} share a node but are not numbered in one block: launch with the ranks of "
-                    "each node numbered consecutively (Open MPI's default --map-by slot, not --map-by node), "
-                    "or pass cluster=False")
-        self.layout = NodeLayout(tuple(tuple(n) for n in groups), self.rank, "MPI" if g.name == "MPI" else "torchrun")
+        self.layout = NodeLayout.from_names(
+            node_names(g, node_name()), rank=self.rank, origin="MPI" if g.name == "MPI" else "torchrun",
+            advice="launch with the ranks of each node numbered consecutively (Open MPI's default --map-by slot, "
+                   "not --map-by node), or pass cluster=False")
 
     def _dead(self) -> set[int]:
         return set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from ..errors import ConfigError
 from ..plan.layout import NodeLayout
@@ -138,52 +138,32 @@ def digest63(data: bytes) -> int:
 
 
 def gather_over_group(values: list[int], timeout: float | None = None) -> list[list[int]]:
-    """Every rank's ``values`` (int64s, the same count on every rank), by rank: one all-gather
-    of tensors over the default group (nothing pickled), waited for at most ``timeout`` seconds:
-    a rank that never joins is a ``ConfigError`` saying so, not a hang."""
-    import datetime
+    """Every rank's ``values`` (int64s), by rank, over the default process group's store: the
+    cluster's one gather (cluster/store.py; nothing pickled, no device tensors under NCCL), waited
+    for at most ``timeout`` seconds: a rank that never joins is a ``ConfigError`` saying so, not a
+    hang."""
+    import numpy as np
 
-    import torch
-    import torch.distributed as dist
+    from ..errors import PeerLost
+    from .group import allgather_int64
+    from .store import StoreGroup, job_store
 
+    got = job_store()
+    if isinstance(got, str):
+        raise ConfigError(f"the Loader's first pass cannot exchange the ranks' node names: {got}")
+    store, rank, size = got
     timeout = GATHER_TIMEOUT if timeout is None else timeout
-    rank, size = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":   # NCCL gathers only device tensors: this rank's own device
-        local = os.environ.get("LOCAL_RANK")
-        device = torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
-    mine = torch.tensor(values, dtype=torch.int64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(size)]
-    work = dist.all_gather(every, mine, async_op=True)
+    group = StoreGroup(store, rank, size, timeout=timeout)
     try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except RuntimeError as e:
+        rows = allgather_int64(group, np.asarray(values, np.int64), "the exchange of node names and manifests")
+    except PeerLost as e:
         raise ConfigError(
             f"rank {rank} of {size} did not hear from every other rank at the Loader's first pass (they exchange "
             f"node names and manifests once; waited up to {timeout:.0f} s): make the Loader and iterate it on "
             "every rank, or pass rank= and world_size= to a Loader used on some ranks only") from e
-    return [t.tolist() for t in every]
-
-
-def nodes_of(names: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """The ranks of each node from every rank's node-name digest (by rank). Every node's ranks
-    must be consecutive, as torchrun, Lightning and Accelerate place them: otherwise every rank
-    raises alike (``ConfigError``), so that none goes on alone."""
-    groups: list[list[int]] = []
-    seen: set[int] = set()
-    for r, name in enumerate(names):
-        if r and names[r - 1] == name:
-            groups[-1].append(r)
-            continue
-        if name in seen:
-            apart = [q for q, n in enumerate(names) if n == name]
-            raise ConfigError(f"ranks {apart} share a node but are not consecutive: clairvoyant needs a node's "
-                              "ranks in one block (as torchrun places them); set LOCAL_RANK and LOCAL_WORLD_SIZE, "
-                              "or pass local_world_size= to the Loader")
-        seen.add(name)
-        groups.append([r])
-    return tuple(tuple(g) for g in groups)
-
+    finally:
+        group.close()
+    return [r.tolist() for r in rows]
 
 def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,
              origin: str = "given") -> NodeLayout:

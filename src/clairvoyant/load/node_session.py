@@ -26,7 +26,7 @@ from ..cache.extents import read_entry
 from ..cache.node import open_tiers, residents
 from ..cache.tiers import Tiers
 from ..cluster.job import Cluster
-from ..cluster.topology import (digest63, gather_over_group, local_from_env, node_name, nodes_of, process_group,
+from ..cluster.topology import (digest63, gather_over_group, local_from_env, node_name, process_group,
                              resolve, validate)
 from ..errors import ConfigError, CorruptEntry
 from ..manifest import Manifest
@@ -148,7 +148,7 @@ class NodeSession:
                 f"ranks {differ} list {sorted({rows[r][1] for r in differ})} (or other files): the source changed "
                 "while the job started. Run `clairvoyant index SRC` once before the job, then start it again")
         if self.local_world_size is None and local_from_env(os.environ, t.rank, t.world_size) is None:
-            t = NodeLayout(nodes_of([row[0] for row in rows]), t.rank, t.origin)
+            t = NodeLayout.from_names([row[0] for row in rows], rank=t.rank, origin=t.origin)
         self.agreed, self.topology = True, t
         if t == old:
             return

@@ -55,6 +55,29 @@ class NodeLayout:
         return cls(tuple(tuple(range(a, min(a + local_world_size, world_size)))
                          for a in range(0, world_size, local_world_size)), rank, origin)
 
+    @classmethod
+    def from_names(cls, names: Sequence[object], *, rank: int = 0, origin: str = "given",
+                   advice: str = "set LOCAL_RANK and LOCAL_WORLD_SIZE, or pass local_world_size= to the Loader"
+                   ) -> NodeLayout:
+        """The layout of every rank's node name (by rank: any equal-comparable value, a name or its
+        digest). A node's ranks must be numbered in one block, as torchrun, Lightning, Accelerate
+        and Open MPI's default mapping place them: otherwise a ConfigError naming them and
+        ``advice``, alike on every rank (each computes it from the same names), so that none goes
+        on alone. The one place the job's nodes are found from their names."""
+        groups: list[list[int]] = []
+        seen: set = set()
+        for r, name in enumerate(names):
+            if r and names[r - 1] == name:
+                groups[-1].append(r)
+                continue
+            if name in seen:
+                apart = [q for q, n in enumerate(names) if n == name]
+                raise ConfigError(f"ranks {apart} share a node but are not consecutive (numbered in one block): "
+                                  f"{advice}")
+            seen.add(name)
+            groups.append([r])
+        return cls(tuple(tuple(g) for g in groups), rank, origin)
+
     def with_rank(self, rank: int) -> NodeLayout:
         """The same nodes, seen from ``rank``."""
         return replace(self, rank=rank)
