@@ -16,6 +16,7 @@ without samplers, or the plan's once the nodes planned together; files are kept 
 
 from __future__ import annotations
 
+from ..plan.progress import ReadersProgress
 from ..plan.sequence import interleave
 from .numbering import Numbered
 from .orders import WATCH_EVERY, read_progress
@@ -36,15 +37,9 @@ class ClusterAhead:
         self._seq = interleave([n.files for n in numbers], [n.counts for n in numbers]).samples
 
     def _position(self) -> int:
-        """How far the node's readers are along its sequence (the samplers' progress, summed)."""
-        pos = 0
-        for r in self._ranks:
-            epoch, at = read_progress(self._p.orders_dir, r)
-            if epoch > self._epoch:
-                return len(self._seq)
-            if epoch == self._epoch:
-                pos += at
-        return pos
+        """How far the node's readers are along its sequence (plan/progress.py)."""
+        reports = [read_progress(self._p.orders_dir, r) for r in self._ranks]
+        return min(ReadersProgress.of(reports, self._epoch).together, len(self._seq))
 
     def run(self) -> None:
         p, seq, done = self._p, self._seq, 0

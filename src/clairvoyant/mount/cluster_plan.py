@@ -39,6 +39,7 @@ import numpy as np
 from ..cache.entry import entry_size
 from ..cache.node import residents
 from ..plan.cluster import ClusterEpoch
+from ..plan.progress import ReadersProgress
 from ..plan.cluster_walk import WalkCursor, cluster_plan, dense_homes, node_duty, plan_homes, survivors
 from ..cluster.timeouts import GATHER_WAIT
 from .cluster_orders import NodeOrders, gather
@@ -125,11 +126,8 @@ class ClusterWalk:
 
     def _handed(self) -> int:
         """The index the slowest of this node's ranks was handed (its progress file)."""
-        at = []
-        for r in self._ranks:
-            epoch, pos = read_progress(self._p.orders_dir, r)
-            at.append(pos if epoch == self._epoch else (1 << 62 if epoch > self._epoch else 0))
-        return min(at) if at else 0
+        reports = [read_progress(self._p.orders_dir, r) for r in self._ranks]
+        return ReadersProgress.of(reports, self._epoch).slowest
 
     def run(self) -> None:
         try:

@@ -24,6 +24,7 @@ import numpy as np
 from ..cache.entry import entry_size
 from ..cache.node import residents
 from ..plan.ahead import EVICT, SKIP, WAIT, StagedAhead, next_step, to_stage, wanted
+from ..plan.progress import ReadersProgress
 from ..plan.sequence import interleave
 from .copies import Copies
 from .counters import Counters
@@ -125,10 +126,9 @@ class Walk:
         ``WATCH_EVERY``: they change every ``PROGRESS_EVERY`` indices)."""
         now = time.monotonic()
         if now - self._looked >= WATCH_EVERY:
-            steps = [p if e == self._epoch else 0
-                     for e, p in (read_progress(self._p.orders_dir, r) for r in self._ranks)]
-            self._reach = self._position(max(steps) + 2 * PROGRESS_EVERY)   # reads run up to a report ahead of it
-            self._looked, self._handed = now, self._position(min(steps))
+            steps = ReadersProgress.of([read_progress(self._p.orders_dir, r) for r in self._ranks], self._epoch)
+            self._reach = self._position(steps.fastest + 2 * PROGRESS_EVERY)   # reads run up to a report ahead of it
+            self._looked, self._handed = now, self._position(steps.slowest)
         return self._handed
 
     def _follow(self) -> int:
