@@ -113,8 +113,9 @@ class EpochRun:
         self._submitted = 0
         self._closed = False
         self._owner_pid = os.getpid()
+        # Fork the readers before any staging thread exists.
         num_workers, prefetch = options.num_workers, options.prefetch
-        self._pool: WorkerPool | None = None   # forked below, once the first requests are in flight
+        self._pool = WorkerPool(num_workers, prefetch + LEND, reader, options.mp_context)
         self._digests = reader.digests
         self.served: collections.deque | None = None   # the guard's record of the last batches served
         self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
@@ -132,25 +133,11 @@ class EpochRun:
                               peer_wait=options.peer_wait, gate=gate, peer_fetch=peer_fetch, ranges=ranges,
                               due=lambda k: k <= self._next + self._window)
         _LIVE.add(self)
-        try:
-            self._stager.drop([manifest.keys[s] for s in plan.drops])
-            self._stager.start()
-            # the first batches at once, the rest of the lookahead while the loop waits for the first
-            # (``next``): 64 batches' items took 60 ms to hand over before the first fetch was collected
-            self._fill_window(FIRST_BATCHES)
-            # The readers are forked while those first requests are in flight: the store's first
-            # answers (an open of a shard or a file: 12-40 ms on a busy parallel file system) cover
-            # the forks (about 10 ms a reader on 2 cores), which before came first and delayed the
-            # first request by 35-50 ms (docs/benchmarks.md, issue 39). A reader touches nothing
-            # of the staging threads' (load/pool.py says how one stuck at its fork is handled).
-            pool = WorkerPool(num_workers, prefetch + LEND, reader, options.mp_context)
-        except BaseException:
-            self._stager.close()
-            _LIVE.discard(self)
-            raise
-        with self._lock:
-            self._pool = pool
-            self._dispatch_locked()   # batches staged before the readers were there
+        self._stager.drop([manifest.keys[s] for s in plan.drops])
+        self._stager.start()
+        # the first batches at once, the rest of the lookahead while the loop waits for the first
+        # (``next``): 64 batches' items took 60 ms to hand over before the first fetch was collected
+        self._fill_window(FIRST_BATCHES)
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -215,8 +202,6 @@ class EpochRun:
             self._submitted += 1
 
     def _dispatch_locked(self) -> None:
-        if self._pool is None:   # the readers are being forked: dispatched once they are there
-            return
         while self._returned:  # slots of lent batches that the training loop has let go of
             wid, slot = self._returned.popleft()
             self._lent -= 1
@@ -423,8 +408,7 @@ class EpochRun:
         self.completed = self._next >= len(self._batches)
         if self.completed and self._late:   # the peers have read them (they stage well ahead)
             self._drop_late(len(self._batches))
-        if self._pool is not None:
-            self._pool.close()   # no reader uses a staged file after this
+        self._pool.close()   # no reader uses a staged file after this
         with self._lock:     # what was staged but not used: RAM entries go, local ones stay as planned
             for k in list(self._placed):
                 self._release_locked(k)

@@ -1,12 +1,11 @@
 """MECHANISM: the reader worker processes, their pipes and their shared slots.
 
-Workers are forked once the epoch's first requests are in flight (load/pipeline.py),
-so the store's first answers cover the forks. Each has ``slots`` shared buffers; a
-batch occupies one until the training process has copied it out. A worker that
-dies is noticed through its process sentinel at once.
+Workers are forked before any staging thread starts. Each has ``slots`` shared
+buffers; a batch occupies one until the training process has copied it out.
+A worker that dies is noticed through its process sentinel at once.
 
-A process forked while other threads of the training process run (the staging
-threads, a framework's: ``torch.distributed``'s, Lightning's) can be stuck for good before its first line
+A process forked while other threads of the training process run (a framework's:
+``torch.distributed``'s, Lightning's) can be stuck for good before its first line
 of Python, by a lock one of them held at the fork. So each reader's first message
 says it came through; one that does not within ``READY_WAIT`` seconds is killed and
 forked again (twice at most), with a warning, instead of leaving the epoch
