@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..nodeio.fileio import process_alive
+from ..plan.membership import LEAVE, UNMOUNT
 from ..tune.counters import Counters
 from ..cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
@@ -127,7 +128,7 @@ class ServiceLink:
                 if self._service is not None:
                     self._service.forgive(changed)
                 self.joins += 1
-                if self.asked != "unmount":
+                if self.asked != UNMOUNT:
                     self.asked = None
                 self.serving_on, self.lost = False, frozenset()
                 if self.joins > 1:
@@ -135,9 +136,9 @@ class ServiceLink:
                           f"by a launcher; {len(changed)} node(s) at new addresses)", flush=True)
             self._joined.set()
             return {"ok": True, "joins": self.joins}
-        if op in ("leave", "unmount"):
+        if op in (LEAVE, UNMOUNT):
             with self._state_lock:
-                if self.asked != "unmount":   # (an unmount asked is never taken back)
+                if self.asked != UNMOUNT:   # (an unmount asked is never taken back)
                     self.asked = op
             self.asked_event.set()
             return {"ok": True}
@@ -149,18 +150,18 @@ class ServiceLink:
     def leave_asked(self) -> int | None:
         """The joins so far if the member asked to leave (and nothing since), else None."""
         with self._state_lock:
-            return self.joins if self.asked == "leave" else None
+            return self.joins if self.asked == LEAVE else None
 
     def still_leaving(self, joins: int) -> bool:
         """Whether no join came since the leave taken at ``joins`` (nor was the leave taken back)."""
         with self._state_lock:
-            return self.joins == joins and self.asked in ("leave", "unmount")
+            return self.joins == joins and self.asked in (LEAVE, UNMOUNT)
 
     def serve_on(self, joins: int, lost: list[int]) -> bool:
         """After a leave taken at ``joins``: serve on without ``lost``, unless a join came meanwhile
         (the cluster formed again: nothing lost) or an unmount was asked. Whether it did."""
         with self._state_lock:
-            if self.joins != joins or self.asked == "unmount":
+            if self.joins != joins or self.asked == UNMOUNT:
                 return False
             self.asked, self.serving_on = None, True
             self.lost = self.lost | frozenset(lost)

@@ -44,8 +44,9 @@ import threading
 import time
 import uuid
 
-from ..errors import ClairvoyantError, ConfigError
 from ..cluster.timeouts import GATHER_TIMEOUT
+from ..errors import ClairvoyantError, ConfigError
+from ..plan import membership
 
 SERVICE_SECRET_VAR = "CLAIRVOYANT_SERVICE_SECRET"   # the job's secret, from a member to the service it starts
 SERVICE_PREFIX = "clairvoyant-service-"   # <tmp>/clairvoyant-service-<pid>.log and .ctl: a service's log and control
@@ -203,9 +204,9 @@ def run_member(args: argparse.Namespace, group) -> int:
     told = threading.Event()
 
     def on_signal(signum, frame) -> None:
-        got.append("unmount" if signum == signal.SIGINT else "leave")
+        got.append(membership.told(signum))
         told.set()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in membership.SIGNALS:
         signal.signal(sig, on_signal)
 
     svc: _Service | None = None
@@ -283,7 +284,7 @@ def run_member(args: argparse.Namespace, group) -> int:
         while svc.alive() and time.monotonic() < end:
             svc.relay(sys.stderr)
             hello = ask(svc.control, {"op": "hello"}, 0.5)
-            if got[-1] == "leave" and hello is not None and hello.get("serving_on"):   # (a node was lost)
+            if got[-1] == membership.LEAVE and hello is not None and hello.get("serving_on"):   # (a node was lost)
                 break
             time.sleep(0.1)
         svc.relay(sys.stderr)
@@ -330,7 +331,7 @@ def run_service(args: argparse.Namespace) -> int:
 
     def on_signal(signum, frame) -> None:
         stop.set()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in membership.SIGNALS:
         signal.signal(sig, on_signal)
     log_path, control = _paths(os.getpid())
     try:
@@ -361,25 +362,24 @@ def run_service(args: argparse.Namespace) -> int:
                       f"{': unmounted from outside' if code == 0 else ''}); cleaning up", flush=True)
                 clean = code == 0
                 return 0 if clean else 1
-            if link.asked == "unmount":
+            if link.asked == membership.UNMOUNT:
                 print(f"clairvoyant: node {node}: interrupted at the launcher (Ctrl-C); unmounting", flush=True)
                 break
             joins = link.leave_asked()
             if joins is not None:
                 since = time.monotonic()
                 lost, orphaned = link.probe()
-                if not lost and not orphaned:
+                leaving = membership.on_leave(lost, orphaned)
+                if leaving.unmount:
                     stop.wait(max(0.0, LEAVE_GRACE - (time.monotonic() - since)))   # (the others' probes answered)
                     if link.still_leaving(joins):
-                        print(f"clairvoyant: node {node}: the launcher ends this mount's member and every node "
-                              "answers: the job ends; unmounting", flush=True)
+                        print(f"clairvoyant: node {node}: the launcher ends this mount's member and {leaving.why}; "
+                              "unmounting", flush=True)
                         break
                     continue   # (formed again meanwhile)
                 if link.serve_on(joins, lost):
                     told_gone = link.member
-                    why = (f"node(s) {lost} did not answer: a node was lost" if lost else
-                           f"the member of node(s) {orphaned} ended without a word")
-                    print(f"clairvoyant: node {node}: the launcher ends this mount's member and {why}; serving on "
+                    print(f"clairvoyant: node {node}: the launcher ends this mount's member and {leaving.why}; serving on "
                           f"at {m.path} from this node's tier, the nodes that answer and the store (a launcher "
                           f"started again forms the cluster again; `clairvoyant umount {m.path}` unmounts)", flush=True)
                 continue
