@@ -23,6 +23,8 @@ from clairvoyant.cluster.topology import validate as Topology
       "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, Topology(5, 6, 2)),                               # Open MPI
     ({"PMI_RANK": "1", "PMI_SIZE": "2"}, Topology(1, 2, 0)),                                # MPICH
     ({"SLURM_PROCID": "7", "SLURM_NTASKS": "16", "SLURM_LOCALID": "3"}, Topology(7, 16, 3)),  # srun
+    ({"JSM_NAMESPACE_RANK": "5", "JSM_NAMESPACE_SIZE": "12", "JSM_NAMESPACE_LOCAL_RANK": "1",
+      "JSM_NAMESPACE_LOCAL_SIZE": "6"}, Topology(5, 12, 1, 6)),                             # LSF's jsrun
     # torchrun inside a SLURM allocation: the launcher that started this process wins
     ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "9", "SLURM_NTASKS": "32"}, Topology(0, 2, 0)),
 ])
