@@ -50,6 +50,7 @@ from ..cache.entry import CorruptEntry, entry_size, read_sample
 from ..plan.unplanned import STORE, HomesLRU, hash_homes
 from ..tune.counters import Counters
 from .cluster_handoff import PeerFiles
+from .cluster_links import ClusterLink
 from .cluster_homes import HOMES_FILE, load_homes, save_homes, tell_daemon
 from .cluster_orders import HOMES
 from ..cluster.timeouts import ASK_TIMEOUT, CONTROL_WAIT
@@ -63,7 +64,7 @@ class MountCluster:
     """This node's part of a cluster of mounts (module docstring). ``mount``: the node's Mount
     (its manifest, tiers, source and handoff directory)."""
 
-    def __init__(self, mount, link, *, ask_timeout: float = ASK_TIMEOUT, threads: int = 8) -> None:
+    def __init__(self, mount, link: ClusterLink, *, ask_timeout: float = ASK_TIMEOUT, threads: int = 8) -> None:
         self.mount, self.link = mount, link
         self.node, self.nodes = int(link.node), int(link.nodes)
         m = mount.manifest
@@ -387,15 +388,15 @@ class MountCluster:
         return blob if body else length_answer(blob)
 
     def lost_nodes(self) -> frozenset[int]:
-        """The nodes the cluster went on without (its link's word: ServiceLink's ``lost``)."""
-        return frozenset(getattr(self.link, "lost", frozenset()))
+        """The nodes the cluster went on without (its link's word)."""
+        return frozenset(self.link.lost)
 
     def whole_again(self) -> None:
         """A node was lost and the cluster formed again with every node (it rejoined): the homes
         are planned anew at the next plan (this node offers none), so that the node back is a home
         again, of what its tier kept if it kept its homes file (the earliest basis offered)."""
         link = self.link
-        if getattr(link, "was_lost", False) and not self.lost_nodes():
+        if link.was_lost and not self.lost_nodes():
             link.was_lost = False
             with self._lock:
                 self.basis = -1
@@ -406,10 +407,9 @@ class MountCluster:
         """``peers`` offer no orders yet (a gather's ``on_absent``): those that do not answer two
         probes either are lost (a node gone, its launcher silent or slow to say so): this epoch's
         plan and the next are made without them."""
-        probe = getattr(self.link, "probe", None)
-        if probe is None or not peers:
+        if not peers:
             return
-        lost, _ = probe(sorted(peers))
+        lost, _ = self.link.probe(sorted(peers))
         if lost:
             self.link.mark_lost(lost)
             log.warning("clairvoyant: node %d: node(s) %s offer no orders and answer no probe: lost; the epochs "

@@ -1,8 +1,8 @@
 """MECHANISM: the links by which the mounts of a cluster's nodes reach each other (mount/cluster.py).
 
-A link has ``node``, ``nodes``, ``agree(fingerprint, what)``, ``start(serve, state)``, ``fetch(peer,
-number, size, timeout, state=False)`` (a file, or a piece of a node's state: its orders, its
-homes), ``counters()`` and ``close()``. :class:`ServiceLink` is a node's mount service's, started
+A link is a :class:`ClusterLink`: the node's number, the peers found lost, ``agree``, ``start``,
+``fetch`` (a file, or a piece of a node's state: its orders, its homes), ``probe``, ``mark_lost``,
+``counters`` and ``close``. :class:`ServiceLink` is a node's mount service's, started
 by the process a launcher runs (mount/member.py): peers over ZeroMQ, their addresses given each time
 a launcher forms the cluster, so that the mount outlives its launcher; :class:`PeerLink` joins
 mounts that live in the ranks of an MPI job (``PeerLink.node_leaders``) over the cluster's one
@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..errors import ConfigError
 from ..nodeio.fileio import process_alive
@@ -29,6 +29,44 @@ from ..cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
 ALIVE = 1 << 62   # the piece of a node's state that says it serves (a probe; orders and homes are below)
+
+
+class ClusterLink(Protocol):
+    """What the cluster of mounts (mount/cluster.py) asks of the link between its nodes."""
+
+    node: int
+    nodes: int
+    lost: frozenset[int]   # peers the cluster went on without (not asked until it forms again)
+    was_lost: bool         # a node was lost since the homes were last planned with every node
+
+    def agree(self, fingerprint: bytes, what: str) -> None: ...
+
+    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None: ...
+
+    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None: ...
+
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
+        """(the peers that did not answer, those whose member ended without a word)."""
+
+    def mark_lost(self, peers: list[int]) -> None: ...
+
+    def counters(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class _NoProbe:
+    """A link whose lost peers its transport reports (MPI's faults) or that has none (one process):
+    no probe of its own, nothing marked lost."""
+
+    lost: frozenset[int] = frozenset()
+    was_lost = False
+
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
+        return [], []
+
+    def mark_lost(self, peers: list[int]) -> None:
+        pass
 
 
 def files_fingerprint(manifest) -> bytes:
@@ -247,7 +285,7 @@ class ServiceLink:
             pass
 
 
-class PeerLink:
+class PeerLink(_NoProbe):
     """The mounts of a job's nodes, one per node, living in the job's own processes, over the
     cluster's one transport (cluster/job.py ``transport``): MPI under an MPI launcher (or over
     ``comm``: ``node_leaders``), torchrun's store and ZeroMQ under torchrun. (``clairvoyant mount
@@ -312,7 +350,7 @@ class PeerLink:
         self._cluster.close_transport(self._group, self._on, self._service)
 
 
-class LoopbackLink:
+class LoopbackLink(_NoProbe):
     """Mounts of one process joined directly (tests and the benchmark's single-process runs): node
     ``node`` of a ``hub`` (a dict shared by the nodes' links, node -> serve)."""
 
