@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> dict:
                 marks = []
                 for e in range(args.epochs):
                     readers = programs(e, 1)
-                    if any(r.wait() for r in readers):
+                    if any([r.wait() for r in readers]):   # (every one waited for)
                         raise RuntimeError(f"a node's DataLoader failed in epoch {e}")
                     marks.append(store.counters().opens)
                 out["store_opens_per_epoch"] = [b - a for a, b in zip([0] + marks[:-1], marks)]
@@ -344,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reader", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.program_per_epoch and args.lose_node_at is not None:
+        p.error("--lose-node-at needs the programs that run every epoch (not --program-per-epoch)")
     if args.reader:
         reader_main(args)
         return 0

@@ -119,3 +119,22 @@ def test_a_round_never_reads_what_an_interrupted_round_left(monkeypatch):
     one(1)
     t.join(30)
     assert got == [[b"new0", b"new1"]] * 2, got
+
+
+@pytest.mark.parametrize("launcher, spans, alone", [
+    ({"JSM_NAMESPACE_SIZE": "12", "JSM_NAMESPACE_LOCAL_SIZE": "6"}, True, {"JSM_NAMESPACE_LOCAL_SIZE": "12"}),
+    ({"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}, True, {"SLURM_NTASKS_PER_NODE": "8"}),
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, True, {"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}),
+])
+def test_every_launcher_the_layout_knows_says_whether_the_job_spans_nodes(env, launcher, spans, alone):
+    """The launchers' variables are written down once (cluster/topology.py): the layout and the
+    cluster's "more than one node?" read the same tuple. Control: the node holds every rank."""
+    for k in ("JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_SIZE", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
+              "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        env.delenv(k, raising=False)
+    for k, v in launcher.items():
+        env.setenv(k, v)
+    assert cluster.multi_node() is spans
+    for k, v in alone.items():
+        env.setenv(k, v)
+    assert cluster.multi_node() is False

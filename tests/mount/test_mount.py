@@ -350,6 +350,41 @@ def test_a_first_read_waits_for_the_copy_under_way_however_long_it_takes(tmp_pat
         assert (s.opens_local, s.opens_source, s.wait_timeouts) == ((1, 0, 0) if published else (0, 1, 0)), s
 
 
+def test_no_more_than_16_reads_wait_long_for_copies_under_way(tmp_path):
+    """70 programs' reads of 70 files whose copies are under way (their locks held, by a process
+    stuck alive): 16 wait for the copies, the other 54 read the store after 2 s, so the daemon's
+    threads are not all taken. Control: those 16 are still waiting, and get the copies."""
+    with small_mount(tmp_path, n=80) as (src, m):
+        keys = keys_of(m)[:70]
+        data = {}
+        for k in keys:
+            with open(os.path.join(src, k), "rb") as f:
+                data[k] = f.read()
+            assert not m.tiers.local.claim(k, len(data[k]))
+        got: dict = {}
+
+        def read(k: str) -> None:
+            with open(os.path.join(m.path, k), "rb") as f:
+                got[k] = f.read()
+
+        readers = [threading.Thread(target=read, args=(k,)) for k in keys]
+        for t in readers:
+            t.start()
+        assert wait_until(lambda: sum(t.is_alive() for t in readers) == 16, 15), sum(t.is_alive() for t in readers)
+        time.sleep(1.0)
+        waiting = [k for k, t in zip(keys, readers) if t.is_alive()]
+        assert len(waiting) == 16 and m.stats().opens_source == 54, m.stats()
+        for k in keys:
+            if k in waiting:
+                m.tiers.local.put(k, data[k], os.stat(os.path.join(src, k)).st_mtime_ns, 1 << 30)
+            m.tiers.local.release(k)
+        for t in readers:
+            t.join(10)
+        assert all(got[k] == data[k] for k in keys)
+        s = m.stats()
+        assert (s.opens_source, s.opens_local, s.wait_timeouts) == (54, 16, 54), s
+
+
 def _start_cli_mount(src: str, mnt: str, local: str) -> subprocess.Popen:
     log = os.path.join(os.path.dirname(mnt), "mount.log")
     p = cli("mount", src, mnt, "--local-dir", local, "--no-stage", log=log)

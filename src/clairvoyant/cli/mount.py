@@ -45,7 +45,9 @@ def _print_stats(mnt: str, as_json: bool) -> int:
     print(f"{mnt}: {opens}; bytes {format_bytes(s.bytes_local)} local, {format_bytes(s.bytes_source)} from the "
           f"source; {s.corrupt} corrupt and {s.stale} stale entries not served"
           + (f"; {s.events_dropped} first reads the staging did not hear of (it fell behind)"
-             if s.events_dropped else ""))
+             if s.events_dropped else "")
+          + (f"; {s.wait_timeouts} first reads gave up waiting for a copy under way and read the store too"
+             if s.wait_timeouts else ""))
     if not s.page_cache_counted:
         print(f"note: {PAGE_CACHE_UNSEEN}")
     if staging:
@@ -55,7 +57,7 @@ def _print_stats(mnt: str, as_json: bool) -> int:
 
 CLUSTER_FIELDS = ("served_from_store", "served_from_tier", "ahead_from_store", "ahead_from_tier")
 JOB_FIELDS = ("opens_local", "opens_peer", "opens_source", "bytes_local", "bytes_peer", "bytes_source", "asks",
-              "ask_timeouts", "corrupt", "stale")
+              "ask_timeouts", "corrupt", "stale", "wait_timeouts")
 
 
 def _print_job_stats(mnts: list[str], as_json: bool) -> int:

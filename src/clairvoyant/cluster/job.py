@@ -33,7 +33,7 @@ from ..plan.layout import NodeLayout
 from .group import Group, agree, allgather_int64, node_names
 from .mpi import available
 from .peers import PeerService
-from .topology import node_name
+from .topology import node_name, spans_nodes
 from .timeouts import PEER_TIMEOUT
 
 log = logging.getLogger("clairvoyant")
@@ -45,13 +45,9 @@ def multi_node(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     if env.get("CLAIRVOYANT_NODE"):
         return True
-    for size, local in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"),
-                        ("WORLD_SIZE", "LOCAL_WORLD_SIZE")):
-        if size in env and local in env:
-            try:
-                return int(env[size]) > int(env[local])
-            except ValueError:
-                return False
+    spans = spans_nodes(env)   # the launchers' variables, written down once (cluster/topology.py)
+    if spans is not None:
+        return spans
     try:
         return int(env.get("SLURM_NNODES", "1")) > 1
     except ValueError:

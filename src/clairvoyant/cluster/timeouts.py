@@ -1,10 +1,13 @@
 """POLICY (constants): how long the cluster waits, for the Loader and the mount alike. Every wait
 after which a rank or node counts as late, absent or lost is set here, once; the modules that wait
-import it (tests may set them lower on the importing module).
+import it (a test may set one lower on the importing module where it is read at the wait, not
+where it is a default argument).
 
-- ``GATHER_TIMEOUT``: every rank's part of an exchange (the layout, the fingerprint, the job's
-  secret, a mount's joining). Ranks legitimately wait for one that lists a large source first, so
-  it is torch.distributed's own default, 30 minutes; ``CLAIRVOYANT_GATHER_TIMEOUT`` sets it.
+- ``GATHER_TIMEOUT``: every rank's part of an exchange (the fingerprint, the job's secret, a
+  mount's joining). Ranks legitimately wait for one that lists a large source first, so it is
+  torch.distributed's own default, 30 minutes; ``CLAIRVOYANT_GATHER_TIMEOUT`` sets it. The
+  Loader's first-pass exchange under a process group waits at most ``FIRST_PASS_CAP`` of it: a
+  rank that never iterates must be named before NCCL's watchdog (10 minutes) ends the job.
 - ``PEER_TIMEOUT``: a staging thread's wait for a peer's sample before it reads the shared store
   (the Loader); ``ASK_TIMEOUT``: the same for a mount's file, ``ASK_WAIT_MS`` what its daemon waits.
 - ``PROBE_WAIT``: a probe's wait for a peer's answer (asked twice): no answer, the node is lost.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 
 GATHER_TIMEOUT = float(os.environ.get("CLAIRVOYANT_GATHER_TIMEOUT", "1800"))
+FIRST_PASS_CAP = 300.0
 PEER_TIMEOUT = 2.0
 ASK_TIMEOUT = 1.0
 ASK_WAIT_MS = 2000

@@ -21,7 +21,7 @@ from typing import Mapping
 
 from ..errors import ConfigError
 from ..plan.layout import NodeLayout
-from .timeouts import GATHER_TIMEOUT
+from .timeouts import FIRST_PASS_CAP, GATHER_TIMEOUT
 
 
 # (rank, world size, local rank, ranks on this node) variables, most specific launcher first.
@@ -40,6 +40,18 @@ def _launcher(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
     for names in _LAUNCHERS:
         if names[0] in env and names[1] in env:
             return names
+    return None
+
+
+def spans_nodes(env: Mapping[str, str]) -> bool | None:
+    """Whether the launcher's variables say the job has more ranks than this node (None: no
+    launcher says how many ranks a node has)."""
+    for names in _LAUNCHERS:
+        if names[1] in env and names[3] in env:
+            try:   # (SLURM writes e.g. "4(x2)")
+                return int(env[names[1]]) > int(env[names[3]].split("(")[0].split(",")[0])
+            except ValueError:
+                return False
     return None
 
 
@@ -140,31 +152,40 @@ def digest63(data: bytes) -> int:
 
 
 def gather_over_group(values: list[int], timeout: float | None = None) -> list[list[int]]:
-    """Every rank's ``values`` (int64s), by rank, over the default process group's store: the
-    cluster's one gather (cluster/store.py; nothing pickled, no device tensors under NCCL), waited
-    for at most ``timeout`` seconds: a rank that never joins is a ``ConfigError`` saying so, not a
-    hang."""
+    """Every rank's ``values`` (int64s), by rank, over the default process group: through its store
+    (cluster/store.py: the cluster's one gather; nothing pickled, no device tensors under NCCL), or
+    MPI's communicator under torch's MPI backend (whose store does nothing). Waited for at most
+    ``timeout`` seconds (``GATHER_TIMEOUT``, at most ``FIRST_PASS_CAP``): a rank that never joins
+    is a ``ConfigError`` saying so, not a hang."""
     import numpy as np
+    import torch.distributed as dist
 
-    from ..errors import PeerLost
-    from .group import allgather_int64
+    from .group import allgather_int64, as_group
     from .store import StoreGroup, job_store
 
-    got = job_store()
-    if isinstance(got, str):
-        raise ConfigError(f"the Loader's first pass cannot exchange the ranks' node names: {got}")
-    store, rank, size = got
-    timeout = GATHER_TIMEOUT if timeout is None else timeout
-    group = StoreGroup(store, rank, size, timeout=timeout)
+    timeout = min(GATHER_TIMEOUT, FIRST_PASS_CAP) if timeout is None else timeout
+    rank, size = dist.get_rank(), dist.get_world_size()
+    group = None
     try:
+        if dist.get_backend() == "mpi":
+            from mpi4py import MPI
+            group = as_group(MPI.COMM_WORLD)
+        else:
+            got = job_store()
+            if isinstance(got, str):
+                raise ConfigError(f"the Loader's first pass cannot exchange the ranks' node names: {got}")
+            group = StoreGroup(*got, timeout=timeout)
         rows = allgather_int64(group, np.asarray(values, np.int64), "the exchange of node names and manifests")
-    except PeerLost as e:
+    except ConfigError:
+        raise
+    except Exception as e:   # a PeerLost (a rank that never came), or the store itself gone
         raise ConfigError(
             f"rank {rank} of {size} did not hear from every other rank at the Loader's first pass (they exchange "
             f"node names and manifests once; waited up to {timeout:.0f} s): make the Loader and iterate it on "
-            "every rank, or pass rank= and world_size= to a Loader used on some ranks only") from e
+            f"every rank, or pass rank= and world_size= to a Loader used on some ranks only ({e})") from e
     finally:
-        group.close()
+        if group is not None:
+            group.close()
     return [r.tolist() for r in rows]
 
 def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,

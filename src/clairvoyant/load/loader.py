@@ -42,7 +42,7 @@ from .decode import resolve as resolve_decode
 from .guard import Guard
 from .heap import trim_heap
 from .node_session import NodeSession, close_tiers, compress_sample, place
-from .options import RunOptions
+from .options import LoaderOptions, RunOptions
 from .passes import EpochCursor, EpochSetter, _EpochIterator
 from .pipeline import EpochRun
 from .state import STATE_FORMAT, check_format, resume_point
@@ -157,20 +157,13 @@ class Loader:
                  storage_options: dict | None = None, dataset: str | None = None,
                  labels: str | None = None, fields: Sequence[str] | str = (),
                  compress: str | None = None, device: Any = None) -> None:
-        if isinstance(stage_threads, str) and stage_threads == "auto":
-            self._tuner: InFlight | None = InFlight(AUTO_START_THREADS)
-            stage_threads = AUTO_START_THREADS
-        else:
-            self._tuner = None
-        for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error={on_error!r}: choose 'raise' or 'skip'")
-        # the run's options are checked by RunOptions alone (load/options.py), here first, before
-        # anything is set up; each pass makes its own from the Loader's attributes (_run_options)
-        RunOptions(num_workers=1 if num_workers is None else num_workers, stage_threads=stage_threads,
-                   prefetch=prefetch, lookahead=lookahead)
+        # checked once, here, before anything is set up (load/options.py); read from there after
+        self.options = options = LoaderOptions(
+            batch_size=batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last, on_error=on_error,
+            num_workers=num_workers, stage_threads=stage_threads, prefetch=prefetch, lookahead=lookahead,
+            mp_context=mp_context)
+        self._tuner: InFlight | None = InFlight(AUTO_START_THREADS) if options.tuned_threads else None
+        stage_threads = AUTO_START_THREADS if options.tuned_threads else stage_threads
         for name, fn in (("transform", transform), ("target_transform", target_transform),
                          ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
@@ -232,8 +225,8 @@ class Loader:
         join = cluster_mod.wanted(cluster)
         if join:   # the job's nodes as one cache (cluster/job.py)
             fingerprint = cluster_mod.fingerprint(
-                manifest=self.manifest.fingerprint, seed=int(seed), batch_size=int(batch_size),
-                shuffle=bool(shuffle), drop_last=bool(drop_last),
+                manifest=self.manifest.fingerprint, seed=options.seed, batch_size=options.batch_size,
+                shuffle=options.shuffle, drop_last=options.drop_last,
                 compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}")
             if join == "later":
                 self._cluster_later, self._cluster_insist = fingerprint, cluster is True
@@ -249,12 +242,11 @@ class Loader:
         # capacity stays a share of the raw data set
         self._entry_sizes = (stored_sizes(sizes.astype(self._raw_entry_sizes.dtype), self.compress_ratio,
                                           entry_size(0)) if self._codec is not None else self._raw_entry_sizes)
-        self.batch_size, self.seed, self.shuffle, self.drop_last = int(batch_size), int(seed), shuffle, drop_last
         # the node's part (load/node_session.py): tiers, gate, place in the job, plans, serving
         self._node = NodeSession(self.source, self.manifest, topology, entry_sizes=self._entry_sizes,
                                  raw_entry_sizes=self._raw_entry_sizes,
-                                 config=PlanConfig(len(self.manifest), self.batch_size, self.seed, bool(shuffle),
-                                                   bool(drop_last)),
+                                 config=PlanConfig(len(self.manifest), options.batch_size, options.seed,
+                                                   options.shuffle, options.drop_last),
                                  cluster=self._cluster, topology_given=rank is not None,
                                  local_world_size=lws_given, balance=bool(balance))
         self.tiers = self._node.open_tiers(local_dir, ram_dir, local_capacity, ram_capacity)
@@ -277,14 +269,24 @@ class Loader:
             log.info("clairvoyant: %d reader processes to start, tuned each epoch (num_workers= fixes the count)",
                      self.num_workers)
         self._epochs_seen = 0
-        self.stage_threads, self.lookahead, self.prefetch = stage_threads, lookahead, prefetch
-        self.on_error, self.mp_context = on_error, mp_context
+        self.stage_threads = stage_threads   # (with "auto", where the tuner starts)
         self._stats = Stats()
         self._verdict_log = bool(verdict)
         self._last_verdict: dict | None = None
         self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
         self._cursor = EpochCursor()   # the epoch and the position (load/passes.py)
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
+
+    # -- the options, as given (load/options.py) ------------------------------------------------
+
+    batch_size = property(lambda self: self.options.batch_size, doc="Samples per batch (per rank).")
+    seed = property(lambda self: self.options.seed, doc="The seed of every epoch's order.")
+    shuffle = property(lambda self: self.options.shuffle)
+    drop_last = property(lambda self: self.options.drop_last)
+    on_error = property(lambda self: self.options.on_error)
+    prefetch = property(lambda self: self.options.prefetch)
+    lookahead = property(lambda self: self.options.lookahead)
+    mp_context = property(lambda self: self.options.mp_context)
 
     # -- PyTorch conventions (set_epoch, iter() and position: load/passes.py) -------------------
 
@@ -422,13 +424,10 @@ class Loader:
 
     def _run_options(self) -> RunOptions:
         """This pass's options, as the Loader holds them now (the tuners move readers and threads)."""
-        return RunOptions(num_workers=self.num_workers,
-                          stage_threads=self._tuner.limit if self._tuner is not None else self.stage_threads,
-                          prefetch=self.prefetch, lookahead=self.lookahead, skip_errors=self.on_error == "skip",
-                          mp_context=self.mp_context,
-                          # ranks of a node keep samples for each other: a planned hit that another rank
-                          # has not written yet is worth waiting for a moment rather than read twice
-                          peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
+        return self.options.run(self.num_workers, self._tuner.limit if self._tuner is not None else self.stage_threads,
+                                # ranks of a node keep samples for each other: a planned hit that another
+                                # rank has not written yet is worth waiting for a moment rather than read twice
+                                peer_wait=PEER_WAIT if self.topology.local_world_size > 1 else 0.0)
 
     def _transform_recipe(self, decode) -> tuple[Any, dict]:
         """The transform's recipe where load/fast_transform.py carries it out on uint8, and which path

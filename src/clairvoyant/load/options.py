@@ -47,3 +47,48 @@ class RunOptions:
                 raise ConfigError(f"{name} must be an integer >= 1{_ALSO.get(name, '')}, got {value!r}")
         if not self.peer_wait >= 0:
             raise ConfigError(f"peer_wait must be >= 0 seconds, got {self.peer_wait!r}")
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The Loader's own choices, checked once, when it is made (a bad value fails before anything
+    is set up, with the Loader's names), and read from here after: the order (``batch_size``,
+    ``seed``, ``shuffle``, ``drop_last``), what a bad sample does (``on_error``), and what each
+    pass's run starts from (``num_workers``: None is tuned; ``stage_threads``: ``"auto"`` is
+    tuned; ``prefetch``, ``lookahead``, ``mp_context``). ``run`` makes a pass's RunOptions."""
+
+    batch_size: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    on_error: str = "raise"
+    num_workers: int | None = None
+    stage_threads: int | str = "auto"
+    prefetch: int = 2
+    lookahead: int = 64
+    mp_context: str = "fork"
+
+    def __post_init__(self) -> None:
+        for name, low in (("batch_size", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error={self.on_error!r}: choose 'raise' or 'skip'")
+        if isinstance(self.stage_threads, str) and self.stage_threads != "auto":
+            raise ConfigError(f"stage_threads must be an integer >= 1 or 'auto' (tuned), got {self.stage_threads!r}")
+        self.run(1 if self.num_workers is None else self.num_workers, 1 if self.tuned_threads else self.stage_threads)
+        for name in ("batch_size", "seed"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "shuffle", bool(self.shuffle))
+        object.__setattr__(self, "drop_last", bool(self.drop_last))
+
+    @property
+    def tuned_threads(self) -> bool:
+        return isinstance(self.stage_threads, str)
+
+    def run(self, num_workers: int, stage_threads: int, peer_wait: float = 0.0) -> RunOptions:
+        """A pass's run options: these, with the readers and threads the tuners chose."""
+        return RunOptions(num_workers=num_workers, stage_threads=stage_threads, prefetch=self.prefetch,
+                          lookahead=self.lookahead, skip_errors=self.on_error == "skip",
+                          mp_context=self.mp_context, peer_wait=peer_wait)

@@ -562,21 +562,30 @@ static int being_staged(uint64_t digest) {
 
 /* A file the tier lacks but that the mount process (or a Loader of the node) is staging now: wait
  * for that copy rather than read the shared store a second time. The lock goes with its holder
- * (the kernel lets go of a dead process's locks), so the wait ends when the copy does; a store
- * that takes longer than STAGING_WAIT_MS for one file gets the read a second time (counted: on a
- * loaded node 2 s was once too short, and the file was read twice). Polled at 1 ms, then 10. */
+ * (the kernel lets go of a dead process's locks), so the wait ends when the copy does; a copy
+ * that takes longer than STAGING_WAIT_MS gets the read a second time (``first``: counted as a
+ * wait_timeout; on a loaded node 2 s was once too short, and the file was read twice). At most
+ * STAGING_WAITERS of the daemon's threads wait that long at once (a holder stuck alive must not
+ * take every thread, and with them the mount's stats and reads of local files): past that a wait
+ * ends after SHORT_WAIT_MS, as it always did. Polled at 1 ms, then 10. */
 #define STAGING_WAIT_MS 60000
-static char *wait_for_staging(const struct lfile *f, int *stale) {
+#define SHORT_WAIT_MS 2000
+#define STAGING_WAITERS 16
+static int staging_waiters;
+static char *wait_for_staging(const struct lfile *f, int *stale, int first) {
     struct timespec t0, t;
+    int longer = __atomic_add_fetch(&staging_waiters, 1, __ATOMIC_RELAXED) <= STAGING_WAITERS;
+    long most = longer ? STAGING_WAIT_MS : SHORT_WAIT_MS;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned i = 0; being_staged(f->digest); i++) {
         clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= STAGING_WAIT_MS) {
-            count(&sh->wait_timeouts, 1);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= most) {
+            if (first) count(&sh->wait_timeouts, 1);
             break;
         }
         usleep(i < 100 ? 1000 : 10000);
     }
+    __atomic_sub_fetch(&staging_waiters, 1, __ATOMIC_RELAXED);
     return read_local(f, stale);
 }
 
@@ -687,13 +696,13 @@ static int prepare_file(const char *path, struct handle *h, int64_t f, int first
     int locked = 0;
     if (!h->buf && opt.handoff && first) {   /* staging runs: read the source once, whoever reads it */
         locked = key_lock(files[f].digest, F_WRLCK);
-        if (!locked) h->buf = wait_for_staging(&files[f], &stale);   /* the mount process copies it now */
+        if (!locked) h->buf = wait_for_staging(&files[f], &stale, 1);   /* the mount process copies it now */
         else if ((h->buf = read_local(&files[f], &stale)) != NULL) {  /* staged just before the lock */
             key_lock(files[f].digest, F_UNLCK);
             locked = 0;
         }
     } else if (!h->buf && opt.handoff) {   /* a later part: its handoff may be in the copy under way */
-        h->buf = wait_for_staging(&files[f], &stale);
+        h->buf = wait_for_staging(&files[f], &stale, 0);
     }
     if (stale && first) count(&sh->stale, 1);   /* once per open, however often it was looked at */
     if (!h->buf && first && homes && homes[f] != opt.node) {   /* another node's file: ask its home */

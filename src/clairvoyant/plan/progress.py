@@ -30,7 +30,10 @@ class ReadersProgress:
 
     @property
     def fastest(self) -> int:
-        return max(self.positions, default=0)
+        """Where the fastest rank still in this epoch is (``DONE`` once none is): a rank gone on to
+        the next epoch reads that epoch's files, not this one's."""
+        here = [p for p in self.positions if p != DONE]
+        return max(here) if here else (DONE if self.positions else 0)
 
     @property
     def together(self) -> int:
