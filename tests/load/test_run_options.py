@@ -45,3 +45,23 @@ def test_the_loaders_arguments_are_checked_once_by_the_run_options(tmp_path, dat
             Loader(dataset, local_dir=str(tmp_path), **kw)
     with Loader(dataset, local_dir=str(tmp_path), num_workers=1, stage_threads=2, prefetch=1, lookahead=3) as ld:
         assert ld._run_options().lookahead == 3
+
+
+def test_the_loaders_own_options_are_one_frozen_object_read_from_there(tmp_path, dataset):
+    """LoaderOptions: the Loader's choices checked once (a bad value before anything is set up) and
+    read from there; the attributes of the same names are its, read-only. Control: the defaults are
+    Loader's own signature's."""
+    from clairvoyant.load.options import LoaderOptions
+    loader = inspect.signature(Loader).parameters
+    o = LoaderOptions()
+    assert all(getattr(o, f.name) == loader[f.name].default for f in dataclasses.fields(o))
+    for bad, said in (({"batch_size": 0}, "batch_size"), ({"seed": -1}, "seed"), ({"on_error": "x"}, "on_error"),
+                      ({"stage_threads": "fast"}, "stage_threads"), ({"batch_size": True}, "batch_size")):
+        with pytest.raises(ConfigError, match=said):
+            LoaderOptions(**bad)
+    with Loader(dataset, batch_size=np.int64(4), local_dir=str(tmp_path), num_workers=1, shuffle=0,
+                on_error="skip") as ld:
+        assert (ld.batch_size, type(ld.batch_size), ld.shuffle, ld.on_error) == (4, int, False, "skip")
+        assert ld.options.run(1, 2).skip_errors and ld._run_options().skip_errors
+        with pytest.raises(AttributeError):
+            ld.batch_size = 8   # one place holds it
