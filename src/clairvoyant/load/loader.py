@@ -375,10 +375,7 @@ class Loader:
             return
         self._cluster = self._checked(c, self._node.where())   # (the process group's place now)
         node = self._node
-        node.cluster, node.topology = c, c.layout
-        node.drop_carry()
-        self.tiers.direct = node.direct(self.tiers.local_capacity)
-        node.open_progress()
+        node.rebind(c.layout, cluster=c)
         c.start(self.tiers.local_capacity, node.serve)
         log.info("clairvoyant: rank %d of %d joined the cluster cache of %d nodes at its first pass (%s)",
                  c.rank, c.world_size, c.layout.num_nodes, c.counters().get("transport", ""))

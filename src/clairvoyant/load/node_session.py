@@ -149,13 +149,24 @@ class NodeSession:
                 "while the job started. Run `clairvoyant index SRC` once before the job, then start it again")
         if self.local_world_size is None and local_from_env(os.environ, t.rank, t.world_size) is None:
             t = NodeLayout.from_names([row[0] for row in rows], rank=t.rank, origin=t.origin)
-        self.agreed, self.topology = True, t
+        self.agreed = True
         if t == old:
+            self.topology = t   # (the same layout; where it came from may differ)
             return
         log.info("clairvoyant: rank %d of %d (node of %d ranks) from torch.distributed (it had rank %d of %d, "
                  "node of %d, from %s)", t.rank, t.world_size, t.local_world_size, old.rank, old.world_size,
                  old.local_world_size, old.origin)
-        self.drop_carry()   # an epoch planned for the old layout: nothing of it carries over
+        self.rebind(t)
+
+    def rebind(self, t: NodeLayout, cluster: "Cluster | None" = None) -> None:
+        """The one path by which this process's place in the job changes after the Loader was
+        made (the ranks compared over the process group, or a cluster formed at the first pass):
+        an epoch planned for the old layout carries nothing over, and the tiers' direct reads and
+        the node's deadline gate follow the new one."""
+        if cluster is not None:
+            self.cluster = cluster
+        self.topology = t
+        self.drop_carry()
         self.tiers.direct = self.direct(self.tiers.local_capacity)
         self.open_progress()
 
