@@ -320,6 +320,33 @@ def test_a_later_part_asked_while_the_first_read_is_reading_the_file_waits_for_i
         assert store.counters().opens == 1, store.counters()   # that lone part did reach the store
 
 
+class LockHolder:
+    """Another process of the node, copying ``keys`` of mount ``m`` into its tier (lock_holder.py)."""
+
+    def __init__(self, m, src: str, keys: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "lock_holder.py"),
+                                      m.tiers.local.local_dir, m.source.uri, src, *keys],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+
+    def publish(self, key: str) -> None:
+        self.proc.stdin.write(f"publish {key}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "published"
+
+    def release(self) -> None:
+        self.proc.stdin.write("release\n")
+        self.proc.stdin.flush()
+        assert self.proc.wait(10) == 0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
 @pytest.mark.parametrize("published", [True, False])
 def test_a_first_read_waits_for_the_copy_under_way_however_long_it_takes(tmp_path, published):
     """A program asks for a file that another process of the node is copying into the tier: it
@@ -330,37 +357,40 @@ def test_a_first_read_waits_for_the_copy_under_way_however_long_it_takes(tmp_pat
         key = keys_of(m)[0]
         with open(os.path.join(src, key), "rb") as f:
             data = f.read()
-        assert not m.tiers.local.claim(key, len(data))   # the node-wide lock: a copy under way
-        got = {}
+        holder = LockHolder(m, src, [key])   # the node-wide lock: a copy under way
+        try:
+            got = {}
 
-        def read() -> None:
-            with open(os.path.join(m.path, key), "rb") as f:
-                got["b"] = f.read()
+            def read() -> None:
+                with open(os.path.join(m.path, key), "rb") as f:
+                    got["b"] = f.read()
 
-        reader = threading.Thread(target=read)
-        reader.start()
-        time.sleep(3.0)
-        assert reader.is_alive() and m.stats().opens_source == 0
-        if published:
-            m.tiers.local.put(key, data, os.stat(os.path.join(src, key)).st_mtime_ns, 1 << 30)
-        m.tiers.local.release(key)
-        reader.join(10)
+            reader = threading.Thread(target=read)
+            reader.start()
+            time.sleep(3.0)
+            assert reader.is_alive() and m.stats().opens_source == 0
+            if published:
+                holder.publish(key)
+            holder.release()
+            reader.join(10)
+        finally:
+            holder.kill()
         assert got["b"] == data
         s = m.stats()
         assert (s.opens_local, s.opens_source, s.wait_timeouts) == ((1, 0, 0) if published else (0, 1, 0)), s
 
 
 def test_no_more_than_16_reads_wait_long_for_copies_under_way(tmp_path):
-    """70 programs' reads of 70 files whose copies are under way (their locks held, by a process
-    stuck alive): 16 wait for the copies, the other 54 read the store after 2 s, so the daemon's
-    threads are not all taken. Control: those 16 are still waiting, and get the copies."""
+    """70 programs' reads of 70 files whose copies are under way (their locks held by another
+    process, stuck alive): 16 wait for the copies, the other 54 read the store after 2 s, so the
+    daemon's threads are not all taken. Control: those 16 are still waiting, and get the copies."""
     with small_mount(tmp_path, n=80) as (src, m):
         keys = keys_of(m)[:70]
         data = {}
         for k in keys:
             with open(os.path.join(src, k), "rb") as f:
                 data[k] = f.read()
-            assert not m.tiers.local.claim(k, len(data[k]))
+        holder = LockHolder(m, src, keys)
         got: dict = {}
 
         def read(k: str) -> None:
@@ -368,18 +398,22 @@ def test_no_more_than_16_reads_wait_long_for_copies_under_way(tmp_path):
                 got[k] = f.read()
 
         readers = [threading.Thread(target=read, args=(k,)) for k in keys]
-        for t in readers:
-            t.start()
-        assert wait_until(lambda: sum(t.is_alive() for t in readers) == 16, 15), sum(t.is_alive() for t in readers)
-        time.sleep(1.0)
-        waiting = [k for k, t in zip(keys, readers) if t.is_alive()]
-        assert len(waiting) == 16 and m.stats().opens_source == 54, m.stats()
-        for k in keys:
-            if k in waiting:
-                m.tiers.local.put(k, data[k], os.stat(os.path.join(src, k)).st_mtime_ns, 1 << 30)
-            m.tiers.local.release(k)
-        for t in readers:
-            t.join(10)
+        try:
+            for t in readers:
+                t.start()
+            assert wait_until(lambda: sum(t.is_alive() for t in readers) <= 16, 15), \
+                sum(t.is_alive() for t in readers)
+            time.sleep(1.0)
+            waiting = [k for k, t in zip(keys, readers) if t.is_alive()]
+            s = m.stats()
+            assert len(waiting) == 16 and s.opens_source == 54 and s.wait_timeouts == 54, s
+            for k in waiting:
+                holder.publish(k)
+            holder.release()
+            for t in readers:
+                t.join(10)
+        finally:
+            holder.kill()
         assert all(got[k] == data[k] for k in keys)
         s = m.stats()
         assert (s.opens_source, s.opens_local, s.wait_timeouts) == (54, 16, 54), s
