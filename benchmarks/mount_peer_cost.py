@@ -52,7 +52,7 @@ def _timed(paths: list[str]) -> tuple[float, float, int]:
 
 def node_main(work: str) -> None:
     from clairvoyant.mount import Mount
-    from clairvoyant.mount.cluster_links import PeerLink
+    from clairvoyant.mount.cluster.links import PeerLink
 
     link = PeerLink()   # MPI under mpirun, torchrun's store and ZeroMQ under torchrun
     rank, src = link.node, os.path.join(work, "src")

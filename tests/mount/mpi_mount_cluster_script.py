@@ -17,7 +17,7 @@ os.environ["CLAIRVOYANT_NODE"] = f"node{int(os.environ.get('OMPI_COMM_WORLD_RANK
 from mpi4py import MPI  # noqa: E402
 
 from clairvoyant.mount import Mount  # noqa: E402
-from clairvoyant.mount.cluster_links import PeerLink  # noqa: E402
+from clairvoyant.mount.cluster.links import PeerLink  # noqa: E402
 
 
 def wait_all(comm) -> None:

@@ -1,5 +1,5 @@
 """A cluster mount's member and the service it starts or finds hold the job's keys alike
-(mount/member.py, cluster/secret.py). Each check has a control."""
+(mount/cluster/member.py, cluster/secret.py). Each check has a control."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from clairvoyant.cluster.secret import JobSecret, key_id
 from clairvoyant.errors import ConfigError
-from clairvoyant.mount import member
+from clairvoyant.mount.cluster import member as member
 
 
 def _found(monkeypatch, tmp_path, hello: dict) -> None:

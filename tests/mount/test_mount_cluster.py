@@ -1,4 +1,4 @@
-"""``clairvoyant mount --cluster``: the mounts of several nodes as one cache (mount/cluster.py,
+"""``clairvoyant mount --cluster``: the mounts of several nodes as one cache (mount/cluster/node.py,
 mountfs.c's --homes). Two or four "nodes" in one process (each a mount with its own local
 directory, joined by a LoopbackLink), and under mpirun (PeerLink). Each check has a control."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import Mount, mount_available, read_info, read_stats
-from clairvoyant.mount.cluster_links import LoopbackLink
+from clairvoyant.mount.cluster.links import LoopbackLink
 from clairvoyant.plan.unplanned import hash_homes
 from clairvoyant.testing import drop_pages
 
@@ -497,11 +497,11 @@ def _epochs_with_samplers(ms: list[Mount], files: dict, epochs: int, seed: int =
 
 def _planned_store_reads(ms: list[Mount], files: dict, epochs: int, seed: int = 0) -> int:
     """The store reads of the cluster plan of the same orders, tiers and capacity, planned here
-    from scratch (plan/cluster.py through mount/cluster_plan.py's ``cluster_plan``)."""
+    from scratch (plan/cluster.py through mount/cluster/plan.py's ``cluster_plan``)."""
     import numpy as np
 
     from clairvoyant.cache.entry import entry_size
-    from clairvoyant.mount.cluster_orders import NodeOrders
+    from clairvoyant.mount.cluster.orders import NodeOrders
     from clairvoyant.plan.cluster_walk import cluster_plan, plan_homes
     from clairvoyant.mount.numbering import Numbered
     from clairvoyant.plan.order import epoch_order
@@ -549,7 +549,7 @@ def test_with_samplers_the_nodes_run_the_cluster_plan(tmp_path, many, monkeypatc
     file; about 1.46 measured), every byte right, the homes fixed from the first epoch's first
     readers, the files staged ahead of their reads staged by the mount's file engine. Control (``plan=False``): the same nodes keeping files by recency and fetching ahead
     (what they do where the orders do not all come) read the store more than that (about 1.73)."""
-    from clairvoyant.mount import cluster_plan
+    from clairvoyant.mount.cluster import plan as cluster_plan
 
     if not plan:
         monkeypatch.setattr(cluster_plan.ClusterWalk, "make_plan", lambda self, wait=None: False)
@@ -603,7 +603,7 @@ def test_a_node_whose_peers_send_no_orders_keeps_by_recency_and_fetches_ahead(tm
     1's orders, then runs its epoch by recency: its coming reads of node 1's files (hashed homes)
     are fetched ahead, so the daemon's asks find them ready; the store is read once per file.
     (The control, asks answered only when asked, is the first test: no orders, asked_ready 0.)"""
-    from clairvoyant.mount import cluster_plan
+    from clairvoyant.mount.cluster import plan as cluster_plan
     from clairvoyant.mount.orders import publish_order, publish_progress
 
     monkeypatch.setattr(cluster_plan, "GATHER_WAIT", 0.5)
@@ -645,7 +645,7 @@ def test_orders_exchanged_between_nodes_are_checked_not_trusted():
 
     import numpy as np
 
-    from clairvoyant.mount.cluster_orders import MAGIC, VERSION, NodeOrders, decode, encode, homes_answer, homes_of
+    from clairvoyant.mount.cluster.orders import MAGIC, VERSION, NodeOrders, decode, encode, homes_answer, homes_of
     from clairvoyant.mount.numbering import Numbered
 
     a = np.arange(10, dtype=np.int64)
@@ -827,7 +827,7 @@ def test_a_node_without_homes_takes_the_earliest_peers_and_tells_its_daemon(tmp_
     take, the homes are computed (the function given is called)."""
     import numpy as np
 
-    from clairvoyant.mount.cluster_orders import NodeOrders
+    from clairvoyant.mount.cluster.orders import NodeOrders
 
     src, files = tree
     ms = _mounts(tmp_path, src, 2)
@@ -872,7 +872,7 @@ def test_a_gather_waits_less_for_a_node_that_offered_nothing_before(monkeypatch)
     after QUICK_WAIT. Control: once node 2 offers, the gather completes, silent or not."""
     import numpy as np
 
-    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.cluster import orders as co
     from clairvoyant.mount.numbering import Numbered
 
     monkeypatch.setattr(co, "QUICK_WAIT", 0.2)
@@ -905,7 +905,7 @@ def _orders_of(n: int, world: int = 3):
     """Node ``n``'s orders of epoch 0: its one rank ``n`` reading file ``n``."""
     import numpy as np
 
-    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.cluster import orders as co
     from clairvoyant.mount.numbering import Numbered
     one = np.ones(1, np.int64)
     return co.NodeOrders(n, 0, world, 1, {n: Numbered(one * n, one, one * n, one)})
@@ -913,7 +913,7 @@ def _orders_of(n: int, world: int = 3):
 
 def _offering(offers: dict):
     """A peer's answers to a gather's asks: the length, then the blob, of ``offers[peer]``."""
-    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.cluster import orders as co
 
     def fetch(peer: int, number: int, size: int):
         blob = offers.get(peer)
@@ -927,7 +927,7 @@ def test_a_gather_does_not_wait_for_a_node_lost():
     """``gather`` of 3 nodes, node 2 lost (the cluster went on without it): the orders of nodes 0
     and 1 come back at once, though their ranks are not the whole world. Control: without being
     told node 2 is lost, the gather waits its whole wait and gives up."""
-    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.cluster import orders as co
 
     orders, blob = _orders_of, co.encode(_orders_of(1))
     fetch = _offering({1: blob})
@@ -958,7 +958,7 @@ def test_a_gather_finds_a_silent_node_lost_by_a_probe(monkeypatch):
     ``on_absent`` (the cluster's probe), which finds it lost, and the gather returns nodes 0 and 1
     at once. Control: a node that answers the probe (it runs no sampler) is not lost, and the gather
     waits its whole wait."""
-    from clairvoyant.mount import cluster_orders as co
+    from clairvoyant.mount.cluster import orders as co
 
     monkeypatch.setattr(co, "QUICK_WAIT", 0.2)
     orders, fetch = _orders_of, _offering({1: co.encode(_orders_of(1))})

@@ -144,7 +144,7 @@ def test_a_nodes_duty_follows_the_plan():
 
 
 def _node_orders(node: int, world: int, files: list[int], residents: dict | None = None):
-    from clairvoyant.mount.cluster_orders import NodeOrders
+    from clairvoyant.mount.cluster.orders import NodeOrders
     from clairvoyant.mount.numbering import Numbered
     f = np.asarray(files, np.int64)
     one = np.ones(len(f), np.int64)

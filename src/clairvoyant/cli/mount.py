@@ -102,8 +102,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         raise SystemExit("clairvoyant mount SRC MNT: give the data set's directory and an empty mount point")
     from ..mount.fs import Mount
 
-    if args.serve_node:   # a cluster's node service, started by its member (mount/member.py)
-        from ..mount.member import run_service
+    if args.serve_node:   # a cluster's node service, started by its member (mount/cluster/member.py)
+        from ..mount.cluster.member import run_service
         return run_service(args)
     src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
@@ -118,7 +118,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
                   "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 ... --no-python clairvoyant mount "
                   "(docs/mount.md); this mount runs alone, not as part of a cluster", file=sys.stderr, flush=True)
         else:
-            from ..mount.member import run_member
+            from ..mount.cluster.member import run_member
             try:
                 return run_member(args, group)
             finally:
@@ -207,7 +207,7 @@ def add_parser(sub) -> None:
     p.add_argument("--stats", action="store_true", help="print the counters of the mount at MNT (several "
                    "mount points: each node's and the job's)")
     p.add_argument("--json", action="store_true")
-    # (a cluster's node service, started by the member a launcher runs: mount/member.py)
+    # (a cluster's node service, started by the member a launcher runs: mount/cluster/member.py)
     p.add_argument("--serve-node", help=argparse.SUPPRESS)
     p.add_argument("--peer-host", help=argparse.SUPPRESS)
     p.add_argument("--member", help=argparse.SUPPRESS)

@@ -47,14 +47,14 @@ from .follow import Follower
 from .numbering import OrderNumbers, plan_key
 from .opens import Opens
 from .orders import WATCH_EVERY, published, read_order
-from .cluster_ahead import ClusterAhead
-from .cluster_plan import ClusterWalk
+from .cluster.ahead import ClusterAhead
+from .cluster.plan import ClusterWalk
 from .walk import Parts, Walk, settle
 
 log = logging.getLogger("clairvoyant")
 EVENTS_GATHER = 0.002   # seconds the events thread lets reports gather before it reads them
 EVENT_LOCAL = 1 << 63   # in the daemon's report of a first read: served from the tier (mountfs.c)
-EVENT_ASK = 1 << 62     # the daemon asks for another node's file (--cluster: mount/cluster.py)
+EVENT_ASK = 1 << 62     # the daemon asks for another node's file (--cluster: mount/cluster/node.py)
 
 
 class Controller:
@@ -118,7 +118,7 @@ class Controller:
 
     def copying(self, i: int) -> bool:
         """Whether file ``i`` is being copied into the tier now (a cluster home waits for that copy
-        rather than read the store a second time: mount/cluster.py)."""
+        rather than read the store a second time: mount/cluster/node.py)."""
         return self._copies.in_flight(i)
 
     def _evict(self, i: int) -> int:

@@ -45,7 +45,7 @@ class Copies:
         self._slots_back = 0   # slots of copies told done in the collector's current batch
         self._inflight = threading.Semaphore(2 * max(1, int(threads)))
         self._unread: set[int] = set()   # staged ahead by the plan and not read yet
-        self.told: Callable[[Done], None] | None = None   # told of each copy too (the cluster: mount/cluster.py)
+        self.told: Callable[[Done], None] | None = None   # told of each copy too (the cluster: mount/cluster/node.py)
         # the requests in flight: the one policy of every door (tune/inflight.py), from the engine's
         # own counters after each batch of copies it tells; at most ``threads`` of the slots' twice
         self.inflight = InFlight(threads, hi=2 * max(1, int(threads)))

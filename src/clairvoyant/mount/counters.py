@@ -74,7 +74,7 @@ class Counters:
 
     def publish(self) -> None:
         doc = self.snapshot()
-        if self.extra is not None:   # the cluster's counters (mount/cluster.py), beside the staging's
+        if self.extra is not None:   # the cluster's counters (mount/cluster/node.py), beside the staging's
             try:
                 doc.update(self.extra())
             except Exception:

@@ -191,7 +191,7 @@ class Mount:
         if len(self.manifest) == 0:
             raise ConfigError(f"{src.root} holds no files to mount")
         if cluster is not None:   # collective, before anything is mounted: a node that differs stops them all
-            from .cluster_links import files_fingerprint
+            from .cluster.links import files_fingerprint
             cluster.agree(files_fingerprint(self.manifest), "the mounted source's files (names and sizes)")
         binary = DAEMON.binary()
         node = open_tiers(src, np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0), local_dir=local_dir,
@@ -214,7 +214,7 @@ class Mount:
             listing.publish_bytes(os.path.join(work, "info.json"), json.dumps(self.info, indent=1).encode())
             w = -1
             homes_args: list[str] = []
-            if cluster is not None:   # each file's home: asked of it when absent here (mount/cluster.py)
+            if cluster is not None:   # each file's home: asked of it when absent here (mount/cluster/node.py)
                 if not stage:
                     raise ConfigError("a mount in a cluster stages (its home files): stage=False does not go with it")
                 homes_path = self.homes_path = os.path.join(work, "homes")   # rewritten by a cluster plan
@@ -272,7 +272,7 @@ class Mount:
 
     @property
     def cluster(self):
-        """This node's part of a cluster of mounts (mount/cluster.py), or None."""
+        """This node's part of a cluster of mounts (mount/cluster/node.py), or None."""
         return self._held.get("cluster")
 
     @property

@@ -9,7 +9,7 @@ follow the listing's order or repeat an earlier pass's, the files that come next
 of the opens, and in a full tier the files opened last give way: plan/readahead.py decides both.
 Once a sampler publishes an order, all of this stands down (``stand_down``): the plan knows.
 
-In a cluster of mounts (``cluster``, mount/cluster.py) a node keeps only its home files, as
+In a cluster of mounts (``cluster``, mount/cluster/node.py) a node keeps only its home files, as
 plan/unplanned.py's ``HomesLRU`` decides (least recently read across the cluster goes first); a
 file of another home read from the source here (its home did not answer) is kept nowhere, and
 nothing is read ahead: the homes' tiers together are the cache.

@@ -1,4 +1,4 @@
-"""POLICY: the decisions of a cluster of mounts with samplers (pure: mount/cluster_plan.py gathers
+"""POLICY: the decisions of a cluster of mounts with samplers (pure: mount/cluster/plan.py gathers
 the nodes' orders, asks these and carries out what they say).
 
 The plan of the nodes' published orders (:func:`cluster_plan`: the cluster sequence is every
@@ -8,7 +8,7 @@ plan together (:func:`plan_homes`: a file a tier holds already stays there, read
 because the nodes' samplers start at different times; any other, its first reader; the fallback,
 hashed homes, for the rest). The orders are any objects with ``node``, ``epoch``, ``capacity``,
 ``residents`` and ``ranks`` (global rank -> its ``files``, ``counts``, ``next_files``,
-``next_counts``), as mount/cluster_orders.py decodes them.
+``next_counts``), as mount/cluster/orders.py decodes them.
 
 How a node carries out its part, step by step ahead of its readers:
 
@@ -106,7 +106,7 @@ def dense_homes(homes: np.ndarray, nodes_of: np.ndarray, total: int, dense: Sequ
 
 @dataclass
 class Duty:
-    """What a home consults of its part of the plan when it serves and keeps (mount/cluster.py):
+    """What a home consults of its part of the plan when it serves and keeps (mount/cluster/node.py):
     ``keep``, its own files it reads this epoch -> kept after the read; ``store``, other homes'
     files it reads from the store; ``cut_on_serve``, its files to delete once a peer has them."""
 

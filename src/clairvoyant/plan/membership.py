@@ -1,4 +1,4 @@
-"""POLICY, pure: what a cluster mount makes of a signal and of a probe of its peers (mount/member.py
+"""POLICY, pure: what a cluster mount makes of a signal and of a probe of its peers (mount/cluster/member.py
 only wires it to the processes).
 
 - A signal to the member the launcher runs: SIGINT is Ctrl-C at the launcher (torchrun passes its

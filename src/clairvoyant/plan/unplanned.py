@@ -3,7 +3,7 @@
 With a clairvoyant sampler a node's mount knows every coming read of its node and runs the
 Loader's node plan (farthest next use, ``plan/ahead.py`` over ``plan/residency.py``'s rule); a
 cluster of mounts with samplers exchanges the nodes' orders and runs the Loader's cluster plan
-(``plan/cluster.py``, mount/cluster_plan.py). A program that shuffles on its own tells
+(``plan/cluster.py``, mount/cluster/plan.py). A program that shuffles on its own tells
 the mount nothing ahead: it sees each read as it comes, and that is all an unmodified program
 allows. Two policies decide from the reads alone:
 

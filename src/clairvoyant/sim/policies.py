@@ -24,7 +24,7 @@ the simulator cannot drift from it:
 - ``cluster-lru``: ``clairvoyant mount --cluster`` without a sampler: each file's home keeps it,
   read from the store by the home, least recently read across the cluster evicted first
   (``plan.unplanned.HomesLRU``). With samplers the cluster of mounts runs ``cluster``'s plan
-  (the nodes exchange their orders: mount/cluster_plan.py), with a step per index: checked
+  (the nodes exchange their orders: mount/cluster/plan.py), with a step per index: checked
   against 4 mounts in ``benchmarks/mount_capacity.py --cluster`` (docs/benchmarks.md);
 - ``no-io``: nothing is read: the lower bound.
 

@@ -78,7 +78,7 @@ NAMES: dict[str, str] = {
     "mount.kept_reads": "files kept after a read the staging heard late",
     "mount.evicted_unread": "evicted files never read",
     "mount.not_home": "reads of files whose home is another node",
-    # a link to the other nodes (cluster/peers.py, mount/cluster.py's links)
+    # a link to the other nodes (cluster/peers.py, mount/cluster/node.py's links)
     "peer.fetches": "fetches asked of a peer",
     "peer.sent": "requests sent",
     "peer.hits": "fetches a peer answered with the bytes",
@@ -94,7 +94,7 @@ NAMES: dict[str, str] = {
     "peer.errors": "transport errors met",
     "peer.bytes_in": "bytes received in answers",
     "peer.bytes_out": "bytes sent in answers",
-    # the cluster mount as a node of the cluster cache (mount/cluster.py)
+    # the cluster mount as a node of the cluster cache (mount/cluster/node.py)
     "cluster.plans": "cluster plans run",
     "cluster.gather_seconds": "seconds spent gathering the nodes' orders",
     "cluster.homes_from_epoch": "the epoch the homes were planned from",

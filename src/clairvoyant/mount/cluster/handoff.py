@@ -1,5 +1,5 @@
 """MECHANISM: what a cluster node leaves for its daemon in the handoff directory: another home's
-bytes, or a mark that the home did not answer with them (mount/cluster.py).
+bytes, or a mark that the home did not answer with them (mount/cluster/node.py).
 
 The daemon (``mountfs.c``) waits for ``<handoff>/<number>`` (the bytes, then their mtime: written
 under a temporary name, then renamed) or ``<number>.miss`` (it then reads the store itself). These

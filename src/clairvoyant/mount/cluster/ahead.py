@@ -1,6 +1,6 @@
 """MECHANISM: with samplers but without every node's orders, a cluster node fetches its coming reads ahead.
 
-The fallback of mount/cluster_plan.py, for an epoch whose orders did not come from every node.
+The fallback of mount/cluster/plan.py, for an epoch whose orders did not come from every node.
 
 The node's samplers publish their orders (mount/orders.py); merged into the node's sequence as
 the Loader merges its ranks' batches (plan/sequence.py ``interleave``), they say which files the
@@ -16,11 +16,11 @@ without samplers, or the plan's once the nodes planned together; files are kept 
 
 from __future__ import annotations
 
-from ..plan.progress import ReadersProgress
-from ..plan.sequence import interleave
-from .numbering import Numbered
-from .orders import WATCH_EVERY, read_progress
-from .walk import Parts
+from ...plan.progress import ReadersProgress
+from ...plan.sequence import interleave
+from ..numbering import Numbered
+from ..orders import WATCH_EVERY, read_progress
+from ..walk import Parts
 
 WINDOW = 256   # files ahead of the readers
 

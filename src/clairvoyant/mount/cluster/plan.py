@@ -1,7 +1,7 @@
 """MECHANISM: with samplers, a cluster of mounts runs the Loader's cluster plan (plan/cluster.py).
 
 Each node's samplers publish their orders of an epoch in its local directory; the node offers them
-to the others (mount/cluster_orders.py) and gathers theirs, so that every node holds every rank's
+to the others (mount/cluster/orders.py) and gathers theirs, so that every node holds every rank's
 order of the epoch, every tier's capacity and residents, and plans the whole cluster alike:
 
 - **the cluster sequence**: every rank's indices interleaved index by index, ranks by their global
@@ -26,7 +26,7 @@ answered at once (no round trip to a home that does not hold it).
 Where the nodes' orders do not all come within ``GATHER_WAIT`` (a node without samplers, one that
 is gone, samplers on different epochs; ``QUICK_WAIT`` for nodes that offered nothing the epoch
 before either), the node runs the epoch as a cluster without a sampler's plan: hashed or planned
-homes with recency, its coming reads fetched ahead (mount/cluster_ahead.py).
+homes with recency, its coming reads fetched ahead (mount/cluster/ahead.py).
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ import time
 
 import numpy as np
 
-from ..cache.entry import entry_size
-from ..cache.node import residents
-from ..plan.cluster import ClusterEpoch
-from ..plan.progress import ReadersProgress
-from ..plan.cluster_walk import WalkCursor, cluster_plan, dense_homes, node_duty, plan_homes, survivors
-from ..cluster.timeouts import GATHER_WAIT
-from .cluster_orders import NodeOrders, gather
-from .numbering import Numbered
-from .orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
-from .walk import Parts
+from ...cache.entry import entry_size
+from ...cache.node import residents
+from ...plan.cluster import ClusterEpoch
+from ...plan.progress import ReadersProgress
+from ...plan.cluster_walk import WalkCursor, cluster_plan, dense_homes, node_duty, plan_homes, survivors
+from ...cluster.timeouts import GATHER_WAIT
+from .orders import NodeOrders, gather
+from ..numbering import Numbered
+from ..orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
+from ..walk import Parts
 
 log = logging.getLogger("clairvoyant")
 MARGIN = PROGRESS_EVERY   # indices past the reported progress that may be handed out already: not staged

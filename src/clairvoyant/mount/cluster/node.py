@@ -4,7 +4,7 @@ Each node's mount runs a :class:`MountCluster` beside its controller. Every file
 only the home keeps it. Without samplers the homes are hashed (``plan.unplanned.hash_homes``:
 computed alike on every node, nothing exchanged) and what is kept and what goes is
 ``plan.unplanned.HomesLRU``'s decision (the program shuffles on its own: the mount learns its reads
-as they come). With samplers the nodes plan together (mount/cluster_plan.py): the homes are the
+as they come). With samplers the nodes plan together (mount/cluster/plan.py): the homes are the
 plan's, and the plan's part for this node (``follow_plan``: a ``Duty``) decides what a home keeps,
 what it serves, and which asks go to the store at once. This module carries either out:
 
@@ -27,10 +27,10 @@ what it serves, and which asks go to the store at once. This module carries eith
   told of the copy and counts it.
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
-The links are mount/cluster_links.py's: any object with ``node``, ``nodes``, ``agree(fingerprint,
+The links are mount/cluster/links.py's: any object with ``node``, ``nodes``, ``agree(fingerprint,
 what)``, ``start(serve, state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a
 piece of a node's state: its orders, its homes), ``counters()`` and ``close()``: ``ServiceLink``
-(a node's mount service that a launcher's member started: mount/member.py; ``lost``, the nodes
+(a node's mount service that a launcher's member started: mount/cluster/member.py; ``lost``, the nodes
 the cluster went on without), ``PeerLink`` (mounts inside an MPI job's ranks), or ``LoopbackLink``
 between mounts of one process (tests).
 """
@@ -46,14 +46,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..cache.entry import CorruptEntry, entry_size, read_sample
-from ..plan.unplanned import STORE, HomesLRU, hash_homes
-from ..tune.counters import Counters
-from .cluster_handoff import PeerFiles
-from .cluster_links import ClusterLink
-from .cluster_homes import HOMES_FILE, load_homes, save_homes, tell_daemon
-from .cluster_orders import HOMES
-from ..cluster.timeouts import ASK_TIMEOUT, CONTROL_WAIT
+from ...cache.entry import CorruptEntry, entry_size, read_sample
+from ...plan.unplanned import STORE, HomesLRU, hash_homes
+from ...tune.counters import Counters
+from .handoff import PeerFiles
+from .links import ClusterLink
+from .homes import HOMES_FILE, load_homes, save_homes, tell_daemon
+from .orders import HOMES
+from ...cluster.timeouts import ASK_TIMEOUT, CONTROL_WAIT
 
 log = logging.getLogger("clairvoyant")
 COPY_WAIT = 5.0       # seconds a home's answer waits for its own copy of the file to be published
@@ -71,7 +71,7 @@ class MountCluster:
         self._keys, self._sizes = m.keys, np.asarray(m.sizes, np.int64)
         self.hashed_homes = hash_homes(len(self._keys), self.nodes)
         self.homes = self.hashed_homes
-        self.basis = -1   # the epoch the planned homes came from (mount/cluster_plan.py); -1: hashed
+        self.basis = -1   # the epoch the planned homes came from (mount/cluster/plan.py); -1: hashed
         kept = load_homes(os.path.join(mount.tiers.local.root, HOMES_FILE), len(self._keys), self.nodes)
         if kept is not None:   # planned by an earlier session of this job's mounts: its tier holds by them
             self.homes, self.basis = kept
@@ -98,7 +98,7 @@ class MountCluster:
         self._ahead_pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="clairvoyant-ahead")
         self._asked: set[int] = set()
         self._waited: set[int] = set()   # asked by the daemon while a fetch ahead of it was under way
-        self.peer_files = PeerFiles(mount.handoff, lambda: self._c.add("peer_misses"))   # mount/cluster_handoff.py
+        self.peer_files = PeerFiles(mount.handoff, lambda: self._c.add("peer_misses"))   # mount/cluster/handoff.py
         self._c = Counters(["cluster"]).space("cluster")   # tune/counters.py's cluster.*
         self._closed = False
         self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
@@ -107,7 +107,7 @@ class MountCluster:
     def _adopt(self) -> None:
         """What the tier holds from an earlier session: this node's own files are counted by the
         policy (as read now, in no order), other homes' files are dropped: only homes keep."""
-        from ..cache.node import residents
+        from ...cache.node import residents
         tiers = self.mount.tiers
         held = residents(self.mount.manifest, tiers.local.entries(), self._sizes + entry_size(0))
         drop = []
@@ -133,7 +133,7 @@ class MountCluster:
 
     def ask(self, f: int, ahead: bool = False) -> None:
         """The daemon asks for file ``f`` (another node's): fetched in the background (unless it is
-        there already, fetched ahead). ``ahead``: no one waits for it yet (mount/cluster_ahead.py):
+        there already, fetched ahead). ``ahead``: no one waits for it yet (mount/cluster/ahead.py):
         a failed fetch leaves no miss mark, and the daemon's own ask tries again."""
         with self._lock:
             if self._closed:
@@ -191,7 +191,7 @@ class MountCluster:
             self.peer_files.forget_old()
 
     def ahead(self, f: int) -> bool:
-        """File ``f`` comes up soon in this node's sequence (mount/cluster_ahead.py): one of its own
+        """File ``f`` comes up soon in this node's sequence (mount/cluster/ahead.py): one of its own
         absent from the tier is staged now (``stage_own``); another node's is fetched from its home
         into the handoff directory. False: no staging slot is free now (ask again later)."""
         if self.owns(f):
@@ -307,7 +307,7 @@ class MountCluster:
     def _decide(self, f: int, present: bool) -> bool:
         """Ask the policy about a read of ``f`` at its home; carry out its evictions. With a plan,
         it decides: a copy read from the store is kept where the plan keeps it after this node's
-        read, and evictions are the plan's (mount/cluster_plan.py)."""
+        read, and evictions are the plan's (mount/cluster/plan.py)."""
         duty = self._duty
         if duty is not None:
             return not present and duty.keep.get(f, False)
@@ -339,7 +339,7 @@ class MountCluster:
         except (FileNotFoundError, CorruptEntry):
             return None
 
-    # -- with samplers: the cluster plan (mount/cluster_plan.py, mount/cluster_orders.py) -------
+    # -- with samplers: the cluster plan (mount/cluster/plan.py, mount/cluster/orders.py) -------
 
     def residents_for(self, epoch: int, stamps: dict[int, int], make: Callable[[], dict]) -> dict:
         """The residents this node offers with its orders of ``epoch`` (``stamps``: each rank's
@@ -362,7 +362,7 @@ class MountCluster:
 
     def offer(self, orders) -> None:
         """This node's orders of an epoch, for its peers to gather (replacing an earlier offer)."""
-        from .cluster_orders import encode
+        from .orders import encode
         blob = encode(orders)
         with self._lock:
             self._offers[orders.epoch] = blob
@@ -377,8 +377,8 @@ class MountCluster:
 
     def _state(self, number: int) -> bytes | None:
         """A peer's request for a piece of this node's state: its offered orders or its homes
-        (mount/cluster_orders.py)."""
-        from .cluster_orders import homes_answer, length_answer
+        (mount/cluster/orders.py)."""
+        from .orders import homes_answer, length_answer
         with self._lock:
             homes, basis = self.homes, self.basis
             epoch, body = divmod(number - 1, 2)
@@ -429,7 +429,7 @@ class MountCluster:
         orders picks the same), this node's own if they are the same, else asked of that node;
         computed now (``compute``) where no node has planned. None: a peer's could not be had.
         (Not used until ``use_homes``.)"""
-        from .cluster_orders import homes_of
+        from .orders import homes_of
         bases = [(o.basis, o.node, o.homes_digest) for o in orders if o.basis >= 0]
         first = min(bases, default=None)
         if first is not None and self.basis == first[0] and self.homes_digest() == first[2]:
@@ -459,7 +459,7 @@ class MountCluster:
 
     def homes_digest(self) -> int:
         """xxh3-64 of the homes this node plans with (offered with its orders)."""
-        from .cluster_orders import homes_digest
+        from .orders import homes_digest
         with self._lock:
             homes, digest = self.homes, self._digest
         if digest is None or digest[0] is not homes:
@@ -474,7 +474,7 @@ class MountCluster:
     def follow_plan(self, duty) -> None:
         """This node's part of an epoch's plan from now on (``Duty``), or None: recency again
         (a policy made anew from the tier, with the homes of now)."""
-        from ..cache.node import residents
+        from ...cache.node import residents
         with self._lock:
             self._duty = duty
             self._read_seen = set()
@@ -492,7 +492,7 @@ class MountCluster:
     def between_plans(self) -> None:
         """While the next epoch's plan is made: the last plan's keeps stand, but an ask goes to the
         file's home (the last plan's reads from the store are not this epoch's)."""
-        from ..plan.cluster_walk import Duty
+        from ...plan.cluster_walk import Duty
         with self._lock:
             if self._duty is not None:
                 self._duty = Duty(self._duty.keep, frozenset())

@@ -2,7 +2,7 @@
 them: the homes file the daemon maps (it asks each file's home by it), and a copy beside the tier
 (``HOMES_FILE``: a header of the epoch they came from, the nodes and the files, then 4 bytes per
 file; written whole under a temporary name and renamed), so that a mount started again plans
-with the job's homes (mount/cluster.py)."""
+with the job's homes (mount/cluster/node.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from .listing import publish_bytes
+from ..listing import publish_bytes
 
 HOMES_FILE = "cluster-homes"   # beside the tier: the planned homes, for a mount started again
 

@@ -28,8 +28,8 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from .numbering import Numbered
-from ..cluster.timeouts import GATHER_WAIT, QUICK_WAIT
+from ..numbering import Numbered
+from ...cluster.timeouts import GATHER_WAIT, QUICK_WAIT
 
 log = logging.getLogger("clairvoyant")
 HOMES = 0                # the piece of a node's state that is the homes it plans with

@@ -1,9 +1,9 @@
-"""MECHANISM: the links by which the mounts of a cluster's nodes reach each other (mount/cluster.py).
+"""MECHANISM: the links by which the mounts of a cluster's nodes reach each other (mount/cluster/node.py).
 
 A link is a :class:`ClusterLink`: the node's number, the peers found lost, ``agree``, ``start``,
 ``fetch`` (a file, or a piece of a node's state: its orders, its homes), ``probe``, ``mark_lost``,
 ``counters`` and ``close``. :class:`ServiceLink` is a node's mount service's, started
-by the process a launcher runs (mount/member.py): peers over ZeroMQ, their addresses given each time
+by the process a launcher runs (mount/cluster/member.py): peers over ZeroMQ, their addresses given each time
 a launcher forms the cluster, so that the mount outlives its launcher; :class:`PeerLink` joins
 mounts that live in the ranks of an MPI job (``PeerLink.node_leaders``) over the cluster's one
 transport (cluster/job.py); :class:`LoopbackLink` joins mounts of one process (tests). Before
@@ -21,18 +21,18 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from ..errors import ConfigError
-from ..nodeio.fileio import process_alive
-from ..plan.membership import LEAVE, UNMOUNT
-from ..tune.counters import Counters
-from ..cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
+from ...errors import ConfigError
+from ...nodeio.fileio import process_alive
+from ...plan.membership import LEAVE, UNMOUNT
+from ...tune.counters import Counters
+from ...cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
 ALIVE = 1 << 62   # the piece of a node's state that says it serves (a probe; orders and homes are below)
 
 
 class ClusterLink(Protocol):
-    """What the cluster of mounts (mount/cluster.py) asks of the link between its nodes."""
+    """What the cluster of mounts (mount/cluster/node.py) asks of the link between its nodes."""
 
     node: int
     nodes: int
@@ -79,7 +79,7 @@ def files_fingerprint(manifest) -> bytes:
 
 
 class ServiceLink:
-    """Node ``node`` of ``nodes``: the link of a mount service (mount/member.py) whose peers'
+    """Node ``node`` of ``nodes``: the link of a mount service (mount/cluster/member.py) whose peers'
     addresses the member process gives, over its control socket (``control``: a path), each time
     a launcher forms the cluster. The peer reads go over ZeroMQ (cluster/wire_zmq.py) bound on
     ``host``; nothing of the launcher's (MPI, torchrun's store) is used here, so the mount goes on
@@ -88,8 +88,8 @@ class ServiceLink:
     def __init__(self, node: int, nodes: int, host: str, control: str, member_pid: int, secret) -> None:
         import zmq
 
-        from ..cluster.wire_zmq import ZmqWire
-        from ..cluster.secret import key_id
+        from ...cluster.wire_zmq import ZmqWire
+        from ...cluster.secret import key_id
         self.node, self.nodes = int(node), int(nodes)
         self.member = int(member_pid)
         self._wire = ZmqWire(self.node, self.nodes, host, secret=secret)
@@ -235,7 +235,7 @@ class ServiceLink:
             raise ConfigError(self._join_error)
 
     def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        from ..cluster.peers import PeerService
+        from ...cluster.peers import PeerService
 
         def answer(number: int) -> bytes | None:
             if number == ALIVE:
@@ -292,7 +292,7 @@ class PeerLink(_NoProbe):
     --cluster`` uses a ServiceLink instead, so that the mount outlives its launcher.)"""
 
     def __init__(self, comm: Any = None) -> None:
-        from ..cluster import job as cluster, peers
+        from ...cluster import job as cluster, peers
         self._peers, self._cluster = peers, cluster
         try:
             self._group, self._on = cluster.transport(comm)
@@ -310,8 +310,8 @@ class PeerLink(_NoProbe):
         node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
         from mpi4py import MPI
 
-        from ..cluster.group import node_groups
-        from ..cluster.topology import node_name
+        from ...cluster.group import node_groups
+        from ...cluster.topology import node_name
         comm = comm if comm is not None else MPI.COMM_WORLD
         groups = node_groups(comm, node_name())
         rank = comm.Get_rank()
@@ -321,7 +321,7 @@ class PeerLink(_NoProbe):
 
     def agree(self, fingerprint: bytes, what: str) -> None:
         """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
-        from ..cluster.group import agree
+        from ...cluster.group import agree
         agree(self._group, fingerprint, what)
 
     def abort(self, code: int) -> None:

@@ -10,7 +10,7 @@ torchrun's store), starts the node's mount service in a session of its own (``--
 ``MNT`` (a launcher that restarted its workers, a new job around running mounts), checks with the
 other members that every node lists the same files, exchanges the services' ZeroMQ addresses and
 gives them to its service (``join``). The peer reads go service to service over ZeroMQ
-(mount/cluster_links.py), without the launcher.
+(mount/cluster/links.py), without the launcher.
 
 How each end is taken (the member is told over the service's control socket):
 
@@ -44,9 +44,9 @@ import threading
 import time
 import uuid
 
-from ..cluster.timeouts import GATHER_TIMEOUT
-from ..errors import ClairvoyantError, ConfigError
-from ..plan import membership
+from ...cluster.timeouts import GATHER_TIMEOUT
+from ...errors import ClairvoyantError, ConfigError
+from ...plan import membership
 
 SERVICE_SECRET_VAR = "CLAIRVOYANT_SERVICE_SECRET"   # the job's secret, from a member to the service it starts
 SERVICE_PREFIX = "clairvoyant-service-"   # <tmp>/clairvoyant-service-<pid>.log and .ctl: a service's log and control
@@ -62,7 +62,7 @@ def _paths(pid: int) -> tuple[str, str]:
 
 def _sweep() -> None:
     """Remove the logs and control sockets of services that are gone (killed: nothing cleaned up)."""
-    from .fs import left_by_the_dead
+    from ..fs import left_by_the_dead
     for path in left_by_the_dead(tempfile.gettempdir(), SERVICE_PREFIX):
         try:
             os.unlink(path)
@@ -101,7 +101,7 @@ class _Service:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        from ..nodeio.fileio import process_alive
+        from ...nodeio.fileio import process_alive
         return process_alive(self.pid)
 
     def relay(self, out=None) -> None:
@@ -123,8 +123,8 @@ def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None, 
     """The service already serving ``mnt`` for node ``node`` of ``nodes``, or None (nothing mounted
     there). A ConfigError where another mount serves it, a member of another job still has it, or
     its peers' keys come from another secret than ``secret`` (the job's)."""
-    from ..fuse.daemon import mounted
-    from .fs import read_info
+    from ...fuse.daemon import mounted
+    from ..fs import read_info
     if not mounted(mnt):
         return None
     try:
@@ -140,7 +140,7 @@ def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None, 
         raise ConfigError(f"{mnt} is served as node {hello['node']} of {hello['nodes']} mounts of "
                           f"{info.get('source')}, not node {node} of {nodes} of {source}; unmount it "
                           f"(clairvoyant umount {mnt}) first")
-    from ..nodeio.fileio import process_alive
+    from ...nodeio.fileio import process_alive
     member = int(hello.get("member", -1))
     if member > 0 and member != os.getpid() and process_alive(member):
         raise ConfigError(f"{mnt} is served for a cluster whose member on this node (pid {member}) still runs: "
@@ -148,7 +148,7 @@ def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None, 
     if local_dir and os.path.realpath(local_dir) != os.path.realpath(info.get("local_dir", local_dir)):
         raise ConfigError(f"{mnt} is served with its local tier in {info.get('local_dir')}, not {local_dir}; "
                           f"unmount it (clairvoyant umount {mnt}) to start it with another")
-    from ..cluster.secret import key_id
+    from ...cluster.secret import key_id
     if hello.get("secret") != key_id(secret):
         raise ConfigError(f"{mnt} is served with its peers' keys from another job secret than this launch's "
                           f"({'none: CLAIRVOYANT_PEER_AUTH=off' if secret is None else secret.where}); unmount it "
@@ -193,9 +193,9 @@ def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, 
 def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
     ``group``: the launcher's rendezvous (cluster/job.py)."""
-    from ..cluster.group import agree
-    from ..cluster.secret import job_secret
-    from ..cluster.wire_zmq import ADDR_VAR, reachable_address
+    from ...cluster.group import agree
+    from ...cluster.secret import job_secret
+    from ...cluster.wire_zmq import ADDR_VAR, reachable_address
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
     local_dir = local_dir.replace("{node}", str(node)) if local_dir else local_dir
@@ -307,7 +307,7 @@ def service_secret():
     """The job's secret its member handed this service (taken out of ``os.environ``, so that no
     process it starts inherits it; its initial environment in /proc stays readable by this user
     and root, as docs/security.md says), or None where authentication is off."""
-    from ..cluster.secret import JobSecret, auth_off
+    from ...cluster.secret import JobSecret, auth_off
     raw = os.environ.pop(SERVICE_SECRET_VAR, "")
     if auth_off():
         return None
@@ -324,8 +324,8 @@ def service_secret():
 def run_service(args: argparse.Namespace) -> int:
     """``clairvoyant mount SRC MNT --serve-node N/NODES ...`` (started by a member): the node's mount
     with a ServiceLink until unmounted (module docstring)."""
-    from .cluster_links import ServiceLink
-    from .fs import Mount
+    from .links import ServiceLink
+    from ..fs import Mount
     node, nodes = (int(x) for x in args.serve_node.split("/"))
     stop = threading.Event()
 
