@@ -30,7 +30,7 @@ from ..plan import num_batches
 from ..plan.layout import NodeLayout
 from ..plan.compression import stored_sizes
 from ..plan.rank_plan import PlanConfig, RankEpochPlan
-from ..source import DatasetPort, as_source, is_dataset
+from ..source import as_source, is_dataset
 from ..tune.autotune import ReaderTuner
 from ..tune.inflight import InFlight
 from ..tune.metrics import MetricsLog, stage_rates
@@ -39,6 +39,7 @@ from ..tune.stats import Stats
 from ..tune.verdict import judge
 from .decode import decode_pil
 from .decode import resolve as resolve_decode
+from .given import check_without_files, from_dataset
 from .guard import Guard
 from .heap import trim_heap
 from .node_session import NodeSession, close_tiers, compress_sample, place
@@ -168,21 +169,8 @@ class Loader:
                          ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{name}={fn!r} is not callable")
-        port = DatasetPort(source) if is_dataset(source) else None
-        if port is not None:   # a torchvision-style dataset: its files, labels and transforms
-            for name, mine, theirs in (("transform", transform, port.transform),
-                                       ("target_transform", target_transform, port.target_transform)):
-                if mine is not None and theirs is not None:
-                    raise ConfigError(f"{name} is given twice, to the Loader and to dataset {port.name}: "
-                                      "pass it once")
-            transform = transform if transform is not None else port.transform
-            target_transform = target_transform if target_transform is not None else port.target_transform
-            if not port.pil and decode is None:
-                raise ConfigError(
-                    f"dataset {port.name} opens its files with its own loader ({port.loader_name}), which "
-                    "clairvoyant cannot call on staged bytes: pass decode= a function from a file's bytes to "
-                    "what that loader returns")
-            source = port.source
+        if is_dataset(source):   # a torchvision-style dataset: its files, labels and transforms
+            source, transform, target_transform = from_dataset(source, decode, transform, target_transform)
         self.decode = resolve_decode(decode, has_transform=transform is not None)
         self.transform, self.target_transform, self.worker_init_fn = transform, target_transform, worker_init_fn
         if (rank is None) != (world_size is None):
@@ -194,21 +182,11 @@ class Loader:
             topology = validate(int(rank), int(world_size), local_world_size=int(local_world_size or 1))
         self.source = as_source(source, storage_options, dataset=dataset, labels=labels, fields=fields)
         if self.source.made_in_reader:   # a dataset with no files: its __getitem__ makes each sample
-            given = [n for n, v in (("decode", decode), ("transform", transform),
-                                    ("target_transform", target_transform)) if v is not None]
-            if given:
-                raise ConfigError(f"{given[0]}= is given, but dataset {self.source.name} makes its samples with its "
-                                  f"own __getitem__: apply it there (e.g. the dataset's transform=), and leave "
-                                  f"{given[0]}= out")
-            if compress is not None or cluster is True:
-                raise ConfigError(f"dataset {self.source.name} has no files to stage: leave "
-                                  f"{'compress=' if compress is not None else 'cluster=True'} out")
+            check_without_files(self.source, decode=decode, transform=transform, target_transform=target_transform,
+                                compress=compress, cluster=cluster)
             local_capacity = ram_capacity = 0
             cluster, compress = False, None
             self._tuner, stage_threads = None, 1   # (nothing to stage: one idle thread, no tuning)
-            log.warning("clairvoyant: dataset %s has no files (no `samples` list, not a path): its %d samples are "
-                        "made by its __getitem__ in the reader processes, in the plan's order; nothing is staged",
-                        self.source.name, self.source.count)
         if decode is None and self.source.decoder is not None:   # arrays: back to their dtype and shape
             self.decode = self.source.decoder
         self.manifest, self.indexed = manifest_mod.obtain(self.source, manifest, reindex=reindex)

@@ -1,0 +1,49 @@
+"""What the caller gives the Loader, taken apart before anything is set up: a torchvision-style
+dataset's files, labels and transforms (``from_dataset``), and what a dataset without files may not
+be given (``check_without_files``). Each raises a ConfigError that says what to pass instead."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ..errors import ConfigError
+from ..source import DatasetPort
+
+log = logging.getLogger("clairvoyant")
+
+
+def from_dataset(ds: Any, decode: Callable | None, transform: Callable | None,
+                 target_transform: Callable | None) -> tuple[Any, Callable | None, Callable | None]:
+    """``(source, transform, target_transform)`` of a torchvision-style dataset: its files and labels
+    as the source, its transforms unless the Loader was given them (given twice: an error), and a
+    ``decode=`` required where its own loader is not PIL's (staged bytes cannot be handed to it)."""
+    port = DatasetPort(ds)
+    for name, mine, theirs in (("transform", transform, port.transform),
+                               ("target_transform", target_transform, port.target_transform)):
+        if mine is not None and theirs is not None:
+            raise ConfigError(f"{name} is given twice, to the Loader and to dataset {port.name}: pass it once")
+    if not port.pil and decode is None:
+        raise ConfigError(
+            f"dataset {port.name} opens its files with its own loader ({port.loader_name}), which "
+            "clairvoyant cannot call on staged bytes: pass decode= a function from a file's bytes to "
+            "what that loader returns")
+    return (port.source, transform if transform is not None else port.transform,
+            target_transform if target_transform is not None else port.target_transform)
+
+
+def check_without_files(source: Any, *, decode: Callable | None, transform: Callable | None,
+                        target_transform: Callable | None, compress: str | None, cluster: bool | str) -> None:
+    """A dataset with no files makes each sample with its own ``__getitem__`` in the readers: no
+    step of the Loader's applies to it and nothing is staged (said once in the log)."""
+    given = [n for n, v in (("decode", decode), ("transform", transform), ("target_transform", target_transform))
+             if v is not None]
+    if given:
+        raise ConfigError(f"{given[0]}= is given, but dataset {source.name} makes its samples with its own "
+                          f"__getitem__: apply it there (e.g. the dataset's transform=), and leave {given[0]}= out")
+    if compress is not None or cluster is True:
+        raise ConfigError(f"dataset {source.name} has no files to stage: leave "
+                          f"{'compress=' if compress is not None else 'cluster=True'} out")
+    log.warning("clairvoyant: dataset %s has no files (no `samples` list, not a path): its %d samples are made by "
+                "its __getitem__ in the reader processes, in the plan's order; nothing is staged",
+                source.name, source.count)
