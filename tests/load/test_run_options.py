@@ -56,7 +56,8 @@ def test_the_loaders_own_options_are_one_frozen_object_read_from_there(tmp_path,
     o = LoaderOptions()
     assert all(getattr(o, f.name) == loader[f.name].default for f in dataclasses.fields(o))
     for bad, said in (({"batch_size": 0}, "batch_size"), ({"seed": -1}, "seed"), ({"on_error": "x"}, "on_error"),
-                      ({"stage_threads": "fast"}, "stage_threads"), ({"batch_size": True}, "batch_size")):
+                      ({"stage_threads": "fast"}, "stage_threads"), ({"batch_size": True}, "batch_size"),
+                      ({"mp_context": "spawn"}, "mp_context")):
         with pytest.raises(ConfigError, match=said):
             LoaderOptions(**bad)
     with Loader(dataset, batch_size=np.int64(4), local_dir=str(tmp_path), num_workers=1, shuffle=0,

@@ -327,12 +327,20 @@ class LockHolder:
         self.proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "lock_holder.py"),
                                       m.tiers.local.local_dir, m.source.uri, src, *keys],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout.readline().strip() == "held"
+        self._said("held")
+
+    def _said(self, word: str) -> None:
+        import select
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline().strip() if ready else "(nothing within 30 s)"
+        if line != word:
+            self.kill()
+            raise AssertionError(f"the lock holder said {line!r}, not {word!r}")
 
     def publish(self, key: str) -> None:
         self.proc.stdin.write(f"publish {key}\n")
         self.proc.stdin.flush()
-        assert self.proc.stdout.readline().strip() == "published"
+        self._said("published")
 
     def release(self) -> None:
         self.proc.stdin.write("release\n")
@@ -343,7 +351,8 @@ class LockHolder:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self.proc.stdin.close()
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
         self.proc.stdout.close()
 
 

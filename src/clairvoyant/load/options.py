@@ -47,15 +47,20 @@ class RunOptions:
                 raise ConfigError(f"{name} must be an integer >= 1{_ALSO.get(name, '')}, got {value!r}")
         if not self.peer_wait >= 0:
             raise ConfigError(f"peer_wait must be >= 0 seconds, got {self.peer_wait!r}")
+        if self.mp_context != "fork":
+            raise ConfigError(
+                f"mp_context={self.mp_context!r} is not supported yet: reader workers share batch buffers by fork; "
+                "use the default 'fork' (Linux)")
 
 
 @dataclass(frozen=True)
 class LoaderOptions:
     """The Loader's own choices, checked once, when it is made (a bad value fails before anything
     is set up, with the Loader's names), and read from here after: the order (``batch_size``,
-    ``seed``, ``shuffle``, ``drop_last``), what a bad sample does (``on_error``), and what each
-    pass's run starts from (``num_workers``: None is tuned; ``stage_threads``: ``"auto"`` is
-    tuned; ``prefetch``, ``lookahead``, ``mp_context``). ``run`` makes a pass's RunOptions."""
+    ``seed``, ``shuffle``, ``drop_last``), what a bad sample does (``on_error``), ``prefetch``,
+    ``lookahead``, ``mp_context``. ``num_workers`` (None: tuned) and ``stage_threads``
+    (``"auto"``: tuned) are what was asked; the counts in use are the Loader's, which the tuners
+    move. ``run`` makes a pass's RunOptions."""
 
     batch_size: int = 1
     seed: int = 0

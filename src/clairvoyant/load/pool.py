@@ -20,7 +20,7 @@ import signal
 from multiprocessing.connection import Connection, wait
 from dataclasses import replace
 
-from ..errors import ConfigError, WorkerError
+from ..errors import WorkerError
 from .transport import Slot
 from .worker import READY, ReaderSpec, send_job, torn, worker_main
 
@@ -48,10 +48,6 @@ class Worker:
 
 class WorkerPool:
     def __init__(self, num_workers: int, slots_per_worker: int, spec: ReaderSpec, mp_context: str = "fork") -> None:
-        if mp_context != "fork":
-            raise ConfigError(
-                f"mp_context={mp_context!r} is not supported yet: reader workers share batch buffers by fork; "
-                "use the default 'fork' (Linux)")
         ctx = mp.get_context(mp_context)
         self.workers: list[Worker] = []
         spec = replace(spec, num_workers=num_workers)

@@ -9,11 +9,11 @@ import glob as globmod
 import hashlib
 import json
 import os
-import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceNotFound
+from ..nodeio.forksafe import ForkSafeLock
 from ..nodeio.fdcache import FdCache
 
 STATE = ".clairvoyant-pack.json"   # the state file of a `clairvoyant pack` directory (pack/tar.py writes it)
@@ -151,7 +151,7 @@ class Kept:
     def __init__(self, most: int, weigh: Callable[[Any], int] = lambda v: 1,
                  drop: Callable[[Any], None] = lambda v: None) -> None:
         self.most, self._weigh, self._drop = most, weigh, drop
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()   # (a forked child's is free, whoever held it at the fork)
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._weight, self._pid = 0, os.getpid()
 

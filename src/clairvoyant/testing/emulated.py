@@ -19,13 +19,13 @@ import hashlib
 import mmap
 import os
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
 
 from ..errors import ConfigError
+from ..nodeio.forksafe import ForkSafeLock
 from ..nodeio.fileio import pid
 from ..nodeio.paths import _user
 from ..source.posix import PosixSource
@@ -70,7 +70,7 @@ class EmulatedStore(PosixSource):
         self._pid = -1
         self._fd = -1
         self._mm: mmap.mmap | None = None
-        self._tlock = threading.Lock()
+        self._tlock = ForkSafeLock()
 
     def __repr__(self) -> str:
         return (f"EmulatedStore({self.root!r}, open_latency={self.open_latency}, read_latency={self.read_latency}, "
@@ -83,7 +83,7 @@ class EmulatedStore(PosixSource):
 
     def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
-        self._tlock = threading.Lock()
+        self._tlock = ForkSafeLock()
 
     # -- shared state ---------------------------------------------------------------------------
 
