@@ -700,8 +700,9 @@ def test_without_a_sampler_a_scan_is_read_ahead(tmp_path, order):
             assert local == 0 and m.staging()["read_ahead"] == 0, (local, m.staging())
         else:
             # the first few opens show the order; the daemon reports opens served from the tier
-            # too, so read-ahead keeps going once it has caught up (72 of 96 without those reports)
-            assert local >= n - 12 and m.staging()["read_ahead"] >= n - 12, (local, m.staging())
+            # too, so read-ahead keeps going once it has caught up (72 of 96 without those reports;
+            # 84-96 with them, 80 once in a full suite on a loaded 2-core machine)
+            assert local >= n - 18 and m.staging()["read_ahead"] >= n - 18, (local, m.staging())
 
 
 @pytest.mark.parametrize("give_way", [True, False])
