@@ -43,13 +43,18 @@ def _launcher(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
     return None
 
 
+def _node_count(value: str) -> int:
+    """A launcher's count of this node's ranks (SLURM writes e.g. "4(x2)" or "4,2": the first is this node's)."""
+    return int(value.split("(")[0].split(",")[0])
+
+
 def spans_nodes(env: Mapping[str, str]) -> bool | None:
     """Whether the launcher's variables say the job has more ranks than this node (None: no
     launcher says how many ranks a node has)."""
     for names in _LAUNCHERS:
         if names[1] in env and names[3] in env:
-            try:   # (SLURM writes e.g. "4(x2)")
-                return int(env[names[1]]) > int(env[names[3]].split("(")[0].split(",")[0])
+            try:
+                return int(env[names[1]]) > _node_count(env[names[3]])
             except ValueError:
                 return False
     return None
@@ -65,8 +70,7 @@ def detect(env: Mapping[str, str] | None = None) -> NodeLayout:
     try:
         rank, size = int(env[rank_var]), int(env[size_var])
         local = int(env.get(local_var, "0"))
-        # SLURM writes e.g. "4(x2)": the count before the parenthesis is this node's
-        local_size = int(env.get(local_size_var, "1").split("(")[0].split(",")[0])
+        local_size = _node_count(env.get(local_size_var, "1"))
     except ValueError as e:
         raise ConfigError(f"{rank_var}={env[rank_var]!r} / {size_var}={env[size_var]!r} are not integers") from e
     return validate(rank, size, local, local_size, origin=f"{rank_var}/{size_var}")
