@@ -23,12 +23,12 @@ import logging
 import os
 import random
 import re
-import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError, EmptySourceError, SampleReadError, SourceChanged, SourceError, SourceNotFound
+from ..nodeio.forksafe import ForkSafeLock
 from .base import Source
 
 log = logging.getLogger("clairvoyant")
@@ -52,17 +52,8 @@ _TRANSIENT_NAMES = {"ClientPayloadError", "ServerDisconnectedError", "ClientConn
 _CLIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "s3fs", "gcsfs", "fsspec", "google", "requests",
                    "urllib3", "http.client")
 
-_LOCK = threading.Lock()
+_LOCK = ForkSafeLock()   # free in a forked child, whichever thread held it at the fork
 _ABANDONED: list[Any] = []   # file systems made before a fork: never used nor finalized in the child
-
-
-def _after_fork() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()   # another thread may have held it at the fork
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 def is_url(obj: Any) -> bool:
