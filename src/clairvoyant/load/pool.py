@@ -33,6 +33,7 @@ class Worker:
     def __init__(self, wid: int, process: mp.process.BaseProcess, conn: Connection, slots: list[Slot]) -> None:
         self.wid, self.process, self.conn, self.slots = wid, process, conn, slots
         self.free = list(range(len(slots)))
+        self.stopped = False   # told to stop (``WorkerPool.stop``)
 
     def describe_exit(self) -> str:
         code = self.process.exitcode
@@ -102,8 +103,12 @@ class WorkerPool:
         handles = [w.conn for w in self.workers] + [w.process.sentinel for w in self.workers]
         return wait(handles, timeout)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
+        """Tell every reader to stop after the job in hand (without waiting: ``close`` does)."""
         for w in self.workers:
+            if w.stopped:
+                continue
+            w.stopped = True
             if torn(w.conn):   # a job half sent: the reader would read the stop as its bytes
                 w.process.kill()
                 continue
@@ -111,6 +116,10 @@ class WorkerPool:
                 send_job(w.conn, None)
             except (OSError, ValueError):
                 pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the readers (if ``stop`` did not already) and wait for them to end."""
+        self.stop()
         for w in self.workers:
             w.process.join(timeout)
             if w.process.is_alive():
