@@ -52,9 +52,10 @@ def _timed(paths: list[str]) -> tuple[float, float, int]:
 
 def node_main(work: str) -> None:
     from clairvoyant.mount import Mount
-    from clairvoyant.mount.cluster.links import PeerLink
+    from clairvoyant.cluster.job import rendezvous
+    from clairvoyant.mount.cluster.links import ServiceLink
 
-    link = PeerLink()   # MPI under mpirun, torchrun's store and ZeroMQ under torchrun
+    link = ServiceLink.of_group(rendezvous())   # formed by mpirun's MPI or torchrun's store; reads over ZeroMQ
     rank, src = link.node, os.path.join(work, "src")
 
     def barrier() -> None:

@@ -12,51 +12,12 @@ import pytest
 from clairvoyant.cluster import secret as sec
 from clairvoyant.cluster.secret import JobSecret, job_secret, key_id, rank_keys
 from clairvoyant.errors import ConfigError
-
-
-class _ThreadGroup:
-    """Ranks of one process (threads) gathering through a barrier: a group as cluster/group.py has it."""
-
-    name = "a test's threads"
-
-    def __init__(self, size: int) -> None:
-        self.size, self._slots, self._barrier = size, [b""] * size, threading.Barrier(size)
-
-    def rank_view(self, rank: int):
-        group = self
-
-        class View:
-            name, size = group.name, group.size
-
-            def __init__(self) -> None:
-                self.rank = rank
-
-            def allgather(self, blob: bytes, what: str) -> list[bytes]:
-                group._barrier.wait(10)
-                group._slots[rank] = bytes(blob)
-                group._barrier.wait(10)
-                out = list(group._slots)
-                group._barrier.wait(10)
-                return out
-        return View()
+from thread_group import ThreadGroup
 
 
 def _run(envs: list[dict]) -> list:
     """job_secret on len(envs) ranks, each with its environment: each rank's result or exception."""
-    g = _ThreadGroup(len(envs))
-    out: list = [None] * len(envs)
-
-    def rank(r: int) -> None:
-        try:
-            out[r] = job_secret(g.rank_view(r), envs[r])
-        except Exception as e:   # noqa: BLE001 - the test looks at it
-            out[r] = e
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(envs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
+    return ThreadGroup(len(envs)).run(lambda g: job_secret(g, envs[g.rank]))
 
 
 def test_the_environment_s_secret_is_every_rank_s_and_a_differing_one_stops_every_rank(tmp_path):

@@ -1,4 +1,4 @@
-"""The ranks of an MPI job mount the data themselves, one mount per node (PeerLink.node_leaders),
+"""The ranks of an MPI job mount the data themselves, one mount per node (ServiceLink.node_leaders),
 run by tests/mount/test_mount_cluster.py under ``mpirun -n 4``: ranks 2k and 2k+1 are node k
 (CLAIRVOYANT_NODE). Usage: ``mpi_mount_cluster_script.py SRC WORK TOKEN [samplers]``; each rank
 writes what it saw to WORK/rank-N.json. With ``samplers`` each rank publishes its quarter of two
@@ -17,7 +17,7 @@ os.environ["CLAIRVOYANT_NODE"] = f"node{int(os.environ.get('OMPI_COMM_WORLD_RANK
 from mpi4py import MPI  # noqa: E402
 
 from clairvoyant.mount import Mount  # noqa: E402
-from clairvoyant.mount.cluster.links import PeerLink  # noqa: E402
+from clairvoyant.mount.cluster.links import ServiceLink  # noqa: E402
 
 
 def wait_all(comm) -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     out: dict = {"rank": rank}
     mount = None
     try:
-        link = PeerLink.node_leaders(comm)
+        link = ServiceLink.node_leaders(comm)
         out["leader"] = link is not None
         mnt = os.path.join(work, f"mnt{node}")
         if link is not None:

@@ -1,6 +1,6 @@
 """``clairvoyant mount --cluster``: the mounts of several nodes as one cache (mount/cluster/node.py,
 mountfs.c's --homes). Two or four "nodes" in one process (each a mount with its own local
-directory, joined by a LoopbackLink), and under mpirun (PeerLink). Each check has a control."""
+directory, joined by a LoopbackLink), and under mpirun (ServiceLink.node_leaders). Each check has a control."""
 
 from __future__ import annotations
 
@@ -790,7 +790,7 @@ def _job_of_two_nodes(tmp_path, src: str, token: str, *mode: str, timeout: float
 
 @needs_mpirun
 def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
-    """``PeerLink.node_leaders``: in a 4-rank job of 2 nodes (2 ranks each), the first rank of each
+    """``ServiceLink.node_leaders``: in a 4-rank job of 2 nodes (2 ranks each), the first rank of each
     node mounts for it, as node 0 and 1 of one cache; every rank reads its quarter of the files
     through its node's mount, with the source's bytes; the store is read once per file in all.
     Control: the other ranks get no link (they mount nothing)."""
@@ -803,10 +803,10 @@ def test_the_ranks_of_a_job_mount_one_per_node(tmp_path, tree):
 
 
 @needs_mpirun
-def test_the_ranks_of_a_job_with_samplers_run_the_cluster_plan_over_mpi(tmp_path, tree):
+def test_the_ranks_of_a_job_with_samplers_run_the_cluster_plan(tmp_path, tree):
     """The same 4-rank job of 2 nodes, each rank's sampler publishing its quarter of two shuffled
-    epochs to its node's mount: the two mounts exchange their ranks' orders over MPI (2 ranks a
-    node) and plan together; over both epochs the store is read once per file (epoch 0 by each
+    epochs to its node's mount: the two mounts exchange their ranks' orders over their link (2
+    ranks a node) and plan together; over both epochs the store is read once per file (epoch 0 by each
     file's first reader, its home), every byte right, and epoch 1 reads the other node's files
     from its tier. Control: both nodes planned both epochs from homes fixed in epoch 0, and the
     asks the plan sends to the store are none (room for the data set)."""

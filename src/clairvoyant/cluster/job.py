@@ -24,6 +24,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import socket
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -155,28 +156,49 @@ def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> 
     return StoreGroup(*found)
 
 
-def zmq_wire(group: Group, host: str | None = None) -> Any:
-    """A ZeroMQ backend of rank ``group.rank``, bound on ``host`` (default: the address peers reach
-    this node by) and connected to every rank's, the addresses exchanged through ``group``; its
-    peers authenticated with the job's secret (cluster/secret.py: collective)."""
+def peer_host(group: Group) -> str:
+    """The address the other ranks of ``group`` reach this rank's peer service by, the one rule for
+    the Loader's cluster and the mounts' (collective: the ranks' host names are gathered):
+    ``CLAIRVOYANT_PEER_ADDR`` if set, else that of the interface routing toward another rank's
+    host (``MASTER_ADDR`` where every rank is on this host). A loopback address while the ranks
+    are on several hosts is a ConfigError (raised after the gather: every rank takes part in it)."""
+    from .wire_zmq import ADDR_VAR, reachable_address
+    hosts = [b.decode() for b in group.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")]
+    others = [h for h in hosts if h != hosts[group.rank]]
+    host = reachable_address(others[0] if others else os.environ.get("MASTER_ADDR"))
+    if others and host.startswith("127."):
+        raise ConfigError(f"the address the other nodes would reach this one's peer service by is {host}, a "
+                          f"loopback address, while the ranks are on several hosts: set {ADDR_VAR} to this node's "
+                          "address on the network the nodes share")
+    return host
+
+
+def exchange_addresses(group: Group, address: str | None, error: BaseException | None = None) -> list[str]:
+    """Every rank's peer-service address, by rank (collective). A rank whose service could not
+    start gives None with its ``error``: every rank then raises (that rank its own error), so that
+    none waits for it."""
+    got = group.allgather(b"" if address is None else address.encode(), "the exchange of the peer services' addresses")
+    failed = [r for r, b in enumerate(got) if not b]
+    if failed:
+        if error is not None:
+            raise error
+        raise ConfigError(f"rank(s) {failed} could not start their peer service (their error says why)")
+    return [b.decode() for b in got]
+
+
+def zmq_wire(group: Group) -> Any:
+    """A ZeroMQ backend of rank ``group.rank``, bound on :func:`peer_host`'s address and connected
+    to every rank's, the addresses exchanged through ``group``; its peers authenticated with the
+    job's secret (cluster/secret.py: collective)."""
     from .secret import job_secret
-    from .wire_zmq import ZmqWire, reachable_address
+    from .wire_zmq import ZmqWire
     secret = job_secret(group)
     try:
-        wire, error = ZmqWire(group.rank, group.size, host or reachable_address(os.environ.get("MASTER_ADDR")),
-                              secret=secret), None
+        wire, error = ZmqWire(group.rank, group.size, peer_host(group), secret=secret), None
     except Exception as e:   # said on every rank after the exchange: none waits for this one
         wire, error = None, e
     try:
-        got = group.allgather(b"" if wire is None else wire.address.encode(),
-                              "the exchange of the peer service's addresses")
-        failed = [r for r, b in enumerate(got) if not b]
-        if failed:
-            if error is not None:
-                raise error
-            raise ConfigError(f"rank(s) {failed} could not start their peer service (their error says why); "
-                              "or pass cluster=False")
-        wire.connect([b.decode() for b in got])
+        wire.connect(exchange_addresses(group, None if wire is None else wire.address, error))
     except BaseException:
         if wire is not None:
             wire.shut_down(0.0, set())

@@ -2,13 +2,12 @@
 
 A link is a :class:`ClusterLink`: the node's number, the peers found lost, ``agree``, ``start``,
 ``fetch`` (a file, or a piece of a node's state: its orders, its homes), ``probe``, ``mark_lost``,
-``counters`` and ``close``. :class:`ServiceLink` is a node's mount service's, started
-by the process a launcher runs (mount/cluster/member.py): peers over ZeroMQ, their addresses given each time
-a launcher forms the cluster, so that the mount outlives its launcher; :class:`PeerLink` joins
-mounts that live in the ranks of an MPI job (``PeerLink.node_leaders``) over the cluster's one
-transport (cluster/job.py); :class:`LoopbackLink` joins mounts of one process (tests). Before
-anything is mounted the nodes check that they number the same files alike
-(:func:`files_fingerprint`).
+``counters`` and ``close``. :class:`ServiceLink` joins the nodes over ZeroMQ, formed one way
+(:func:`formed`: the nodes agree that they number the same files alike, :func:`files_fingerprint`,
+then exchange their addresses) by a launcher's group: in the member process a launcher runs, for
+a node's mount service that outlives it (mount/cluster/member.py), or in the ranks of a job that
+mount the data themselves (``ServiceLink.node_leaders``). :class:`LoopbackLink` joins mounts of
+one process (tests).
 """
 
 from __future__ import annotations
@@ -55,20 +54,6 @@ class ClusterLink(Protocol):
     def close(self) -> None: ...
 
 
-class _NoProbe:
-    """A link whose lost peers its transport reports (MPI's faults) or that has none (one process):
-    no probe of its own, nothing marked lost."""
-
-    lost: frozenset[int] = frozenset()
-    was_lost = False
-
-    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
-        return [], []
-
-    def mark_lost(self, peers: list[int]) -> None:
-        pass
-
-
 def files_fingerprint(manifest) -> bytes:
     """32 bytes that differ when two nodes' manifests number files differently (a file is asked for
     by its number): every key and size, in order."""
@@ -78,20 +63,39 @@ def files_fingerprint(manifest) -> bytes:
     return digest.digest()
 
 
-class ServiceLink:
-    """Node ``node`` of ``nodes``: the link of a mount service (mount/cluster/member.py) whose peers'
-    addresses the member process gives, over its control socket (``control``: a path), each time
-    a launcher forms the cluster. The peer reads go over ZeroMQ (cluster/wire_zmq.py) bound on
-    ``host``; nothing of the launcher's (MPI, torchrun's store) is used here, so the mount goes on
-    serving when its launcher, or a peer, is gone. ``member_pid``: the member that started it."""
+def formed(group, fingerprint: bytes, address: str, what: str = "the mounted source's files (names and sizes)") -> list[str]:
+    """The formation of a cluster of mounts over a launcher's ``group`` (collective), the one way
+    for a member (mount/cluster/member.py) and for the ranks of a job (``ServiceLink.of_group``):
+    every node's ``fingerprint`` of ``what`` the same (a ConfigError on every node naming those
+    that differ), then every node's service ``address``, by node."""
+    from ...cluster.group import agree
+    from ...cluster.job import exchange_addresses
+    agree(group, fingerprint, what)
+    return exchange_addresses(group, address)
 
-    def __init__(self, node: int, nodes: int, host: str, control: str, member_pid: int, secret) -> None:
+
+class ServiceLink:
+    """Node ``node`` of ``nodes`` of a cluster of mounts, its peer reads over ZeroMQ
+    (cluster/wire_zmq.py) bound on ``host``, authenticated with the job's ``secret``. Formed one
+    way (:func:`formed`), in one of two places:
+
+    - a mount service's (``control``: the path of its control socket): the member process a
+      launcher runs (mount/cluster/member.py, pid ``member_pid``) forms the cluster and gives the
+      peers' addresses over that socket, each time a launcher forms it; nothing of the launcher's
+      is used here, so the mount goes on serving when its launcher, or a peer, is gone;
+    - a job's own ranks' (``group``: the launcher's group of one rank per node,
+      :meth:`of_group`, :meth:`node_leaders`): ``agree`` forms it over that group, in process.
+    """
+
+    def __init__(self, node: int, nodes: int, host: str, secret, *, control: str | None = None,
+                 member_pid: int | None = None, group=None) -> None:
         import zmq
 
         from ...cluster.wire_zmq import ZmqWire
         from ...cluster.secret import key_id
         self.node, self.nodes = int(node), int(nodes)
-        self.member = int(member_pid)
+        self.member = os.getpid() if member_pid is None else int(member_pid)
+        self._group = group
         self._wire = ZmqWire(self.node, self.nodes, host, secret=secret)
         self._secret_id = key_id(secret)
         self._service = None
@@ -109,7 +113,11 @@ class ServiceLink:
         self._state_lock = threading.Lock()   # what the member asked, the joins, the lost: the control
                                               # thread and the service's loop both change them
         self.control = control
-        self.info = {"control": control}  # (in the mount's description: a member started later finds it)
+        self.info = {"control": control} if control else {}   # (in the mount's description: a member
+        self._stop = threading.Event()                           # started later finds it)
+        self._thread: threading.Thread | None = None
+        if control is None:
+            return
         self._ctx = zmq.Context(io_threads=1)
         self._rep = self._ctx.socket(zmq.REP)
         self._rep.setsockopt(zmq.LINGER, 0)
@@ -120,9 +128,64 @@ class ServiceLink:
             self._ctx.destroy(linger=0)
             self._wire.shut_down(0.0, set())
             raise
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._answer, name="clairvoyant-member", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def of_group(cls, group) -> "ServiceLink":
+        """The link of a job's ranks that are one node each (collective over ``group``: the
+        launcher's, cluster/job.py ``rendezvous``), formed by the mount's ``agree``. The link
+        closes ``group``."""
+        from ...cluster.job import peer_host
+        from ...cluster.secret import job_secret
+        link, error = None, None
+        try:
+            try:
+                host = peer_host(group)
+            except ConfigError as e:   # (the collectives below are taken all the same: none waits)
+                host, error = None, e
+            secret = job_secret(group)
+            try:
+                if error is None:
+                    link = cls(group.rank, group.size, host, secret, group=group)
+            except Exception as e:
+                error = e
+            failed = [r for r, ok in enumerate(group.allgather(b"" if link is None else b"1", "the start of the "
+                                                                "nodes' mount links")) if not ok]
+            if failed:
+                raise ConfigError(f"a cluster of mounts: node(s) {failed} could not start their link: "
+                                  f"{error if error is not None else 'their error says why'}")
+        except BaseException:
+            if link is not None:
+                link.close()   # (closes the group)
+            else:
+                group.close()
+            raise
+        return link
+
+    @classmethod
+    def node_leaders(cls, comm: Any = None) -> "ServiceLink | None":
+        """For the ranks of an MPI training job that mount the data themselves (collective over
+        ``comm``, COMM_WORLD by default): the link of the nodes' first ranks, each to mount for its
+        node (``Mount(..., cluster=link)``), or None on every other rank (it reads through its
+        node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
+        from mpi4py import MPI
+
+        from ...cluster.group import node_groups
+        from ...cluster.mpi import MPIGroup
+        from ...cluster.topology import node_name
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        rank = comm.Get_rank()
+        leader = any(g[0] == rank for g in node_groups(comm, node_name()))
+        sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
+        return cls.of_group(MPIGroup(sub)) if leader else None
+
+    def abort(self, code: int) -> None:
+        """End the job (a node whose mount cannot start: the others would wait for it in the
+        formation). Under MPI, MPI_Abort; under torchrun this process's error exit does it."""
+        comm = getattr(self._group, "comm", None)
+        if comm is not None:
+            comm.Abort(code)
 
     # -- the member's requests (JSON over the control socket; never pickled) ------------------
 
@@ -158,21 +221,7 @@ class ServiceLink:
                 self._join_error = str(error)
                 self._joined.set()
                 return {"ok": True, "joins": self.joins}
-            changed = {p for p, a in enumerate(addresses) if p < len(self._addresses) and a != self._addresses[p]}
-            with self._state_lock:
-                self.member = int(msg.get("member", self.member))
-                self._addresses = list(addresses)
-                self._wire.connect(self._addresses)
-                if self._service is not None:
-                    self._service.forgive(changed)
-                self.joins += 1
-                if self.asked != UNMOUNT:
-                    self.asked = None
-                self.serving_on, self.lost = False, frozenset()
-                if self.joins > 1:
-                    print(f"clairvoyant: node {self.node} rejoined a cluster of {self.nodes} mounts (formed again "
-                          f"by a launcher; {len(changed)} node(s) at new addresses)", flush=True)
-            self._joined.set()
+            self._join(addresses, int(msg.get("member", self.member)))
             return {"ok": True, "joins": self.joins}
         if op in (LEAVE, UNMOUNT):
             with self._state_lock:
@@ -181,6 +230,24 @@ class ServiceLink:
             self.asked_event.set()
             return {"ok": True}
         return {"error": f"unknown request {op!r}"}
+
+    def _join(self, addresses: list[str], member: int) -> None:
+        """The cluster formed (again): connect to the peers at ``addresses``; nothing is lost now."""
+        changed = {p for p, a in enumerate(addresses) if p < len(self._addresses) and a != self._addresses[p]}
+        with self._state_lock:
+            self.member = member
+            self._addresses = list(addresses)
+            self._wire.connect(self._addresses)
+            if self._service is not None:
+                self._service.forgive(changed)
+            self.joins += 1
+            if self.asked != UNMOUNT:
+                self.asked = None
+            self.serving_on, self.lost = False, frozenset()
+            if self.joins > 1:
+                print(f"clairvoyant: node {self.node} rejoined a cluster of {self.nodes} mounts (formed again "
+                      f"by a launcher; {len(changed)} node(s) at new addresses)", flush=True)
+        self._joined.set()
 
     def member_alive(self) -> bool:
         return process_alive(self.member)   # (a zombie its launcher has not reaped yet is gone)
@@ -222,9 +289,13 @@ class ServiceLink:
     # -- the link ---------------------------------------------------------------------------------
 
     def agree(self, fingerprint: bytes, what: str) -> None:
-        """Tell the member ``fingerprint`` and wait for its word: every node's was the same (the
-        peers' addresses), or not (a ConfigError saying which differ)."""
+        """Form the cluster over the job's group (:func:`formed`), or tell the member ``fingerprint``
+        and wait for its word: every node's was the same (the peers' addresses), or not (a
+        ConfigError saying which differ)."""
         self._fingerprint = bytes(fingerprint)
+        if self._group is not None:
+            self._join(formed(self._group, self._fingerprint, self._wire.address, what), self.member)
+            return
         deadline = time.monotonic() + GATHER_TIMEOUT
         while not self._joined.wait(0.2):
             if not self.member_alive():
@@ -272,11 +343,16 @@ class ServiceLink:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
         if self._service is not None:
             self._service.close()
         else:
             self._wire.shut_down(0.0, set())
+        if self._group is not None:
+            self._group.close()
+        if self.control is None:
+            return
         self._rep.close(0)
         self._ctx.term()
         try:
@@ -285,74 +361,19 @@ class ServiceLink:
             pass
 
 
-class PeerLink(_NoProbe):
-    """The mounts of a job's nodes, one per node, living in the job's own processes, over the
-    cluster's one transport (cluster/job.py ``transport``): MPI under an MPI launcher (or over
-    ``comm``: ``node_leaders``), torchrun's store and ZeroMQ under torchrun. (``clairvoyant mount
-    --cluster`` uses a ServiceLink instead, so that the mount outlives its launcher.)"""
-
-    def __init__(self, comm: Any = None) -> None:
-        from ...cluster import job as cluster, peers
-        self._peers, self._cluster = peers, cluster
-        try:
-            self._group, self._on = cluster.transport(comm)
-        except ConfigError as e:
-            raise ConfigError(f"a cluster of mounts: {e}; start one process per node with mpirun --map-by "
-                              "ppr:1:node, or torchrun --nnodes N --nproc-per-node 1 (docs/mount.md)") from None
-        self.node, self.nodes = self._group.rank, self._group.size
-        self._service = None
-
-    @classmethod
-    def node_leaders(cls, comm: Any = None) -> "PeerLink | None":
-        """For the ranks of an MPI training job that mount the data themselves (collective over
-        ``comm``, COMM_WORLD by default): the link of the nodes' first ranks, each to mount for its
-        node (``Mount(..., cluster=link)``), or None on every other rank (it reads through its
-        node's mount). Nodes are told apart by ``CLAIRVOYANT_NODE`` or the host name."""
-        from mpi4py import MPI
-
-        from ...cluster.group import node_groups
-        from ...cluster.topology import node_name
-        comm = comm if comm is not None else MPI.COMM_WORLD
-        groups = node_groups(comm, node_name())
-        rank = comm.Get_rank()
-        leader = any(g[0] == rank for g in groups)
-        sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
-        return cls(sub) if leader else None
-
-    def agree(self, fingerprint: bytes, what: str) -> None:
-        """Collective: a ConfigError on every node unless all nodes' fingerprints are the same."""
-        from ...cluster.group import agree
-        agree(self._group, fingerprint, what)
-
-    def abort(self, code: int) -> None:
-        """End the job (a node that cannot start: the others would wait for it in the start's
-        exchanges). Under MPI, MPI_Abort; under torchrun this process's error exit does it (the
-        agent ends every node's workers)."""
-        comm = getattr(self._group, "comm", None)
-        if comm is not None:
-            comm.Abort(code)
-
-    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        # a program waits on each peer read: the service looks for messages every 200 us when idle
-        self._service = self._peers.PeerService(self._on, serve, state=state, serve_threads=8, idle_max=2e-4)
-        self._service.start()
-
-    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
-        """``size`` bytes exactly from ``peer`` (the service's answer may be shorter), or None:
-        file ``number``, or (``state``) piece ``number`` of the peer's state."""
-        got = None if self._service is None else self._service.fetch(peer, number, size, timeout, state=state)
-        return got if got is not None and len(got) == size else None
-
-    def counters(self) -> dict:
-        return {} if self._service is None else self._service.counters()
-
-    def close(self) -> None:
-        self._cluster.close_transport(self._group, self._on, self._service)
-
-
-class LoopbackLink(_NoProbe):
+class LoopbackLink:
     """Mounts of one process joined directly (tests and the benchmark's single-process runs): node
-    ``node`` of a ``hub`` (a dict shared by the nodes' links, node -> serve)."""
+    ``node`` of a ``hub`` (a dict shared by the nodes' links, node -> serve). No node of one
+    process is ever lost: nothing to probe."""
+
+    lost: frozenset[int] = frozenset()
+    was_lost = False
+
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
+        return [], []
+
+    def mark_lost(self, peers: list[int]) -> None:
+        pass
 
     def __init__(self, hub: dict, node: int, nodes: int) -> None:
         self.hub, self.node, self.nodes = hub, node, nodes

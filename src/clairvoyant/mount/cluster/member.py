@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -193,9 +192,9 @@ def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, 
 def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
     ``group``: the launcher's rendezvous (cluster/job.py)."""
-    from ...cluster.group import agree
+    from ...cluster.job import peer_host
     from ...cluster.secret import job_secret
-    from ...cluster.wire_zmq import ADDR_VAR, reachable_address
+    from .links import formed
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
     local_dir = local_dir.replace("{node}", str(node)) if local_dir else local_dir
@@ -221,15 +220,8 @@ def run_member(args: argparse.Namespace, group) -> int:
             comm.Abort(1)
         return 1
 
-    # the address the peers reach this node's service by: the route toward another node's host (no
-    # MASTER_ADDR under MPI), never a loopback address when the nodes are on several hosts
-    hosts = [b.decode() for b in group.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")]
-    others = [h for h in hosts if h != hosts[node]]
-    host = reachable_address(others[0] if others else os.environ.get("MASTER_ADDR"))
-    if others and host.startswith("127."):
-        return fail(f"the address its peers would reach it by is {host}, a loopback address, while the nodes are "
-                    f"on several hosts: set {ADDR_VAR} to this node's address on the network the nodes share")
     try:
+        host = peer_host(group)      # (collective) the one address rule (cluster/job.py)
         secret = job_secret(group)   # (collective) the services' keys come from it (cluster/secret.py)
         svc = _adopt(mnt, node, nodes, src, local_dir, secret)
     except ConfigError as e:
@@ -256,9 +248,7 @@ def run_member(args: argparse.Namespace, group) -> int:
         return fail("its mount service ended" if not svc.alive() else f"not ready within {GATHER_TIMEOUT:.0f} s")
     error = None
     try:
-        agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
-        addresses = [b.decode() for b in group.allgather(hello["address"].encode(),
-                                                         "the exchange of the mount services' addresses")]
+        addresses = formed(group, bytes.fromhex(hello["fingerprint"]), hello["address"])
     except ClairvoyantError as e:   # (a PeerLost too: a node gone before the cluster formed)
         error, addresses = str(e), None
     ask(svc.control, {"op": "join", "addresses": addresses, "error": error, "member": os.getpid()})
@@ -335,7 +325,7 @@ def run_service(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     log_path, control = _paths(os.getpid())
     try:
-        link = ServiceLink(node, nodes, args.peer_host, control, int(args.member), service_secret())
+        link = ServiceLink(node, nodes, args.peer_host, service_secret(), control=control, member_pid=int(args.member))
     except ConfigError as e:
         print(f"clairvoyant: node {node}'s mount did not start: {e}", flush=True)
         return 1

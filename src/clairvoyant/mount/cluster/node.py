@@ -30,9 +30,9 @@ The nodes agree first that they number the same files alike (a file is asked for
 The links are mount/cluster/links.py's: any object with ``node``, ``nodes``, ``agree(fingerprint,
 what)``, ``start(serve, state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a
 piece of a node's state: its orders, its homes), ``counters()`` and ``close()``: ``ServiceLink``
-(a node's mount service that a launcher's member started: mount/cluster/member.py; ``lost``, the nodes
-the cluster went on without), ``PeerLink`` (mounts inside an MPI job's ranks), or ``LoopbackLink``
-between mounts of one process (tests).
+(over ZeroMQ, formed by a launcher's group for a node's mount service that a member started,
+mount/cluster/member.py, or for mounts inside a job's ranks; ``lost``, the nodes the cluster went on
+without), or ``LoopbackLink`` between mounts of one process (tests).
 """
 
 from __future__ import annotations

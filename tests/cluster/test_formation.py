@@ -1,0 +1,100 @@
+"""How the nodes of a cluster form it, the one way for the Loader's peers and the mounts': the
+address each rank is reached by (cluster/job.py ``peer_host``), the exchange of the services'
+addresses (``exchange_addresses``), and a cluster of mounts formed by a job's own ranks over a
+launcher's group (mount/cluster/links.py ``formed``, ``ServiceLink.of_group``). Ranks are threads
+of this process (tests/cluster/thread_group.py). Each check has a control."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from clairvoyant.cluster import job
+from clairvoyant.cluster import wire_zmq
+from clairvoyant.errors import ConfigError
+from thread_group import ThreadGroup
+
+pytest.importorskip("zmq")
+
+
+def _hosts(monkeypatch, names: list[str]):
+    """Rank r (the thread named rank-r's group's) runs on host ``names[r]``."""
+    where = threading.local()
+    monkeypatch.setattr(job.socket, "gethostname", lambda: where.name)
+
+    def on(r: int) -> None:
+        where.name = names[r]
+    return on
+
+
+def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monkeypatch):
+    """peer_host: the route gives 127.0.0.1; with the ranks on two hosts every rank refuses it,
+    naming the variable that fixes it, and a rank that sets it gets its address. Control: on one
+    host the loopback address is the rank's."""
+    monkeypatch.delenv(wire_zmq.ADDR_VAR, raising=False)
+    monkeypatch.setattr(wire_zmq, "reachable_address", lambda toward=None: "127.0.0.1")
+    for names, loopback_ok in ((["a", "b"], False), (["a", "a"], True)):
+        on = _hosts(monkeypatch, names)
+
+        def rank(g):
+            on(g.rank)
+            return job.peer_host(g)
+        got = ThreadGroup(2).run(rank)
+        if loopback_ok:
+            assert got == ["127.0.0.1", "127.0.0.1"], got
+        else:
+            assert all(isinstance(e, ConfigError) and wire_zmq.ADDR_VAR in str(e) for e in got), got
+    monkeypatch.undo()
+    monkeypatch.setenv(wire_zmq.ADDR_VAR, "10.1.2.3")   # what the advice says: followed, it works
+    on = _hosts(monkeypatch, ["a", "b"])
+    monkeypatch.setattr(wire_zmq, "socket", None)   # (the variable is taken as it is: no route looked up)
+
+    def rank(g):
+        on(g.rank)
+        return job.peer_host(g)
+    assert ThreadGroup(2).run(rank) == ["10.1.2.3", "10.1.2.3"]
+
+
+def test_a_rank_whose_service_did_not_start_fails_every_rank_at_the_exchange():
+    """exchange_addresses: rank 0 could not start its service (its error given): it raises its own
+    error, rank 1 a ConfigError naming rank 0; neither waits. Control: both started: the
+    addresses, by rank, on both."""
+    boom = OSError("address in use")
+    got = ThreadGroup(2).run(lambda g: job.exchange_addresses(g, None if g.rank == 0 else "tcp://b:1",
+                                                              boom if g.rank == 0 else None))
+    assert got[0] is boom
+    assert isinstance(got[1], ConfigError) and "rank(s) [0]" in str(got[1]), got
+    got = ThreadGroup(2).run(lambda g: job.exchange_addresses(g, f"tcp://h{g.rank}:1"))
+    assert got == [["tcp://h0:1", "tcp://h1:1"]] * 2
+
+
+def test_the_ranks_of_a_job_form_a_cluster_of_mounts_and_read_from_each_other(monkeypatch):
+    """ServiceLink.of_group: two ranks (one host) form their links over the group: the nodes'
+    fingerprints agree, the addresses are exchanged, and node 1 reads a file of node 0's over
+    ZeroMQ, authenticated with the job's secret; closing the link closes the group. Control: the
+    fingerprints differ: a ConfigError on both nodes, and nothing was formed."""
+    from clairvoyant.cluster.secret import SECRET_VAR
+    from clairvoyant.mount.cluster.links import ServiceLink
+    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
+    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    for differ in (False, True):
+        group = ThreadGroup(2)
+
+        def rank(g):
+            link = ServiceLink.of_group(g)
+            try:
+                link.agree(bytes([g.rank if differ else 7]) * 32, "the files")
+                link.start(lambda n: b"file %d of node %d" % (n, link.node))
+                g.allgather(b"", "both serve")   # (a barrier)
+                out = link.fetch(1 - link.node, 5, len(b"file 5 of node 0"), 10.0) if link.node == 1 else None
+                g.allgather(b"", "both read")
+                return link.joins, out
+            finally:
+                link.close()
+        got = group.run(rank)
+        assert group.closed == {0, 1}
+        if differ:
+            assert all(isinstance(e, ConfigError) and "the files differs" in str(e) for e in got), got
+        else:
+            assert got == [(1, None), (1, b"file 5 of node 0")], got
