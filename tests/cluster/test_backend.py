@@ -47,6 +47,34 @@ def test_a_cluster_put_off_warns_or_refuses_when_no_group_came(env, caplog):
         cluster.formed_late(bytes(32), insist=True)
 
 
+def test_a_loader_joins_now_later_or_never_and_at_its_own_place(env, monkeypatch):
+    """Joining: one node: never (the plan's fingerprint not even computed); torchrun without its
+    store yet: at the first pass, asked once; a cluster whose rank differs from the Loader's is
+    closed and refused, naming both. Control: at the same place it is the Loader's."""
+    from types import SimpleNamespace
+
+    from clairvoyant.errors import ConfigError
+    computed = []
+
+    def fingerprint() -> bytes:
+        computed.append(1)
+        return bytes(32)
+    never = cluster.Joining("auto", fingerprint)
+    assert not never.pending and never.now(None) is None and never.at_first_pass(None) is None and computed == []
+    for k, v in TORCHRUN.items():
+        env.setenv(k, v)
+    closed = []
+    made = SimpleNamespace(rank=1, world_size=4, close=lambda: closed.append(1))
+    monkeypatch.setattr(cluster, "formed_late", lambda fp, insist=False: made)
+    later = cluster.Joining("auto", fingerprint)
+    assert later.pending and later.now(None) is None and computed == [1]
+    with pytest.raises(ConfigError, match="rank 1 of 4 but the loader has rank 0 of 4"):
+        later.at_first_pass(SimpleNamespace(rank=0, world_size=4))
+    assert closed == [1] and not later.pending and later.at_first_pass(None) is None   # asked once
+    again = cluster.Joining("auto", fingerprint)
+    assert again.at_first_pass(SimpleNamespace(rank=1, world_size=4)) is made and closed == [1]   # control
+
+
 def test_the_ranks_of_a_restarted_round_gather_under_the_same_keys(monkeypatch):
     """torchrun restarts every node's workers when one fails, but only the failing node's agent
     counts a restart (``TORCHELASTIC_RESTART_COUNT`` 1 there, 0 elsewhere): the ranks of the new

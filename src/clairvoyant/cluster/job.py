@@ -133,6 +133,40 @@ def wanted(cluster: bool | str) -> bool | str:
     return False
 
 
+class Joining:
+    """How a Loader joins the job's cluster, decided once from its ``cluster=`` (:func:`wanted`):
+    ``now`` (at construction), at its first pass (``pending``: a process group still to come), or
+    never; the cluster checked against the place the Loader holds (``topology``: rank and size).
+    ``fingerprint()``: the plan's (:func:`fingerprint`), computed only where a cluster is wanted."""
+
+    def __init__(self, cluster: bool | str, fingerprint: Callable[[], bytes]) -> None:
+        self._want = wanted(cluster)
+        self._insist = cluster is True
+        self._fingerprint = fingerprint() if self._want else b""
+        self.pending = self._want == "later"
+
+    def now(self, topology) -> "Cluster | None":
+        """The cluster joined at construction (collective), or None (never, or at the first pass)."""
+        return self._checked(Cluster(plan_fingerprint=self._fingerprint), topology) if self._want is True else None
+
+    def at_first_pass(self, topology) -> "Cluster | None":
+        """The cluster put off at construction, joined through the process group's store now there
+        (collective: every rank iterates), or None (:func:`formed_late`); asked once."""
+        if not self.pending:
+            return None
+        self.pending = False
+        c = formed_late(self._fingerprint, self._insist)
+        return None if c is None else self._checked(c, topology)
+
+    @staticmethod
+    def _checked(c: "Cluster", t) -> "Cluster":
+        if (c.rank, c.world_size) != (t.rank, t.world_size):
+            c.close()
+            raise ConfigError(f"the cluster says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
+                              f"of {t.world_size}: pass the launcher's rank and size, or cluster=False")
+        return c
+
+
 def fingerprint(**fields: object) -> bytes:
     """32 bytes that differ when anything the cluster plan depends on differs."""
     text = "\n".join(f"{k}={fields[k]!r}" for k in sorted(fields))

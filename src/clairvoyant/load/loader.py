@@ -197,20 +197,14 @@ class Loader:
         # cluster's ranks compare it below: they plan and send entries by it)
         self._codec, self.compress_ratio = codec_mod.choose(compress, lambda: compress_sample(self.source,
                                                                                              self.manifest))
-        self._cluster: Cluster | None = None
-        self._cluster_later: bytes | None = None   # the fingerprint, where the cluster forms at the first pass
-        self._cluster_insist = False   # cluster=True: no cluster at the first pass is an error
-        join = cluster_mod.wanted(cluster)
-        if join:   # the job's nodes as one cache (cluster/job.py)
-            fingerprint = cluster_mod.fingerprint(
-                manifest=self.manifest.fingerprint, seed=options.seed, batch_size=options.batch_size,
-                shuffle=options.shuffle, drop_last=options.drop_last,
-                compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}")
-            if join == "later":
-                self._cluster_later, self._cluster_insist = fingerprint, cluster is True
-            else:
-                self._cluster = self._checked(Cluster(plan_fingerprint=fingerprint), topology)
-                topology = self._cluster.layout
+        # the job's nodes as one cache (cluster/job.py): joined now, at the first pass, or never
+        self._joining = cluster_mod.Joining(cluster, lambda: cluster_mod.fingerprint(
+            manifest=self.manifest.fingerprint, seed=options.seed, batch_size=options.batch_size,
+            shuffle=options.shuffle, drop_last=options.drop_last,
+            compress=f"{getattr(self._codec, 'name', None)}:{self.compress_ratio:.9f}"))
+        self._cluster: Cluster | None = self._joining.now(topology)
+        if self._cluster is not None:
+            topology = self._cluster.layout
         self._output = Output(output, pin_memory, device)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
@@ -336,22 +330,13 @@ class Loader:
         per_rank = -(-len(self.manifest) // self.world_size)
         return num_batches(per_rank, self.batch_size, self.drop_last)
 
-    @staticmethod
-    def _checked(c: Cluster, t: NodeLayout) -> Cluster:
-        if (c.rank, c.world_size) != (t.rank, t.world_size):
-            c.close()
-            raise ConfigError(f"the cluster says rank {c.rank} of {c.world_size} but the loader has rank {t.rank} "
-                              f"of {t.world_size}: pass the launcher's rank and size, or cluster=False")
-        return c
-
     def _form_cluster(self) -> None:
         """The cluster put off at construction, formed at the first pass (cluster/job.py
-        ``formed_late``): the node's topology, tiers and serving follow it."""
-        fingerprint, self._cluster_later = self._cluster_later, None
-        c = cluster_mod.formed_late(fingerprint, self._cluster_insist)
+        ``Joining``): the node's topology, tiers and serving follow it."""
+        c = self._joining.at_first_pass(self._node.where())   # (the process group's place now)
         if c is None:
             return
-        self._cluster = self._checked(c, self._node.where())   # (the process group's place now)
+        self._cluster = c
         node = self._node
         node.rebind(c.layout, cluster=c)
         c.start(self.tiers.local_capacity, node.serve)
@@ -360,7 +345,7 @@ class Loader:
 
     def _begin(self) -> EpochRun:
         """Plan the pass and start its run: at the first ``next()`` of an iterator."""
-        if self._cluster_later is not None:
+        if self._joining.pending:
             self._form_cluster()
         self._node.bind()
         start = self._cursor.next_pass()
