@@ -56,6 +56,29 @@ def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monk
     assert ThreadGroup(2).run(rank) == ["10.1.2.3", "10.1.2.3"]
 
 
+def test_the_route_toward_another_host_is_taken_where_the_rendezvous_gives_loopback(monkeypatch):
+    """peer_host on two hosts with no MASTER_ADDR (an MPI launch) where the host name resolves to
+    a loopback address (Debian's 127.0.1.1): the route toward the other rank's host is taken.
+    Control: with MASTER_ADDR set to a routed address, its route is taken and no host is asked."""
+    monkeypatch.delenv(wire_zmq.ADDR_VAR, raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    asked = []
+
+    def route(toward=None):
+        asked.append(toward)
+        return {None: "127.0.1.1", "a": "10.0.0.1", "b": "10.0.0.2", "10.0.0.9": "10.0.0.7"}[toward]
+    monkeypatch.setattr(wire_zmq, "reachable_address", route)
+    on = _hosts(monkeypatch, ["a", "b"])
+
+    def rank(g):
+        on(g.rank)
+        return job.peer_host(g)
+    assert ThreadGroup(2).run(rank) == ["10.0.0.2", "10.0.0.1"]   # each toward the other's host
+    asked.clear()
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.9")
+    assert ThreadGroup(2).run(rank) == ["10.0.0.7", "10.0.0.7"] and set(asked) == {"10.0.0.9"}
+
+
 def test_a_rank_whose_service_did_not_start_fails_every_rank_at_the_exchange():
     """exchange_addresses: rank 0 could not start its service (its error given): it raises its own
     error, rank 1 a ConfigError naming rank 0; neither waits. Control: both started: the

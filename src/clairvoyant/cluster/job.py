@@ -193,13 +193,17 @@ def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> 
 def peer_host(group: Group) -> str:
     """The address the other ranks of ``group`` reach this rank's peer service by, the one rule for
     the Loader's cluster and the mounts' (collective: the ranks' host names are gathered):
-    ``CLAIRVOYANT_PEER_ADDR`` if set, else that of the interface routing toward another rank's
-    host (``MASTER_ADDR`` where every rank is on this host). A loopback address while the ranks
-    are on several hosts is a ConfigError (raised after the gather: every rank takes part in it)."""
+    ``CLAIRVOYANT_PEER_ADDR`` if set, else that of the interface routing toward the rendezvous host
+    (``MASTER_ADDR``, torchrun's) or another rank's host, the first that is not a loopback
+    address. A loopback address while the ranks are on several hosts is a ConfigError (raised
+    after the gather: every rank takes part in it)."""
     from .wire_zmq import ADDR_VAR, reachable_address
     hosts = [b.decode() for b in group.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")]
     others = [h for h in hosts if h != hosts[group.rank]]
-    host = reachable_address(others[0] if others else os.environ.get("MASTER_ADDR"))
+    master = os.environ.get("MASTER_ADDR")
+    host = reachable_address(master)
+    if others and host.startswith("127."):   # (a host name this node cannot resolve routes nowhere)
+        host = reachable_address(others[0])
     if others and host.startswith("127."):
         raise ConfigError(f"the address the other nodes would reach this one's peer service by is {host}, a "
                           f"loopback address, while the ranks are on several hosts: set {ADDR_VAR} to this node's "
