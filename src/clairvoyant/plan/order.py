@@ -6,6 +6,7 @@ from collections import OrderedDict
 from threading import Lock
 
 import numpy as np
+import numpy.random  # noqa: F401 - numpy 2 loads it at first use: 6 ms of a first pass's plan, paid at import here
 
 _RECENT: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
 _RECENT_MAX = 2   # an epoch's plan looks at this epoch and the next: the next plan reuses both
