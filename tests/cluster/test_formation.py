@@ -6,6 +6,7 @@ of this process (tests/cluster/thread_group.py). Each check has a control."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -32,6 +33,7 @@ def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monk
     """peer_host: the route gives 127.0.0.1; with the ranks on two hosts every rank refuses it,
     naming the variable that fixes it, and a rank that sets it gets its address. Control: on one
     host the loopback address is the rank's."""
+    real = wire_zmq.reachable_address
     monkeypatch.delenv(wire_zmq.ADDR_VAR, raising=False)
     monkeypatch.setattr(wire_zmq, "reachable_address", lambda toward=None: "127.0.0.1")
     for names, loopback_ok in ((["a", "b"], False), (["a", "a"], True)):
@@ -45,10 +47,9 @@ def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monk
             assert got == ["127.0.0.1", "127.0.0.1"], got
         else:
             assert all(isinstance(e, ConfigError) and wire_zmq.ADDR_VAR in str(e) for e in got), got
-    monkeypatch.undo()
+    monkeypatch.setattr(wire_zmq, "reachable_address", real)   # (the variable is taken as it is)
     monkeypatch.setenv(wire_zmq.ADDR_VAR, "10.1.2.3")   # what the advice says: followed, it works
     on = _hosts(monkeypatch, ["a", "b"])
-    monkeypatch.setattr(wire_zmq, "socket", None)   # (the variable is taken as it is: no route looked up)
 
     def rank(g):
         on(g.rank)
@@ -56,27 +57,62 @@ def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monk
     assert ThreadGroup(2).run(rank) == ["10.1.2.3", "10.1.2.3"]
 
 
-def test_the_route_toward_another_host_is_taken_where_the_rendezvous_gives_loopback(monkeypatch):
-    """peer_host on two hosts with no MASTER_ADDR (an MPI launch) where the host name resolves to
-    a loopback address (Debian's 127.0.1.1): the route toward the other rank's host is taken.
+def test_the_route_toward_the_rendezvous_or_another_host_is_taken(monkeypatch):
+    """peer_host on two hosts: with no MASTER_ADDR (an MPI launch) the route toward the other
+    rank's host; with a MASTER_ADDR that routes to loopback here (a name for this host), the same.
     Control: with MASTER_ADDR set to a routed address, its route is taken and no host is asked."""
     monkeypatch.delenv(wire_zmq.ADDR_VAR, raising=False)
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
     asked = []
 
     def route(toward=None):
         asked.append(toward)
-        return {None: "127.0.1.1", "a": "10.0.0.1", "b": "10.0.0.2", "10.0.0.9": "10.0.0.7"}[toward]
+        return {None: "127.0.1.1", "a": "10.0.0.1", "b": "10.0.0.2", "10.0.0.9": "10.0.0.7",
+                "localhost": "127.0.0.1"}[toward]
     monkeypatch.setattr(wire_zmq, "reachable_address", route)
     on = _hosts(monkeypatch, ["a", "b"])
 
     def rank(g):
         on(g.rank)
         return job.peer_host(g)
-    assert ThreadGroup(2).run(rank) == ["10.0.0.2", "10.0.0.1"]   # each toward the other's host
+    for master in (None, "localhost"):
+        if master is None:
+            monkeypatch.delenv("MASTER_ADDR", raising=False)
+        else:
+            monkeypatch.setenv("MASTER_ADDR", master)
+        assert ThreadGroup(2).run(rank) == ["10.0.0.2", "10.0.0.1"], master   # each toward the other's host
     asked.clear()
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.9")
     assert ThreadGroup(2).run(rank) == ["10.0.0.7", "10.0.0.7"] and set(asked) == {"10.0.0.9"}
+
+
+def test_a_node_whose_link_cannot_start_fails_every_node_at_once(monkeypatch):
+    """ServiceLink.of_group: node 0's address lookup fails (an OSError: its host name does not
+    resolve): every node raises a ConfigError naming node 0, within seconds, and every group is
+    closed. Control: the lookup works: both links start."""
+    from clairvoyant.cluster.secret import SECRET_VAR
+    from clairvoyant.mount.cluster.links import ServiceLink
+    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
+    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    real = job.peer_host
+    for fail in (True, False):
+        def host(g):
+            if fail and g.rank == 0:
+                g.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")   # (then the error)
+                raise OSError("Name or service not known")
+            return real(g)
+        monkeypatch.setattr(job, "peer_host", host)
+        group = ThreadGroup(2)
+
+        def rank(g):
+            link = ServiceLink.of_group(g)
+            link.close()
+            return "started"
+        got = group.run(rank)
+        assert group.closed == {0, 1}
+        if fail:
+            assert all(isinstance(e, ConfigError) and "node(s) [0]" in str(e) for e in got), got
+        else:
+            assert got == ["started", "started"]
 
 
 def test_a_rank_whose_service_did_not_start_fails_every_rank_at_the_exchange():

@@ -294,6 +294,23 @@ def test_early_break_leaves_nothing_behind(dataset, tmp_path, no_leaks):
     assert orphan_extents(str(tmp_path / "l")) == []
 
 
+def test_early_break_gives_back_the_ram_window_it_staged(dataset, tmp_path, no_leaks):
+    """A pass stopped after its second batch gives back what it staged ahead into the RAM window
+    and never used: the node's RAM ledger (shared by its processes, kept for the job) reads 0
+    after the break. Control: while the pass runs, the window holds staged samples."""
+    ld = Loader(dataset, batch_size=4, local_dir=tmp_path / "l", num_workers=1, stage_threads=4,
+                local_capacity=0, seed=1)
+    ledger = ld.tiers.ram.ledger
+    held = []
+    for i, _ in enumerate(ld):
+        held.append(ledger.read()[0])
+        if i == 1:
+            break
+    assert max(held) > 0, held   # control: the window was in use
+    assert wait_until(lambda: ledger.read()[0] == 0), ledger.read()
+    ld.close()
+
+
 def test_exception_in_loop_and_gc_release_everything(dataset, tmp_path, no_leaks):
     ld = Loader(dataset, batch_size=4, local_dir=tmp_path, num_workers=2)
     with pytest.raises(RuntimeError, match="boom"):

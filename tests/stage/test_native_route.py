@@ -126,8 +126,8 @@ def test_kept_samples_waiting_for_room_do_not_send_the_rest_back_to_python(datas
 
 def test_staging_threads_start_as_work_waits_for_them(dataset, tmp_path, monkeypatch):
     """The Loader's staging threads start as work waits for them (stage/engine.py): where the native
-    threads take every file, one or two start for the after-use work, not the 8 allowed. Control:
-    with every file on the Python threads, the first burst of work starts all 8."""
+    threads take every file, a few start for the after-use work, not the 32 allowed. Control:
+    with every file on the Python threads, the first burst of work starts several."""
     from clairvoyant.stage import engine
 
     def started(use_native: bool) -> int:
@@ -137,14 +137,14 @@ def test_staging_threads_start_as_work_waits_for_them(dataset, tmp_path, monkeyp
         def spawn(self):
             count[0] += 1
             real(self)
-        monkeypatch.setattr(engine.Stager, "_spawn_locked", spawn)
-        if not use_native:
-            monkeypatch.setattr(native_mod, "applies", lambda *a: False)
-        local = tmp_path / ("n" if use_native else "p")
-        with Loader(dataset, batch_size=8, local_dir=str(local), seed=4, decode=digest, num_workers=1,
-                    stage_threads=8) as L:
-            assert sum(len(xb) for xb, _ in L) == 96
-        monkeypatch.undo()
+        with monkeypatch.context() as m:
+            m.setattr(engine.Stager, "_spawn_locked", spawn)
+            if not use_native:
+                m.setattr(native_mod, "applies", lambda *a: False)
+            local = tmp_path / ("n" if use_native else "p")
+            with Loader(dataset, batch_size=8, local_dir=str(local), seed=4, decode=digest, num_workers=1,
+                        stage_threads=32) as L:
+                assert sum(len(xb) for xb, _ in L) == 96
         return count[0]
-    assert started(True) <= 2
-    assert started(False) == 8   # control
+    assert started(True) <= 4      # (1-3 in 15 runs)
+    assert started(False) >= 16    # control: the first burst of work starts most of the 32 allowed (32 in 10 runs)

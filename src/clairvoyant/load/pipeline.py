@@ -408,12 +408,14 @@ class EpochRun:
         self.completed = self._next >= len(self._batches)
         if self.completed and self._late:   # the peers have read them (they stage well ahead)
             self._drop_late(len(self._batches))
-        self._pool.stop()    # the readers end while the staging threads do
+        self._pool.stop()    # a pass run to its end: the readers end while the staging threads do
+        if self._placed:     # one stopped early: what was staged but not used (RAM entries go, local
+            self._pool.close()   # ones stay as planned) is let go once no reader uses it, by the
+            with self._lock:     # staging threads' after-use work, which their close finishes
+                for k in list(self._placed):
+                    self._release_locked(k)
         self._stager.close()
-        self._pool.close()   # no reader uses a staged file after this
-        with self._lock:     # what was staged but not used: RAM entries go, local ones stay as planned
-            for k in list(self._placed):
-                self._release_locked(k)
+        self._pool.close()
         self._tiers.settle(final=True)   # kept samples still waiting for room in the local tier
         if self._progress is not None:
             self._progress.set(-1)

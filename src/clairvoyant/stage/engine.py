@@ -119,7 +119,8 @@ class Stager:
     def start(self) -> None:
         with self._size_lock:
             self._started = True
-            self._spawn_locked()   # one at once: the after-use work always has a thread
+            if self._target > 0:
+                self._spawn_locked()   # one at once: the after-use work always has a thread
         for t in self._range_threads:
             t.start()
 
@@ -206,11 +207,13 @@ class Stager:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
         self._urgent.put((_AFTER, items))   # one batch's worth: one task, one ledger update per tier
         self._queue.put(_WAKE)   # a thread idle on the staging queue takes them
+        self._more()
 
     def drop(self, keys) -> None:
         for key in keys:
             self._urgent.put((_DROP, key))
         self._queue.put(_WAKE)
+        self._more()
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the after-use work queued so far, then stop; each thread ends the sample in hand."""

@@ -142,7 +142,7 @@ class ServiceLink:
         try:
             try:
                 host = peer_host(group)
-            except ConfigError as e:   # (the collectives below are taken all the same: none waits)
+            except Exception as e:   # (the collectives below are taken all the same: none waits)
                 host, error = None, e
             secret = job_secret(group)
             try:
@@ -178,7 +178,11 @@ class ServiceLink:
         rank = comm.Get_rank()
         leader = any(g[0] == rank for g in node_groups(comm, node_name()))
         sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
-        return cls.of_group(MPIGroup(sub)) if leader else None
+        if not leader:
+            return None
+        group = MPIGroup(sub)   # (its own duplicate of ``sub``)
+        sub.Free()
+        return cls.of_group(group)
 
     def abort(self, code: int) -> None:
         """End the job (a node whose mount cannot start: the others would wait for it in the
