@@ -15,6 +15,8 @@ tier), img/s per epoch:
 - ``dataloader``: ``ImageFolder(<store>)`` through PyTorch's DataLoader (``--workers``, pinned);
 - ``loader``: ``Loader(ImageFolder(<store>))``, the batch moved by the loop (the README's port);
 - ``loader_device``: the same with ``device=`` (uint8 to the device, converted there);
+- ``loader_decode``: the same with ``decode_on="device"`` too (the JPEGs decoded on the device,
+  a batch at once: nvJPEG through torchvision's ``decode_jpeg``);
 - ``mount``: ``clairvoyant mount`` of the store, ImageFolder on it, the DataLoader with the
   project's sampler.
 
@@ -50,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from first_epoch import file_limit  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-DOORS = ("dataloader", "loader", "loader_device", "mount")
+DOORS = ("dataloader", "loader", "loader_device", "loader_decode", "mount")
 
 
 class TinyNet(torch.nn.Module):
@@ -144,7 +146,9 @@ def run_door(door: str, args, data: str, store: dict, work: str, trainer: Traine
                 secs, n = trainer.epoch(dl)
                 out.append({"epoch": e, "img_per_s": n / secs, "store_opens": fs.counters().opens})
             return out
-        extra = {"device": trainer.device} if door == "loader_device" else {}
+        extra = {"device": trainer.device} if door in ("loader_device", "loader_decode") else {}
+        if door == "loader_decode":
+            extra["decode_on"] = "device"
         with Loader(ds, batch_size=args.batch, local_dir=os.path.join(work, "local"), drop_last=True,
                     **extra) as ld:
             for e in range(args.epochs):

@@ -231,6 +231,9 @@ def test_gpu_feed_tiny(tmp_path):
         pytest.skip(f"FUSE is unavailable here: {why}")
     run("gpu_feed.py", "--tiny", "--device", "cpu", "--out", str(tmp_path))
     got = json.loads((tmp_path / "gpu_feed.json").read_text())
-    assert got["ceiling"] > 0 and set(got["doors"]) == {"dataloader", "loader", "loader_device", "mount"}, got
+    assert got["ceiling"] > 0 and set(got["doors"]) == {"dataloader", "loader", "loader_device", "loader_decode",
+                                                       "mount"}, got
     assert all(len(d) == 2 and all(r["img_per_s"] > 0 for r in d) for d in got["doors"].values())
     assert got["doors"]["loader"][0]["transform"]["path"] == "fast"
+    assert got["doors"]["loader_decode"][0]["transform"]["decode_on"] == "device"
+    assert got["doors"]["loader_device"][0]["transform"]["decode_on"] == "readers"   # control

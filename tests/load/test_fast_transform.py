@@ -254,6 +254,71 @@ def test_device_cpu_gives_the_same_batches_converted_after_the_readers(tmp_path)
             Loader(root, batch_size=8, transform=TRAIN, local_dir=str(tmp_path / "d"), device="cuda")
 
 
+def test_decode_on_the_device_gives_the_readers_batches(tmp_path):
+    """decode_on="device" (here device="cpu": torchvision's decode_jpeg in the training process):
+    the readers send each JPEG with its draws, the batch is decoded and carried out at the
+    device, and every image is within two levels of the readers' decode (no DCT scale at these
+    sizes; decoders round alike within a level), the labels equal, stats() says where. A PNG among
+    the JPEGs is carried out by its reader and sent as pixels. Control: the same run with the
+    flip drawn but not carried out differs by far more."""
+    root = _tree(str(tmp_path / "data"))
+    with open(os.path.join(root, "c0", "099.png"), "wb") as f:   # (a reader decodes it; its pixels travel)
+        f.write(_jpeg(80, 100, seed=99, fmt="PNG"))
+    readers, said_r = _epoch(root, TRAIN, str(tmp_path / "a"), True, device="cpu")
+    device, said = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cpu", decode_on="device")
+    assert said["decode_on"] == "device" and "JPEGs decoded on cpu" in said["why"], said
+    assert said_r["decode_on"] == "readers"
+    worst = 0.0
+    for (xa, ya), (xb, yb) in zip(readers, device):
+        assert xb.shape == xa.shape and xb.dtype == torch.float32 and torch.equal(ya, yb)
+        worst = max(worst, (xa - xb).abs().amax(dim=(1, 2, 3)).max().item())
+    assert worst <= 2 * LEVEL, worst / LEVEL
+    real = ft._plan_of
+
+    def unflipped(recipe, row):   # control: the flip's draw dropped on the device's side
+        return [(s, False if s.kind == "flip" else a) for s, a in real(recipe, row)]
+    ft._plan_of = unflipped
+    try:
+        wrong, _ = _epoch(root, TRAIN, str(tmp_path / "c"), True, device="cpu", decode_on="device")
+    finally:
+        ft._plan_of = real
+    assert max((xa - xb).abs().max().item() for (xa, _), (xb, _) in zip(readers, wrong)) > 20 * LEVEL
+
+
+def test_decode_on_the_device_names_what_it_needs(tmp_path, caplog):
+    """decode_on="device" without device= leaves the readers decoding, and the log says why; a bad
+    value is a ConfigError naming the choices. Control: with device= the device decodes."""
+    root = _tree(str(tmp_path / "data"), n=6)
+    with caplog.at_level("WARNING", logger="clairvoyant"):
+        with Loader(root, batch_size=2, transform=TRAIN, local_dir=str(tmp_path / "a"), decode_on="device") as ld:
+            assert ld.stats()["transform"]["decode_on"] == "readers"
+    assert "no device= given" in caplog.text
+    with pytest.raises(ClairvoyantError, match="decode_on='gpu': choose 'readers' or 'device'"):
+        Loader(root, batch_size=2, local_dir=str(tmp_path / "b"), decode_on="gpu")
+    with Loader(root, batch_size=2, transform=TRAIN, local_dir=str(tmp_path / "c"), device="cpu",
+                decode_on="device") as ld:   # control
+        assert ld.stats()["transform"]["decode_on"] == "device"
+
+
+def test_a_corrupt_jpeg_decoded_on_the_device_is_a_decode_error_naming_its_place():
+    """A batch whose second JPEG's body is cut: the batched decode fails, each is decoded alone
+    and the error names sample 1 of the batch and the way back to the readers' decode. Control:
+    a batch of a JPEG and a PNG (its pixels from its reader) decodes."""
+    recipe = ft.recognize(VAL)
+    good, bad = _jpeg(80, 90, seed=1), _jpeg(80, 90, seed=2)
+    bad = bad[:len(bad) // 2] + bytes(64)
+    parts = [(ft.defer(recipe, d), 0) for d in (good, bad)]
+    batch = ft.collate_deferred(parts, default_collate)
+    with pytest.raises(ClairvoyantError, match=r"sample 1 of the batch .*decode_on='readers'"):
+        ft.decode_batch(recipe, torch.device("cpu"), batch[0])
+    png = _jpeg(80, 90, seed=3, fmt="PNG")
+    parts = [(ft.defer(recipe, d), 0) for d in (good, png)]
+    assert [p[0][1][0] for p in parts] == [ft.JPEG, ft.PIXELS]   # the PNG carried out by its reader
+    out = ft.decode_batch(recipe, torch.device("cpu"), ft.collate_deferred(parts, default_collate)[0])
+    assert out.shape == (2, 3, 64, 64) and out.dtype == torch.uint8   # control
+    assert torch.equal(out[1], ft.apply(recipe, png))   # (VAL draws nothing: the same pixels)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_device_cuda_gives_the_batches_on_the_gpu(tmp_path):
     root = _tree(str(tmp_path / "data"))
@@ -261,6 +326,18 @@ def test_device_cuda_gives_the_batches_on_the_gpu(tmp_path):
     moved, _ = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cuda")
     for (xa, _), (xb, _) in zip(plain, moved):
         assert xb.is_cuda and (xa - xb.cpu()).abs().max().item() <= 1e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_decode_on_the_gpu_gives_the_readers_batches(tmp_path):
+    """decode_on="device" with device="cuda": nvJPEG decodes, the GPU crops and resizes; every image
+    within three levels of the readers' (nvJPEG's IDCT and the float resize round differently)."""
+    root = _tree(str(tmp_path / "data"))
+    readers, _ = _epoch(root, TRAIN, str(tmp_path / "a"), True, device="cuda")
+    gpu, said = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cuda", decode_on="device")
+    assert said["decode_on"] == "device"
+    for (xa, ya), (xb, yb) in zip(readers, gpu):
+        assert xb.is_cuda and torch.equal(ya, yb) and (xa - xb).abs().max().item() <= 3 * LEVEL
 
 
 def test_scalar_normalize_is_taken_and_a_failed_decode_leaves_the_draws_alone():
@@ -306,3 +383,18 @@ def test_array_rows_with_an_image_transform_run_it_as_given(tmp_path):
     root = _tree(str(tmp_path / "data"))   # control
     with Loader(root, batch_size=8, transform=transform, local_dir=str(tmp_path / "m"), num_workers=1) as ld:
         assert ld.stats()["transform"]["path"] == "fast"
+
+
+def test_without_simplejpeg_the_readers_still_defer_jpegs(monkeypatch):
+    """decode_on="device" where simplejpeg is not installed (a GPU node without it): the JPEG's size
+    comes from Pillow's header read, and the reader sends the same row as with simplejpeg. Control:
+    a CMYK JPEG (which the device's decoder does not take) is carried out by the reader."""
+    recipe = ft.recognize(TRAIN)
+    data = _jpeg(90, 120, seed=5)
+    torch.manual_seed(7)
+    with_sj = ft.defer(recipe, data)[1]
+    monkeypatch.setattr(ft, "_simplejpeg", None)
+    torch.manual_seed(7)
+    without = ft.defer(recipe, data)[1]
+    assert without[0] == ft.JPEG and np.array_equal(with_sj, without)
+    assert ft.defer(recipe, _jpeg(90, 120, mode="CMYK", seed=6))[1][0] == ft.PIXELS   # control

@@ -216,10 +216,14 @@ def _size_of(data: bytes, header: tuple[int, int, bool] | None) -> tuple[int, in
 
 
 def _resize(x, size: tuple[int, int]):
+    import torch
     import torch.nn.functional as F
     if tuple(x.shape[-2:]) == tuple(size):
         return x
-    return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    if x.device.type == "cpu":   # (uint8 in, uint8 out: PIL's filter, rounded alike)
+        return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    y = F.interpolate(x.float(), size=size, mode="bilinear", antialias=True, align_corners=False)
+    return y.round_().clamp_(0, 255).to(torch.uint8)   # (a GPU's antialiasing resize takes float)
 
 
 def _short_side(h: int, w: int, short: int) -> tuple[int, int]:
@@ -229,15 +233,11 @@ def _short_side(h: int, w: int, short: int) -> tuple[int, int]:
     return int(short * h / w), short
 
 
-def apply(recipe: Recipe, data: bytes):
-    """One sample through the recipe's geometry: a uint8 tensor [3, h, w] (its draws made as
-    torchvision makes them, in the Compose's order)."""
+def _draws(recipe: Recipe, H: int, W: int) -> list:
+    """The recipe's steps with what each drew for an image of H x W, as torchvision draws them, in
+    the Compose's order: a crop's box (i, j, h, w), a flip's yes or no, a resize's size."""
     import torch
     from torchvision.transforms import RandomResizedCrop
-    header = _header(data)
-    H, W = _size_of(data, header)
-    # the draws first (they need only the size), so that the decode can use them
-    state = torch.get_rng_state()
     plan = []
     h, w = H, W
     for s in recipe.steps:
@@ -254,21 +254,12 @@ def apply(recipe: Recipe, data: bytes):
         else:
             plan.append((s, None))
             h, w = s.size
-    need = (0, 0)
-    if plan and plan[0][0].kind == "rrc" and header is not None:   # the crop at least its output size
-        (i, j, ch, cw), (oh, ow) = plan[0][1], plan[0][0].size
-        need = (math.ceil(H * oh / ch), math.ceil(W * ow / cw))
-    elif plan and plan[0][0].kind == "resize" and header is not None:
-        need = plan[0][1]
-    if need[0] * 2 > H or need[1] * 2 > W:   # a DCT scale that does not halve the image: full size
-        need = (0, 0)                        # (the values then within the resize's rounding of PIL's)
-    try:
-        img = _decode(data, header, need)
-    except Exception:   # the slow path decodes before it draws: the next samples' draws as there
-        torch.set_rng_state(state)
-        raise
-    fy, fx = img.shape[0] / H, img.shape[1] / W   # the DCT scale (1 at full size)
-    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).unsqueeze(0)   # channels last in memory
+    return plan
+
+
+def _carry_out(x, plan: list, fy: float = 1.0, fx: float = 1.0):
+    """The drawn ``plan`` on ``x`` (uint8 [1, 3, H, W], on any device), decoded at ``fy``, ``fx`` of
+    the size the draws were made for (a DCT scale): uint8 [3, h, w]."""
     first = True
     for s, arg in plan:
         if s.kind == "rrc":
@@ -285,6 +276,151 @@ def apply(recipe: Recipe, data: bytes):
             x = x.flip(-1)
         first = False
     return x[0]
+
+
+def apply(recipe: Recipe, data: bytes):
+    """One sample through the recipe's geometry: a uint8 tensor [3, h, w] (its draws made as
+    torchvision makes them, in the Compose's order)."""
+    import torch
+    header = _header(data)
+    H, W = _size_of(data, header)
+    # the draws first (they need only the size), so that the decode can use them
+    state = torch.get_rng_state()
+    plan = _draws(recipe, H, W)
+    need = (0, 0)
+    if plan and plan[0][0].kind == "rrc" and header is not None:   # the crop at least its output size
+        (_, _, ch, cw), (oh, ow) = plan[0][1], plan[0][0].size
+        need = (math.ceil(H * oh / ch), math.ceil(W * ow / cw))
+    elif plan and plan[0][0].kind == "resize" and header is not None:
+        need = plan[0][1]
+    if need[0] * 2 > H or need[1] * 2 > W:   # a DCT scale that does not halve the image: full size
+        need = (0, 0)                        # (the values then within the resize's rounding of PIL's)
+    try:
+        img = _decode(data, header, need)
+    except Exception:   # the slow path decodes before it draws: the next samples' draws as there
+        torch.set_rng_state(state)
+        raise
+    fy, fx = img.shape[0] / H, img.shape[1] / W   # the DCT scale (1 at full size)
+    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).unsqueeze(0)   # channels last in memory
+    return _carry_out(x, plan, fy, fx)
+
+
+# -- decode on the device (decode_on="device"): the readers send the JPEG and its draws -------------
+
+_HEAD = 5          # a deferred sample's row: kind (0 a JPEG to decode, 1 pixels), offset, length, H, W
+JPEG, PIXELS = 0, 1
+
+
+def defer(recipe: Recipe, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """One sample for the device to decode: (its bytes, its row: kind, 0, length, H, W, then four
+    numbers per step of what it drew). A JPEG's draws are made from its header (nothing decoded
+    here); anything else (PNG, CMYK: what :func:`_header` declines) is carried out here, as
+    :func:`apply` does, and its pixels sent (kind 1, H x W its output size)."""
+    header = _header(data) or _pil_header(data)
+    if header is None:
+        x = apply(recipe, data)
+        row = np.zeros(_HEAD + 4 * len(recipe.steps), np.int64)
+        row[:5] = (PIXELS, 0, x.numel(), x.shape[1], x.shape[2])
+        return x.contiguous().numpy().reshape(-1), row
+    H, W = header[0], header[1]
+    plan = _draws(recipe, H, W)
+    row = np.zeros(_HEAD + 4 * len(plan), np.int64)
+    row[:5] = (JPEG, 0, len(data), H, W)
+    for n, (s, arg) in enumerate(plan):
+        if s.kind == "rrc" or s.kind == "resize":
+            row[_HEAD + 4 * n:_HEAD + 4 * n + len(arg)] = arg
+        elif s.kind == "flip":
+            row[_HEAD + 4 * n] = int(arg)
+    return np.frombuffer(data, np.uint8), row
+
+
+def _pil_header(data: bytes) -> tuple[int, int, bool] | None:
+    """A JPEG's (height, width, grey) read by Pillow (nothing decoded), where simplejpeg is not
+    installed; None for anything the device's decoder does not take (CMYK, not a JPEG)."""
+    if _simplejpeg is not None or data[:3] != _JPEG_MAGIC:
+        return None
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format != "JPEG" or img.mode not in ("RGB", "L"):
+                return None
+            return img.size[1], img.size[0], img.mode == "L"
+    except Exception:   # noqa: BLE001 - the reader's own decode then names what is wrong
+        return None
+
+
+def collate_deferred(samples: list, collate) -> Any:
+    """``samples`` ((bytes, row), target) as one batch: the targets collated by ``collate``, the
+    images as ``{"deferred": bytes of all, "rows": their rows}`` (offsets filled in)."""
+    out = collate([(0, *rest) for _, *rest in samples])
+    rows = np.stack([s[0][1] for s in samples])
+    lengths = rows[:, 2]
+    rows[:, 1] = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    images = {"deferred": np.concatenate([s[0][0] for s in samples]), "rows": rows}
+    if isinstance(out, tuple):
+        return (images, *out[1:])
+    out[0] = images
+    return out
+
+
+def decode_jpeg(data, **kw):
+    """torchvision's ``decode_jpeg`` (deprecated from torchvision 0.29 for TorchCodec's decoders,
+    which are not on PyPI for every platform yet: its warning silenced here, once per call)."""
+    import warnings
+
+    from torchvision.io import decode_jpeg as decode
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode(data, **kw)
+
+
+def _plan_of(recipe: Recipe, row) -> list:
+    plan = []
+    for n, s in enumerate(recipe.steps):
+        at = _HEAD + 4 * n
+        if s.kind == "rrc":
+            plan.append((s, tuple(int(v) for v in row[at:at + 4])))
+        elif s.kind == "resize":
+            plan.append((s, (int(row[at]), int(row[at + 1]))))
+        elif s.kind == "flip":
+            plan.append((s, bool(row[at])))
+        else:
+            plan.append((s, None))
+    return plan
+
+
+def decode_batch(recipe: Recipe, device: Any, images: dict) -> Any:
+    """A deferred batch's images (:func:`collate_deferred`, on the host) decoded on ``device``
+    (torchvision's ``decode_jpeg``, all of the batch's JPEGs at once: nvJPEG on a GPU) and carried
+    out there as the readers would have: uint8 [B, 3, h, w] on ``device``. A JPEG the batched
+    decode refuses is decoded alone, so that the error names its place in the batch."""
+    import torch
+    from torchvision.io import ImageReadMode
+    blob, rows = images["deferred"], images["rows"]
+    blob = blob if isinstance(blob, torch.Tensor) else torch.from_numpy(blob)
+    rows = rows.tolist()
+    jpegs = [n for n, r in enumerate(rows) if r[0] == JPEG]
+    datas = [blob[rows[n][1]:rows[n][1] + rows[n][2]] for n in jpegs]
+    try:
+        decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device) if datas else []
+    except RuntimeError:
+        decoded = []
+        for n, d in zip(jpegs, datas):
+            try:
+                decoded.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError as e:
+                from ..errors import DecodeError
+                raise DecodeError(f"sample {n} of the batch (a JPEG of {rows[n][3]}x{rows[n][4]}) cannot be "
+                                  f"decoded on {device}: {e}; pass decode_on='readers' to decode it where a bad "
+                                  "file is named and on_error='skip' skips it") from None
+    got = dict(zip(jpegs, decoded))
+    out = []
+    for n, r in enumerate(rows):
+        if r[0] == JPEG:
+            out.append(_carry_out(got[n].unsqueeze(0), _plan_of(recipe, r)))
+        else:
+            out.append(blob[r[1]:r[1] + r[2]].view(3, r[3], r[4]).to(device))
+    return torch.stack(out)
 
 
 def _center_crop(x, size: tuple[int, int]):

@@ -219,6 +219,7 @@ class Output:
                     raise ConfigError("output='torch' but PyTorch is not installed: pip install torch") from None
         self.device = None   # where batches arrive (``deliver``); None: as the readers made them
         self.convert = None  # what ``deliver`` does there to a batch's uint8 images (load/fast_transform.py)
+        self.decode = None   # what makes a batch's images there from the JPEGs the readers sent (decode_on="device")
         if device is not None:
             if self.torch is None:
                 raise ConfigError(f"device={device!r} needs torch tensors: install PyTorch and leave output='auto'")
@@ -237,7 +238,13 @@ class Output:
         if self.device is None:
             return batch
         torch = self.torch
-        moved = _leaves_to(batch, lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t)
+        move = lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t   # noqa: E731
+        first = batch[0] if isinstance(batch, (list, tuple)) and batch else None
+        if self.decode is not None and isinstance(first, dict) and "deferred" in first:
+            rest = [_leaves_to(x, move) for x in batch[1:]]   # (the JPEGs stay on the host: the decoder takes them)
+            moved = (self.decode(first), *rest) if isinstance(batch, tuple) else [self.decode(first), *rest]
+        else:
+            moved = _leaves_to(batch, move)
         if self.convert is not None and isinstance(moved, (list, tuple)) and moved \
                 and isinstance(moved[0], torch.Tensor) and moved[0].dtype == torch.uint8:
             images = self.convert(moved[0])

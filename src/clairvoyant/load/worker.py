@@ -70,6 +70,7 @@ class ReaderSpec:
     digests: bool = False
     fast: Any = None   # the transform's recipe where load/fast_transform.py carries it out (uint8, per batch)
     fast_uint8: bool = False   # ... its images left uint8 (converted on the Loader's device=)
+    fast_defer: bool = False   # ... its JPEGs not decoded here: sent with their draws (decode_on="device")
 
 
 class Item(NamedTuple):
@@ -296,7 +297,7 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
         stage = "decode"
         try:
             if spec.fast is not None:   # decode and geometry on uint8 (load/fast_transform.py)
-                sample = fast_transform.apply(spec.fast, data)
+                sample = (fast_transform.defer if spec.fast_defer else fast_transform.apply)(spec.fast, data)
             else:
                 sample = spec.decode(data)
                 stage = "transform"
@@ -314,7 +315,9 @@ def _load_general(job: Job, slots: list[Slot], spec: ReaderSpec, collate: Callab
         if served is not None:   # only samples the batch holds (a skipped one was never served)
             served.append((j, where, xxhash.xxh3_64_intdigest(data)))
         decode_s += clock() - t1
-    if spec.fast is not None:   # converted and normalized as one batch
+    if spec.fast is not None and spec.fast_defer:   # decoded on the device (load/fast_transform.py)
+        collate = functools.partial(fast_transform.collate_deferred, collate=collate)
+    elif spec.fast is not None:   # converted and normalized as one batch
         collate = functools.partial(fast_transform.collate_fast, spec.fast, collate=collate, uint8=spec.fast_uint8)
     return _collated(job, slots, spec, collate, samples, skipped, repaired, read_s, decode_s, served, source_s)
 
