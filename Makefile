@@ -44,6 +44,8 @@ bench: $(STAMP) $(VENV)/.bench-installed
 	# torchvision's standard transforms on uint8, a batch at a time (issue 40), against the DataLoader
 	$(PY) benchmarks/transform_path.py
 	$(PY) benchmarks/transform_path.py --val
+	# a reader's share per sample with the JPEG decoded on the device (decode_on="device", issue 40)
+	$(PY) benchmarks/decode_split.py
 	# what authenticating and encrypting the cluster's peers costs (issue 41)
 	$(PY) benchmarks/peer_auth.py
 	$(PY) benchmarks/staging_vs_dataloader.py $(BENCH_ARGS)

@@ -237,3 +237,11 @@ def test_gpu_feed_tiny(tmp_path):
     assert got["doors"]["loader"][0]["transform"]["path"] == "fast"
     assert got["doors"]["loader_decode"][0]["transform"]["decode_on"] == "device"
     assert got["doors"]["loader_device"][0]["transform"]["decode_on"] == "readers"   # control
+
+
+def test_decode_split_tiny():
+    """benchmarks/decode_split.py at a smoke size: both shares and the batched decode printed."""
+    import pytest
+    pytest.importorskip("torchvision")
+    out = run("decode_split.py", "--files", "16")
+    assert "defer" in out and "the batch decoded on the CPU" in out, out
