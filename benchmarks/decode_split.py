@@ -1,7 +1,7 @@
 """Benchmark: what a reader spends per sample with the JPEG decoded by the readers (the fast path's
 ``apply``) and with it left to the device (``decode_on="device"``: ``defer``, the header and the
 draws only), and what the batched decode then costs where it runs (here the CPU: torchvision's
-``decode_jpeg``; on a GPU, nvJPEG). One thread, ``--files`` of the demo's 256x256 JPEGs, the
+``decode_jpeg``; on a GPU, nvJPEG). One thread, ``--files`` synthetic 256x256 JPEGs (the demo's kind), the
 standard ImageNet training Compose; best of 3.
 
     python benchmarks/decode_split.py              # 400 files
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=400)
     args = p.parse_args(argv)
-    root = make_dataset(os.path.join(cache_home(), "demo", "synthetic-imagenet-3200"), 3200, size=256)
+    n = max(args.files, 64)   # (the demo's synthetic JPEGs, as many as are timed)
+    root = make_dataset(os.path.join(cache_home(), "demo", f"synthetic-imagenet-{n}"), n, size=256)
     datas = [open(f, "rb").read() for f in sorted(glob.glob(root + "/*/*"))[:args.files]]
     recipe = ft.recognize(TRAIN)
     torch.set_num_threads(1)
