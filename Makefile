@@ -32,7 +32,7 @@ test: $(STAMP)
 	# a hard ceiling, so that a hang can never eat the CI budget (per-test timeouts are in pyproject)
 	timeout -k 10 1500 $(PY) -m pytest $(PYTEST_ARGS)
 	# again without the C helper, so that its pure-Python fallback keeps working
-	CLAIRVOYANT_NO_CEXT=1 timeout -k 10 900 $(PY) -m pytest -q tests/cache/test_cache.py tests/load/test_loader.py tests/load/test_errors.py tests/plan/test_residency.py tests/plan/test_elastic.py tests/tune/test_guard.py tests/plan/test_rank_plan.py tests/plan/test_cluster_plan.py tests/mount/test_mount.py tests/stage/test_ranges.py tests/plan/test_sequence.py tests/stage/test_thread_stage.py tests/mount/test_mount_cluster.py tests/plan/test_unplanned.py
+	CLAIRVOYANT_NO_CEXT=1 timeout -k 10 900 $(PY) -m pytest -q tests/cache/test_cache.py tests/load/test_loader.py tests/load/test_errors.py tests/plan/test_residency.py tests/plan/test_elastic.py tests/tune/test_guard.py tests/plan/test_rank_plan.py tests/plan/test_cluster_plan.py tests/mount/test_mount.py tests/stage/test_ranges.py tests/plan/test_sequence.py tests/stage/test_thread_stage.py tests/mount/cluster/test_mount_cluster.py tests/plan/test_unplanned.py
 
 # on a lent GPU node (docs/benchmarks.md, "Feeding the GPU"): ResNet-50 bf16 through every door, under 5 minutes
 bench-gpu: $(STAMP)

@@ -1,5 +1,5 @@
 """The ranks of an MPI job mount the data themselves, one mount per node (ServiceLink.node_leaders),
-run by tests/mount/test_mount_cluster.py under ``mpirun -n 4``: ranks 2k and 2k+1 are node k
+run by tests/mount/cluster/test_mount_cluster.py under ``mpirun -n 4``: ranks 2k and 2k+1 are node k
 (CLAIRVOYANT_NODE). Usage: ``mpi_mount_cluster_script.py SRC WORK TOKEN [samplers]``; each rank
 writes what it saw to WORK/rank-N.json. With ``samplers`` each rank publishes its quarter of two
 shuffled epochs to its node's mount and reads it (the nodes run the cluster plan)."""

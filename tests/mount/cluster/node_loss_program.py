@@ -1,4 +1,4 @@
-"""One node's training program for tests/mount/test_mount_node_loss.py: a DataLoader over the
+"""One node's training program for tests/mount/cluster/test_mount_node_loss.py: a DataLoader over the
 node's share of every shuffled epoch, through the node's mount, with clairvoyant's sampler.
 
     python node_loss_program.py MNT RANK NODES EPOCHS DIGESTS OUT [FIRST]

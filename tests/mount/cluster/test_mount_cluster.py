@@ -771,7 +771,7 @@ def test_nodes_that_list_different_files_refuse_to_form_a_cluster(tmp_path, tree
 
 
 def _job_of_two_nodes(tmp_path, src: str, token: str, *mode: str, timeout: float = 90) -> dict[int, dict]:
-    """tests/mount/mpi_mount_cluster_script.py run by 4 ranks (2 nodes of 2): what each rank wrote, after
+    """tests/mount/cluster/mpi_mount_cluster_script.py run by 4 ranks (2 nodes of 2): what each rank wrote, after
     checking that all ran without an error and read the source's bytes."""
     work = tmp_path / token
     work.mkdir()
