@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from first_epoch import file_limit  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-DOORS = ("dataloader", "loader", "loader_device", "loader_decode", "mount")
+DOORS = ("dataloader", "loader", "loader_device", "mount", "loader_decode")   # (the newest last)
 
 
 class TinyNet(torch.nn.Module):
@@ -215,8 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_feed: {args.model} on {device}, batch {args.batch}, bf16 channels_last: ceiling "
           f"{result['ceiling']:,.0f} img/s; the store's limit {limit:,.0f} files/s", flush=True)
     for door in [d for d in DOORS if d in args.doors.split(",")]:
-        with tempfile.TemporaryDirectory(prefix="clairvoyant-gpu-feed-") as work:
-            epochs = run_door(door, args, data, store, work, trainer, transform)
+        try:   # a door that fails is written down, and the others still run (one try on a lent node)
+            with tempfile.TemporaryDirectory(prefix="clairvoyant-gpu-feed-") as work:
+                epochs = run_door(door, args, data, store, work, trainer, transform)
+        except Exception as e:   # noqa: BLE001 - recorded, not hidden
+            result.setdefault("failed", {})[door] = f"{type(e).__name__}: {e}"
+            save()
+            print(f"{door:14} FAILED: {type(e).__name__}: {e}", flush=True)
+            continue
         first_limit = min(result["ceiling"], limit)
         for r in epochs:
             r["ratio"] = r["img_per_s"] / (first_limit if r["epoch"] == 0 else result["ceiling"])
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{door:14} " + "  ".join(f"epoch {r['epoch']}: {r['img_per_s']:8,.0f} img/s ({r['ratio']:.2f})"
                                         for r in epochs), flush=True)
     print(json.dumps({"json": path}))
-    return 0
+    return 1 if result.get("failed") else 0
 
 
 if __name__ == "__main__":
