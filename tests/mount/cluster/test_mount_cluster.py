@@ -344,6 +344,18 @@ def test_a_dead_home_costs_a_read_of_the_store_not_an_error(tmp_path, tree):
             m.close()
 
 
+def _two_mount_points(tmp_path):
+    """A job's marker (its processes carry it), its folder, two nodes' mount points in it, and the
+    ``clairvoyant`` command beside this Python."""
+    token = f"cvmc{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    work.mkdir()
+    mnts = [work / f"mnt{n}" for n in range(2)]
+    for m in mnts:
+        m.mkdir()
+    return token, work, mnts, os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+
+
 @pytest.mark.parametrize("launcher,auth", [("mpirun", "on"), ("torchrun", "on"), ("torchrun", "off")])
 def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher, auth):
     """``mpirun -n 2 clairvoyant mount --cluster SRC mnt{node} --local-dir local{node}``, or two
@@ -362,13 +374,7 @@ def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher, auth):
     if launcher == "torchrun" and (importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None):
         pytest.skip("needs torch and pyzmq")
     src, files = tree
-    token = f"cvmc{uuid.uuid4().hex[:12]}"
-    work = tmp_path / token
-    work.mkdir()
-    mnts = [work / f"mnt{n}" for n in range(2)]
-    for m in mnts:
-        m.mkdir()
-    cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+    token, work, mnts, cv = _two_mount_points(tmp_path)
     mount = [cv, "mount", "--cluster", src, str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"),
              "--local-capacity", "60%"]
     log = open(tmp_path / "launcher.log", "w")
@@ -692,13 +698,7 @@ def test_a_node_killed_mid_epoch_leaves_the_others_reading_and_a_restart_runs_al
     error (from the store). Node 1's mount started again by hand runs alone and says so.
     Control: before the kill, node 0's reads of node 1's files came from node 1."""
     src, files = tree
-    token = f"cvmc{uuid.uuid4().hex[:12]}"
-    work = tmp_path / token
-    work.mkdir()
-    mnts = [work / f"mnt{n}" for n in range(2)]
-    for m in mnts:
-        m.mkdir()
-    cv = os.path.join(os.path.dirname(sys.executable), "clairvoyant")
+    token, work, mnts, cv = _two_mount_points(tmp_path)
     cmd = [MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", "--with-ft", "ulfm", cv, "mount", "--cluster",
            src, str(work / "mnt{node}"), "--local-dir", str(work / "local{node}"), "--local-capacity", "60%"]
     log = open(tmp_path / "mpirun.log", "w")
