@@ -157,3 +157,42 @@ def test_the_ranks_of_a_job_form_a_cluster_of_mounts_and_read_from_each_other(mo
             assert all(isinstance(e, ConfigError) and "the files differs" in str(e) for e in got), got
         else:
             assert got == [(1, None), (1, b"file 5 of node 0")], got
+
+
+def test_the_ranks_mounts_find_a_lost_node_the_one_way(monkeypatch):
+    """Mounts formed by a job's ranks probe their peers as a mount service does (ServiceLink.probe,
+    the one decision that a node is lost): with both nodes serving, node 0's probe finds none
+    silent; once node 1's link is closed, node 0's probe names it, and marked lost it is not asked
+    again (a fetch returns None at once). Control: the first probe."""
+    import time
+
+    from clairvoyant.cluster.secret import SECRET_VAR
+    from clairvoyant.mount.cluster.links import ServiceLink
+    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
+    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    barrier = threading.Barrier(2)
+
+    def rank(g):
+        link = ServiceLink.of_group(g)
+        try:
+            link.agree(bytes(32), "the files")
+            link.start(lambda n: b"x")
+            barrier.wait(10)
+            before = link.probe([1], timeout=1.0) if link.node == 0 else None
+            barrier.wait(30)
+            if link.node == 1:
+                return None
+            barrier.wait(30)   # node 1's link is closed now
+            after = link.probe([1], timeout=0.5)
+            link.mark_lost(after[0])
+            t = time.monotonic()
+            fetched = link.fetch(1, 0, 1, 5.0)
+            return before, after, fetched, time.monotonic() - t, link.lost
+        finally:
+            link.close()
+            if link.node == 1:
+                barrier.wait(30)
+    got = ThreadGroup(2).run(rank)
+    before, after, fetched, took, lost = got[0]
+    assert before == ([], []), got   # control: both serving
+    assert after == ([1], []) and fetched is None and took < 0.5 and lost == frozenset({1}), got
