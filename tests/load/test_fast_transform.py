@@ -330,14 +330,17 @@ def test_device_cuda_gives_the_batches_on_the_gpu(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_decode_on_the_gpu_gives_the_readers_batches(tmp_path):
-    """decode_on="device" with device="cuda": nvJPEG decodes, the GPU crops and resizes; every image
-    within three levels of the readers' (nvJPEG's IDCT and the float resize round differently)."""
+    """decode_on="device" with device="cuda": nvJPEG decodes, the GPU crops and resizes. nvJPEG fills
+    in 4:2:0 colour from the nearest sample where libjpeg-turbo smooths it: up to ~10 levels apart
+    at colour edges (simulated with simplejpeg's fastupsample), under half a level on average."""
     root = _tree(str(tmp_path / "data"))
     readers, _ = _epoch(root, TRAIN, str(tmp_path / "a"), True, device="cuda")
     gpu, said = _epoch(root, TRAIN, str(tmp_path / "b"), True, device="cuda", decode_on="device")
     assert said["decode_on"] == "device"
     for (xa, ya), (xb, yb) in zip(readers, gpu):
-        assert xb.is_cuda and torch.equal(ya, yb) and (xa - xb).abs().max().item() <= 3 * LEVEL
+        assert xb.is_cuda and torch.equal(ya, yb.cpu() if yb.is_cuda else yb)
+        diff = (xa - xb).abs()
+        assert diff.max().item() <= 16 * LEVEL and diff.mean().item() <= 0.5 * LEVEL
 
 
 def test_scalar_normalize_is_taken_and_a_failed_decode_leaves_the_draws_alone():
@@ -398,3 +401,26 @@ def test_without_simplejpeg_the_readers_still_defer_jpegs(monkeypatch):
     without = ft.defer(recipe, data)[1]
     assert without[0] == ft.JPEG and np.array_equal(with_sj, without)
     assert ft.defer(recipe, _jpeg(90, 120, mode="CMYK", seed=6))[1][0] == ft.PIXELS   # control
+
+
+def test_a_jpeg_the_device_refuses_is_decoded_on_the_host(monkeypatch):
+    """decode_batch where the device's decoder refuses every JPEG (nvJPEG: arithmetic coding, 12
+    bits), or gives one at another size than its header's: each is decoded on the host and the
+    batch is what the device would have given. Control: the device decoding them."""
+    recipe = ft.recognize(TRAIN)
+    datas = [_jpeg(80 + 7 * k, 96, seed=k) for k in range(4)]
+    torch.manual_seed(1)
+    batch = ft.collate_deferred([(ft.defer(recipe, d), 0) for d in datas], default_collate)[0]
+    want = ft.decode_batch(recipe, torch.device("cpu"), batch)   # control
+    real = ft.decode_jpeg
+
+    def refuses(data, **kw):
+        raise RuntimeError("nvJPEG: unsupported JPEG")
+    monkeypatch.setattr(ft, "decode_jpeg", refuses)
+    assert torch.equal(ft.decode_batch(recipe, torch.device("cpu"), batch), want)
+
+    def shrunk(data, **kw):   # another size than the header's
+        got = real(data, **kw)
+        return [g[:, :-1] for g in got] if isinstance(got, list) else got[:, :-1]
+    monkeypatch.setattr(ft, "decode_jpeg", shrunk)
+    assert torch.equal(ft.decode_batch(recipe, torch.device("cpu"), batch), want)

@@ -392,8 +392,10 @@ def _plan_of(recipe: Recipe, row) -> list:
 def decode_batch(recipe: Recipe, device: Any, images: dict) -> Any:
     """A deferred batch's images (:func:`collate_deferred`, on the host) decoded on ``device``
     (torchvision's ``decode_jpeg``, all of the batch's JPEGs at once: nvJPEG on a GPU) and carried
-    out there as the readers would have: uint8 [B, 3, h, w] on ``device``. A JPEG the batched
-    decode refuses is decoded alone, so that the error names its place in the batch."""
+    out there as the readers would have: uint8 [B, 3, h, w] on ``device``. A JPEG the device's
+    decoder refuses (nvJPEG: arithmetic coding, 12 bits, an unusual sampling) or gives at another
+    size than its header's is decoded on the host instead; one that no decoder takes is a
+    DecodeError naming its place in the batch."""
     import torch
     from torchvision.io import ImageReadMode
     blob, rows = images["deferred"], images["rows"]
@@ -403,24 +405,39 @@ def decode_batch(recipe: Recipe, device: Any, images: dict) -> Any:
     datas = [blob[rows[n][1]:rows[n][1] + rows[n][2]] for n in jpegs]
     try:
         decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device) if datas else []
-    except RuntimeError:
+    except RuntimeError:   # one of them: each alone
         decoded = []
-        for n, d in zip(jpegs, datas):
+        for d in datas:
             try:
                 decoded.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
-            except RuntimeError as e:
-                from ..errors import DecodeError
-                raise DecodeError(f"sample {n} of the batch (a JPEG of {rows[n][3]}x{rows[n][4]}) cannot be "
-                                  f"decoded on {device}: {e}; pass decode_on='readers' to decode it where a bad "
-                                  "file is named and on_error='skip' skips it") from None
+            except RuntimeError:
+                decoded.append(None)
     got = dict(zip(jpegs, decoded))
     out = []
     for n, r in enumerate(rows):
-        if r[0] == JPEG:
-            out.append(_carry_out(got[n].unsqueeze(0), _plan_of(recipe, r)))
-        else:
-            out.append(blob[r[1]:r[1] + r[2]].view(3, r[3], r[4]).to(device))
+        data = blob[r[1]:r[1] + r[2]]
+        if r[0] == PIXELS:
+            out.append(data.view(3, r[3], r[4]).to(device))
+            continue
+        x = got[n]
+        if x is None or tuple(x.shape[-2:]) != (r[3], r[4]):
+            x = _on_host(data, n, r, device)
+        out.append(_carry_out(x.unsqueeze(0), _plan_of(recipe, r)))
     return torch.stack(out)
+
+
+def _on_host(data: Any, n: int, row: list, device: Any) -> Any:
+    """JPEG ``n`` of a batch decoded on the host (libjpeg-turbo, else Pillow), full size, on ``device``."""
+    import torch
+    raw = data.numpy().tobytes()
+    try:
+        img = _decode(raw, _header(raw), (0, 0))
+    except Exception as e:   # noqa: BLE001 - named below
+        from ..errors import DecodeError
+        raise DecodeError(f"sample {n} of the batch (a JPEG of {row[3]}x{row[4]}) cannot be decoded on {device} "
+                          f"nor here: {type(e).__name__}: {e}; pass decode_on='readers' to decode it where a bad "
+                          "file is named and on_error='skip' skips it") from None
+    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).to(device)
 
 
 def _center_crop(x, size: tuple[int, int]):

@@ -166,6 +166,8 @@ class Loader:
                  labels: str | None = None, fields: Sequence[str] | str = (),
                  compress: str | None = None, device: Any = None, decode_on: str = "readers") -> None:
         # checked once, here, before anything is set up (load/options.py); read from there after
+        if decode_on not in ("readers", "device"):
+            raise ConfigError(f"decode_on={decode_on!r}: choose 'readers' or 'device' (with device=)")
         self.options = options = LoaderOptions(
             batch_size=batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last, on_error=on_error,
             num_workers=num_workers, stage_threads=stage_threads, prefetch=prefetch, lookahead=lookahead,
@@ -212,8 +214,6 @@ class Loader:
         self._cluster: Cluster | None = self._joining.now(topology)
         if self._cluster is not None:
             topology = self._cluster.layout
-        if decode_on not in ("readers", "device"):
-            raise ConfigError(f"decode_on={decode_on!r}: choose 'readers' or 'device' (with device=)")
         self._output = Output(output, pin_memory, device)   # checked before anything is set up on disk
         sizes = np.asarray(self.manifest.sizes)
         # what tiers count, per sample; int32 where every entry fits (14.2 M samples: 57 MB, not 114)
