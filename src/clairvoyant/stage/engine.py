@@ -163,8 +163,11 @@ class Stager:
             if self._stop or n == self._target:
                 return
             self._target = n
-            self._excess -= min(self._excess, max(0, n - (self._running - self._excess)))   # they simply stay
-            self._excess += max(0, self._running - self._excess - n)
+            staying = self._running - self._excess
+            if n > staying:   # threads about to retire simply stay
+                self._excess -= min(self._excess, n - staying)
+            else:
+                self._excess += staying - n
             waiting = self._queue.qsize() - self._idle
             while self._started and waiting > 0 and self._running - self._excess < n:
                 self._spawn_locked()
@@ -190,7 +193,12 @@ class Stager:
         if not it.hit:
             with self._waiting_lock:
                 self._waiting += 1
-        self._queue.put(it)
+        self._enqueue(it)
+
+    def _enqueue(self, item) -> None:
+        """Queue staging work (an item, or ``_WAKE`` for after-use work) and start a thread for it
+        where none is idle."""
+        self._queue.put(item)
         self._more()
 
     def _deliver(self, batch_id: int, j: int, placed: Placement, seconds: float) -> None:
@@ -206,14 +214,12 @@ class Stager:
     def after_use(self, items: list[tuple[str, Placement, bool, bool]]) -> None:
         """``(key, placement, keep, corrupt)`` of samples whose access is done."""
         self._urgent.put((_AFTER, items))   # one batch's worth: one task, one ledger update per tier
-        self._queue.put(_WAKE)   # a thread idle on the staging queue takes them
-        self._more()
+        self._enqueue(_WAKE)   # a thread idle on the staging queue takes them
 
     def drop(self, keys) -> None:
         for key in keys:
             self._urgent.put((_DROP, key))
-        self._queue.put(_WAKE)
-        self._more()
+        self._enqueue(_WAKE)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the after-use work queued so far, then stop; each thread ends the sample in hand."""
@@ -336,8 +342,7 @@ class Stager:
             if not entry[1]:
                 entry[1] = True
                 self._resumed.put(entry[0])
-                self._queue.put(_WAKE)   # a thread idle on the staging queue takes it
-                self._more()
+                self._enqueue(_WAKE)   # a thread idle on the staging queue takes it
 
     def advance(self) -> None:
         """The readers have moved on: parked samples that are due now are staged on their own."""
