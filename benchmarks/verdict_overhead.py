@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
     root = make_dataset(os.path.join(cache_home(), "demo", f"synthetic-imagenet-{args.images}"), args.images)
-    work = tempfile.mkdtemp(prefix="clairvoyant-overhead-")
     on, off = [], []
-    for r in range(args.repeats):
-        off.append(rate(root, os.path.join(work, "l"), None, args.epochs))
-        on.append(rate(root, os.path.join(work, "l"), os.path.join(work, f"m{r}.jsonl"), args.epochs))
+    with tempfile.TemporaryDirectory(prefix="clairvoyant-overhead-") as work:
+        for r in range(args.repeats):
+            off.append(rate(root, os.path.join(work, "l"), None, args.epochs))
+            on.append(rate(root, os.path.join(work, "l"), os.path.join(work, f"m{r}.jsonl"), args.epochs))
     per_batch = bookkeeping_us()
     batch_ms = 32 / np.median(off) * 1e3
     print(f"images/s without metrics: {' / '.join(f'{x:.0f}' for x in off)} (median {np.median(off):.0f})")

@@ -394,3 +394,46 @@ def test_a_packing_file_is_opened_once_and_a_failed_open_is_tried_again_in_its_p
         assert run.done[16].loc is None and "re-index" in run.done[16].error
     finally:
         run.close()
+
+
+def _engine_threads() -> int:
+    """The native stager's threads alive in this process (cache/_stager.c names them)."""
+    n = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().strip() == "cv-native-stage"
+        except FileNotFoundError:   # (a thread that ended meanwhile)
+            pass
+    return n
+
+
+def test_threads_start_as_files_wait_for_them(tree, tmp_path):
+    """An engine allowed 64 threads starts one at once and another only where a file waits with
+    none idle: files staged one after the other take one thread. Control: 12 files held at their
+    open (named pipes with no writer yet) start a thread each."""
+    src, files, local = tree
+    store = LocalStore(local, "file://" + src, expected=64)
+    before = _engine_threads()
+    done: list[native_stage.Done] = []
+    stager = native_stage.NativeStager(store, 1 << 30, src, None, 64, done.append)
+    try:
+        assert wait_until(lambda: _engine_threads() - before == 1, 5)   # its first thread (named once it runs)
+        for t, k in enumerate(sorted(files)):
+            assert stager.submit(t, k, len(files[k])) is True
+            assert wait_until(lambda: len(done) == t + 1, 10)
+        assert _engine_threads() - before <= 2   # (a file submitted as the last one's thread is about to go idle)
+        for i in range(12):
+            os.mkfifo(os.path.join(src, f"p{i}"))
+        for i in range(12):
+            assert stager.submit(100 + i, f"p{i}", 10) is True
+        assert wait_until(lambda: _engine_threads() - before >= 12, 10), _engine_threads() - before   # control
+        writers = [os.open(os.path.join(src, f"p{i}"), os.O_WRONLY) for i in range(12)]
+        for w in writers:
+            os.close(w)
+        assert wait_until(lambda: len(done) == len(files) + 12, 10)
+        stager.close()
+        assert _engine_threads() == before   # every one joined
+    finally:
+        stager.close()
+        store.close()

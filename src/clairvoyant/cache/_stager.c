@@ -18,6 +18,8 @@
  * share of one collect.
  *
  *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
+ *              up to ``threads`` threads, started as jobs wait for them (one at once): an engine
+ *              given few files (a tar shard's pass, where whole reads take most) starts few
  *   .limit(n)  at most n of the threads carry a job at once from now on (the choice of requests in
  *              flight: tune/inflight.py); all of them at the start
  *   .load() -> (jobs done, seconds they took in all, jobs running now, jobs queued now)
@@ -29,6 +31,7 @@
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
+#define _GNU_SOURCE   /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define XXH_INLINE_ALL
@@ -46,6 +49,7 @@
 #include <unistd.h>
 
 #define MAX_THREADS 256
+#define THREAD_NAME "cv-native-stage"   /* at most 15 characters */
 #define MAX_PACKS 1024   /* files that pack samples (tar shards) kept open per stager */
 
 struct job {
@@ -67,7 +71,8 @@ typedef struct {
     pthread_cond_t work, done;
     struct job *queue, *queue_tail, *finished, *finished_tail;
     int src_fd, lock_fd, handoff_fd;
-    int nthreads, stopping, drained;   /* drained: stopped, and every job is on the finished list */
+    int nthreads, most, idle;          /* threads started, at most, and carrying no job now */
+    int stopping, drained;             /* drained: stopped, and every job is on the finished list */
     int active, running;               /* jobs carried at once at most (limit), and now */
     long long queued, ndone;           /* jobs waiting for a thread now; finished so far */
     double busy;                       /* seconds the finished jobs took, in all */
@@ -239,8 +244,11 @@ static double now_s(void) {
 
 static void *worker(void *arg) {
     Stager *s = arg;
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), THREAD_NAME);   /* (top -H, py-spy, the tests count them) */
+#endif
     pthread_mutex_lock(&s->mu);
-    for (;;) {
+    for (;;) {   /* (counted idle by whoever started it, until it takes a job) */
         while ((!s->queue || s->running >= s->active) && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
         if (s->stopping) break;   /* jobs not started are cancelled by close */
         struct job *j = s->queue;
@@ -248,20 +256,36 @@ static void *worker(void *arg) {
         if (!s->queue) s->queue_tail = NULL;
         s->queued--;
         s->running++;
+        s->idle--;
         pthread_mutex_unlock(&s->mu);
         double t0 = now_s();
         run(s, j);
         double took = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         s->running--;
+        s->idle++;
         s->ndone++;
         s->busy += took;
         if (s->queue) pthread_cond_signal(&s->work);   /* a thread held back by the limit may go now */
         push(&s->finished, &s->finished_tail, j);
         pthread_cond_signal(&s->done);
     }
+    s->idle--;
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* With ``mu`` held: start threads while more jobs wait than idle threads will take, up to the
+ * limit and the most; 0, or the errno of a thread that could not start (those running go on). */
+static int grow(Stager *s) {
+    int cap = s->active < s->most ? s->active : s->most;
+    while (!s->stopping && s->nthreads < cap && s->queued > s->idle) {
+        int err = pthread_create(&s->threads[s->nthreads], NULL, worker, s);
+        if (err) return err;
+        s->nthreads++;
+        s->idle++;
+    }
+    return 0;
 }
 
 static void free_list(struct job *j) {
@@ -273,9 +297,12 @@ static void stop(Stager *s) {
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_broadcast(&s->work);
+    int n = s->nthreads;   /* (none starts once stopping) */
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i], NULL);
+    for (int i = 0; i < n; i++) pthread_join(s->threads[i], NULL);
+    pthread_mutex_lock(&s->mu);
     s->nthreads = 0;
+    pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->mu);
     while (s->queue) {
         struct job *j = s->queue;
@@ -311,19 +338,16 @@ static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
     s->lock_fd = lock_fd;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    s->active = threads;
+    s->active = s->most = threads;
     struct rlimit rl;   /* the process's descriptors: this engine keeps at most a quarter open */
     s->max_packs = MAX_PACKS;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < MAX_PACKS)
         s->max_packs = (int)(rl.rlim_cur / 4);
-    for (int i = 0; i < threads; i++) {
-        if (pthread_create(&s->threads[i], NULL, worker, s) != 0) {
-            stop(s);
-            PyErr_SetString(PyExc_OSError, "cannot start a staging thread");
-            return -1;
-        }
-        s->nthreads = i + 1;
+    if (pthread_create(&s->threads[0], NULL, worker, s) != 0) {   /* one at once: queued jobs always have one */
+        PyErr_SetString(PyExc_OSError, "cannot start a staging thread");
+        return -1;
     }
+    s->nthreads = s->idle = 1;
     return 0;
 }
 
@@ -375,6 +399,7 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
         if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
         s->queue_tail = tail;
         s->queued += n;
+        grow(s);   /* (a thread that cannot start: those running carry the queue) */
         wake = s->active - s->running;   /* the threads that may take a job now, at most one per job */
         if (wake > n) wake = n;
     }
@@ -448,6 +473,7 @@ static PyObject *Stager_limit(Stager *s, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
     pthread_mutex_lock(&s->mu);
     s->active = n < 1 ? 1 : n;
+    grow(s);
     pthread_cond_broadcast(&s->work);
     pthread_mutex_unlock(&s->mu);
     Py_RETURN_NONE;
