@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank:
         rank_main(args)
         return 0
+    from clairvoyant.nodeio.paths import cache_home
     from clairvoyant.testing import make_dataset
-    data = args.data or make_dataset(os.path.join(tempfile.gettempdir(), f"cv-cluster-data-{args.images}"),
+    data = args.data or make_dataset(os.path.join(cache_home(), "bench", f"cluster-data-{args.images}"),
                                      args.images, num_classes=10, size=128)
     results = []
     link = (args.peer_latency, args.peer_bandwidth)

@@ -127,8 +127,9 @@ def fit(run: dict, args: argparse.Namespace, epochs: list[int], **fixed) -> floa
 def measure_all(args: argparse.Namespace) -> tuple[list[dict], list[int]]:
     """Every configuration ``--repeats`` times, interleaved (so that a busy spell of the machine
     does not fall on one configuration only); per epoch the median seconds and the spread."""
+    from clairvoyant.nodeio.paths import cache_home
     from clairvoyant.testing import make_dataset
-    data = args.data or make_dataset(os.path.join(tempfile.gettempdir(), f"cv-cluster-data-{args.images}"),
+    data = args.data or make_dataset(os.path.join(cache_home(), "bench", f"cluster-data-{args.images}"),
                                      args.images, num_classes=10, size=128)
     grid = [int(n) for n in args.nodes.split(",")]
     configs = [(n, c) for n in grid for c in (("off", "on") if n > 1 else ("off",))]

@@ -12,12 +12,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run(script: str, *args: str) -> str:
     """``script``'s output; it must end well and leave nothing in its temporary folder (the
-    emulated store's shared counters aside: they outlive a process by design)."""
+    emulated store's shared counters aside, they outlive a process by design, and torch's compile
+    cache, torch's own)."""
     with tempfile.TemporaryDirectory(prefix="cv-bench-tmp-") as tmp:
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
                            capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": tmp})
         assert r.returncode == 0, r.stderr
-        left = [n for n in os.listdir(tmp) if not n.startswith("clairvoyant-emulated-")]
+        left = [n for n in os.listdir(tmp) if not n.startswith(("clairvoyant-emulated-", "torchinductor_"))]
         assert not left, f"{script} left temporary files behind in {tmp}: {left}"
     return r.stdout
 

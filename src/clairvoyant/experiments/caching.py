@@ -62,9 +62,10 @@ def run_loaders(root: str, ranks: int, capacity: str | None, *, epochs: int, bat
 def hit_rates(*, images: int = 2000, fractions=(0.10, 0.25, 0.50, 0.75), ranks_grid=(1, 4), epochs: int = 4,
               batch_size: int = 16, seed: int = 0, data_dir: str | None = None, progress: bool = False) -> dict:
     from ..manifest import obtain
+    from ..nodeio.paths import cache_home
     from ..source import as_source
 
-    root = make_dataset(data_dir or os.path.join(tempfile.gettempdir(), f"clairvoyant-caching-{images}"), images,
+    root = make_dataset(data_dir or os.path.join(cache_home(), "bench", f"caching-{images}"), images,
                         num_classes=10, size=32)
     man, _ = obtain(as_source(root))
     sizes = np.asarray(man.sizes, dtype=np.int64) + entry_size(0)
