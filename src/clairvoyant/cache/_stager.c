@@ -292,9 +292,15 @@ static void free_list(struct job *j) {
     while (j) { struct job *n = j->next; free(j->path); free(j); j = n; }
 }
 
-/* Stop the threads; jobs not started move to the finished list as ECANCELED. */
+/* Stop the threads; jobs not started move to the finished list as ECANCELED. A second caller
+ * (close from another thread, then dealloc) waits until the first has done it. */
 static void stop(Stager *s) {
     pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        while (!s->drained) pthread_cond_wait(&s->done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
     s->stopping = 1;
     pthread_cond_broadcast(&s->work);
     int n = s->nthreads;   /* (none starts once stopping) */

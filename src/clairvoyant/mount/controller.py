@@ -243,8 +243,11 @@ class Controller:
             if planned:
                 walk.run()
             elif walk.current and not self._stop.is_set():   # not every node's orders: recency, reads ahead
-                log.info("clairvoyant mount: not every node's orders of epoch %d came; this node keeps its "
-                         "files by recency this epoch", walk.epoch)
+                why = (f"node(s) {sorted(walk.missing)} offered no orders of it in time (their samplers not "
+                       "started yet, or on another epoch)" if walk.missing else "the cluster's homes could not be "
+                       "had from the peer that planned them")
+                log.warning("clairvoyant mount: epoch %d runs without the cluster plan: %s; this node keeps its "
+                            "files by recency this epoch", walk.epoch, why)
                 self.m.cluster.withdraw(walk.epoch)   # a node that gathers later must not plan with this one
                 self.m.cluster.follow_plan(None)
                 walk = ClusterAhead(self.m.cluster, cur, key, numbers, self._parts)

@@ -186,11 +186,13 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
             out = subprocess.run([CV, "mount", "--stats", "--json", str(mnts[3])], capture_output=True, text=True,
                                  check=True).stdout
             return json.loads(out)["staging"]["cluster"].get("served_from_tier", 0)
+        served = wait_until(lambda: served3() > 0, 30)
+        stats = [subprocess.run([CV, "mount", "--stats", "--json", str(m)], capture_output=True, text=True).stdout
+                 for m in mnts]
         for n in range(NODES):   # (kept beside the test's other files, for a look after a run)
             (tmp_path / f"service{n}.log").write_text(_service_log(mnts[n]))
-        if not wait_until(lambda: served3() > 0, 30):
-            stats = [subprocess.run([CV, "mount", "--stats", "--json", str(m)], capture_output=True, text=True).stdout
-                     for m in mnts]
+            (tmp_path / f"stats{n}.json").write_text(stats[n])
+        if not served:
             pytest.fail("node 3 served its peers nothing from its tier after it rejoined:\n"
                         + "\n".join(f"--- node {n}: stats\n{stats[n]}\n--- node {n}: log\n{_service_log(mnts[n])}"
                                      for n in range(NODES)), pytrace=False)

@@ -67,6 +67,7 @@ class ClusterWalk:
         self.plan: ClusterEpoch | None = None
         self._me = 0      # this node's index in the plan (its number, unless a node was lost before it)
         self.handed = 0   # the slowest rank's progress at the last look
+        self.missing: set[int] = set()   # the nodes whose orders did not come (make_plan False)
 
     def _moved(self) -> bool:
         p = self._p
@@ -91,7 +92,7 @@ class ClusterWalk:
         cl.offer(mine)
         cl.between_plans()
         t0 = time.monotonic()
-        missing: set[int] = set()
+        missing = self.missing
         orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
                         GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing, lost=cl.lost_nodes,
                         ranks_of=cl.node_ranks, on_absent=cl.check_lost)
