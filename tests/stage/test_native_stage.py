@@ -403,7 +403,7 @@ def _engine_threads() -> int:
         try:
             with open(f"/proc/self/task/{t}/comm") as f:
                 n += f.read().strip() == "cv-native-stage"
-        except FileNotFoundError:   # (a thread that ended meanwhile)
+        except OSError:   # (a thread that ended meanwhile: ENOENT or ESRCH)
             pass
     return n
 
@@ -416,24 +416,31 @@ def test_threads_start_as_files_wait_for_them(tree, tmp_path):
     store = LocalStore(local, "file://" + src, expected=64)
     before = _engine_threads()
     done: list[native_stage.Done] = []
+    pipes = [os.path.join(src, f"p{i}") for i in range(12)]
+    writers: list[int] = []
+
+    def release() -> None:   # a writer at each pipe, kept open: every open of it goes on
+        while not writers and all(os.path.exists(p) for p in pipes):
+            writers.extend(os.open(p, os.O_RDWR | os.O_NONBLOCK) for p in pipes)
     stager = native_stage.NativeStager(store, 1 << 30, src, None, 64, done.append)
     try:
         assert wait_until(lambda: _engine_threads() - before == 1, 5)   # its first thread (named once it runs)
         for t, k in enumerate(sorted(files)):
             assert stager.submit(t, k, len(files[k])) is True
             assert wait_until(lambda: len(done) == t + 1, 10)
-        assert _engine_threads() - before <= 2   # (a file submitted as the last one's thread is about to go idle)
-        for i in range(12):
-            os.mkfifo(os.path.join(src, f"p{i}"))
+        assert _engine_threads() - before == 1   # (the thread counts itself idle before its file is told)
+        for p in pipes:
+            os.mkfifo(p)
         for i in range(12):
             assert stager.submit(100 + i, f"p{i}", 10) is True
         assert wait_until(lambda: _engine_threads() - before >= 12, 10), _engine_threads() - before   # control
-        writers = [os.open(os.path.join(src, f"p{i}"), os.O_WRONLY) for i in range(12)]
-        for w in writers:
-            os.close(w)
+        release()
         assert wait_until(lambda: len(done) == len(files) + 12, 10)
         stager.close()
-        assert _engine_threads() == before   # every one joined
+        assert wait_until(lambda: _engine_threads() == before, 5)   # every one joined
     finally:
+        release()   # (a thread held at a pipe's open would hold the close for ever)
         stager.close()
         store.close()
+        for w in writers:
+            os.close(w)

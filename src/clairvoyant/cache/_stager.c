@@ -308,8 +308,6 @@ static void stop(Stager *s) {
     for (int i = 0; i < n; i++) pthread_join(s->threads[i], NULL);
     pthread_mutex_lock(&s->mu);
     s->nthreads = 0;
-    pthread_mutex_unlock(&s->mu);
-    pthread_mutex_lock(&s->mu);
     while (s->queue) {
         struct job *j = s->queue;
         s->queue = j->next;
@@ -338,7 +336,7 @@ static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
     PyObject *src, *handoff;
     int lock_fd, threads;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OiOi", names, &src, &lock_fd, &handoff, &threads)) return -1;
-    if (s->nthreads) { PyErr_SetString(PyExc_RuntimeError, "Stager already started"); return -1; }
+    if (s->nthreads || s->stopping) { PyErr_SetString(PyExc_RuntimeError, "Stager already started"); return -1; }
     if ((s->src_fd = open_dir(src)) < 0) return -1;
     if (handoff != Py_None && (s->handoff_fd = open_dir(handoff)) < 0) return -1;   /* src_fd: dealloc */
     s->lock_fd = lock_fd;
