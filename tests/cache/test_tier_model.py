@@ -136,10 +136,8 @@ class TierMachine(RuleBasedStateMachine):
         loc = self.tiers.local.find(key)
         with open(loc.path, "r+b") as f:
             pos = data.draw(st.integers(0, len(SOURCE[key]) - 1))
-            f.seek(loc.offset + pos)
-            b = f.read(1)
-            f.seek(loc.offset + pos)
-            f.write(bytes([b[0] ^ 0x10]))
+            f.seek(loc.offset + pos)   # (off the source's byte, not the entry's: a byte hit twice stays wrong)
+            f.write(bytes([SOURCE[key][pos] ^ 0x10]))
         self.model[key] = "corrupt"
 
     @precondition(lambda self: self.model)

@@ -34,6 +34,7 @@ from . import publish as _publish
 from .codec import Codec, entry_parts
 from .entry import entry_size, holds
 from ..nodeio.fdcache import FdCache
+from ..nodeio.fileio import discard
 from .extents import EXTENT_BYTES, Index, Loc, aligned, key_digest, punch
 from .ledger import Ledger
 
@@ -301,10 +302,7 @@ class LocalStore:
         path = self.extent_path(n)
         if empty:   # sealed, and its last entry gone: the whole file goes
             self._files.forget(path)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            discard(path)
             return
         try:
             with self._files.using(path, path) as fd:
@@ -325,10 +323,7 @@ class LocalStore:
         live = {str(e) for e in set(keep["extent"].tolist())}
         for name in os.listdir(self.ext_dir):
             if name not in live:
-                try:
-                    os.unlink(os.path.join(self.ext_dir, name))
-                except FileNotFoundError:
-                    pass
+                discard(os.path.join(self.ext_dir, name))
         self.ledger.set(int(keep["length"].sum()))
         return {f"{int(d):016x}": int(n) for d, n in zip(keep["digest"].tolist(), keep["length"].tolist())}
 
@@ -416,10 +411,7 @@ class _Appender:
             os.close(ext.fd)
             ext.fd = -1
             if self._store.index.seal(ext.n):   # nothing in it lives: it goes
-                try:
-                    os.unlink(self._store.extent_path(ext.n))
-                except FileNotFoundError:
-                    pass
+                discard(self._store.extent_path(ext.n))
 
     def close(self) -> None:
         with self._lock:

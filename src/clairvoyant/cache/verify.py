@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import CacheError
+from ..nodeio.fileio import discard
 from .entry import check_entry
 from .extents import Index, Loc
 from .ledger import Ledger
@@ -84,10 +85,7 @@ def verify_tier(root: str, repair: bool = False) -> TierReport:
                     for d in bad_digests:
                         index.retract(d)
                     for path in rep.orphans:
-                        try:
-                            os.unlink(path)
-                        except FileNotFoundError:
-                            pass
+                        discard(path)
                     led.set(rep.bytes, reset_peak=False)
                     rep.corrupt, rep.orphans = [], []
                     rep.ledger, rep.peak = led.read()
@@ -143,8 +141,5 @@ def clear(cache_dir: str) -> int:
                 led.set(0)
                 led.close()
             for stale in ("local.inventory.json",):
-                try:
-                    os.unlink(os.path.join(root, stale))
-                except FileNotFoundError:
-                    pass
+                discard(os.path.join(root, stale))
     return removed

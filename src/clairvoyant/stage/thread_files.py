@@ -19,7 +19,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from ..nodeio.fileio import read_with_mtime
+from ..nodeio.fileio import discard, read_with_mtime
 from ..cache.entry import entry_size
 from ..cache.local import LocalStore
 from ..tune.inflight import Counts
@@ -141,10 +141,7 @@ class ThreadStager:
             if reserved:
                 store.ledger.give_back(n)
             if not handed and self._handoff is not None:   # a handoff never taken goes too
-                try:
-                    os.unlink(os.path.join(self._handoff, str(token)))
-                except FileNotFoundError:
-                    pass
+                discard(os.path.join(self._handoff, str(token)))
             with self._lock:
                 self._jobs.discard(token)
             try:
@@ -165,10 +162,7 @@ class ThreadStager:
         except FileNotFoundError:
             return None
         finally:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            discard(path)
         if len(blob) != size + 8:
             return None
         return blob[:size], int.from_bytes(blob[size:], "little")

@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Callable
 
+from ...nodeio.fileio import discard
+
 # peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
 # and at thousands of peer reads a second 30 s of them would be gigabytes
 PEER_FILES_BYTES = 256 << 20
@@ -68,18 +70,13 @@ class PeerFiles:
                 _, path, n = self._files.popleft()
                 self._bytes -= n
                 gone.append(path)
-        _remove(gone)
+        for path in gone:
+            discard(path)
 
     def close(self) -> None:
         """Remove every one left."""
         with self._lock:
             gone, self._files, self._bytes = [p for _, p, _ in self._files], collections.deque(), 0
-        _remove(gone)
+        for path in gone:
+            discard(path)
 
-
-def _remove(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
