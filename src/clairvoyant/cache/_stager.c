@@ -276,16 +276,14 @@ static void *worker(void *arg) {
 }
 
 /* With ``mu`` held: start threads while more jobs wait than idle threads will take, up to the
- * limit and the most; 0, or the errno of a thread that could not start (those running go on). */
-static int grow(Stager *s) {
+ * limit and the most. A thread that cannot start ends it: those running carry the queue. */
+static void grow(Stager *s) {
     int cap = s->active < s->most ? s->active : s->most;
     while (!s->stopping && s->nthreads < cap && s->queued > s->idle) {
-        int err = pthread_create(&s->threads[s->nthreads], NULL, worker, s);
-        if (err) return err;
+        if (pthread_create(&s->threads[s->nthreads], NULL, worker, s) != 0) return;
         s->nthreads++;
         s->idle++;
     }
-    return 0;
 }
 
 static void free_list(struct job *j) {
@@ -403,7 +401,7 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
         if (s->queue_tail) s->queue_tail->next = head; else s->queue = head;
         s->queue_tail = tail;
         s->queued += n;
-        grow(s);   /* (a thread that cannot start: those running carry the queue) */
+        grow(s);
         wake = s->active - s->running;   /* the threads that may take a job now, at most one per job */
         if (wake > n) wake = n;
     }

@@ -200,8 +200,9 @@ def peer_host(group: Group) -> str:
     from .wire_zmq import ADDR_VAR, reachable_address
     hosts = [b.decode() for b in group.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")]
     others = [h for h in hosts if h != hosts[group.rank]]
-    host = reachable_address(os.environ.get("MASTER_ADDR") or (others[0] if others else None))
-    if others and host.startswith("127."):   # (MASTER_ADDR a loopback name, or unresolvable here)
+    master = os.environ.get("MASTER_ADDR")
+    host = reachable_address(master or (others[0] if others else None))
+    if master and others and host.startswith("127."):   # (a loopback name, or unresolvable here)
         host = reachable_address(others[0])
     if others and host.startswith("127."):
         raise ConfigError(f"the address the other nodes would reach this one's peer service by is {host}, a "

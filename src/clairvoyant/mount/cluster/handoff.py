@@ -79,4 +79,3 @@ class PeerFiles:
             gone, self._files, self._bytes = [p for _, p, _ in self._files], collections.deque(), 0
         for path in gone:
             discard(path)
-
