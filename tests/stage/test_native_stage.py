@@ -444,3 +444,19 @@ def test_threads_start_as_files_wait_for_them(tree, tmp_path):
         store.close()
         for w in writers:
             os.close(w)
+
+
+def test_an_engine_closed_cannot_be_started_again(tree):
+    """The C engine's ``__init__`` called again after its close is refused: it started a thread
+    that no stop would join (its stop had run). Control: a fresh engine starts, and closes twice."""
+    from clairvoyant.cache._stager import Stager
+    src, _, local = tree
+    store = LocalStore(local, "file://" + src, expected=64)
+    try:
+        engine = Stager(src, store.lock_fd, None, 4)   # control
+        engine.close()
+        engine.close()
+        with pytest.raises(RuntimeError, match="already started"):
+            engine.__init__(src, store.lock_fd, None, 4)
+    finally:
+        store.close()
