@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from clairvoyant.plan.cluster_walk import LAG, WINDOW, Duty, NodeDuty, WalkCursor, cluster_plan, node_duty, plan_homes
+from clairvoyant.plan.cluster_walk import (LAG, WINDOW, Duty, NodeDuty, WalkCursor, cluster_plan, node_duty, orders_complete,
+                                           plan_homes)
 
 
 def _duty(n: int, *, stage=(), fetch=(), cuts=(), late=()) -> NodeDuty:
@@ -173,3 +174,19 @@ def test_a_lost_node_leaves_a_dense_plan_of_the_others_and_its_files_homed_among
     same, ident = survivors(whole)
     assert same == whole and ident.tolist() == [0, 1, 2, 3]
     assert dense_homes(homes, ident, 4, same).tolist() == homes.tolist()
+
+
+def test_gathered_orders_are_an_epochs_when_every_rank_is_there_once_or_a_lost_nodes_are_missing():
+    """Every rank of the world once: complete. A rank missing: not, unless a node was lost
+    (``partial``) and every node there has as many ranks as at the last whole gather. Controls: a
+    rank twice, two world sizes, a node with fewer ranks than before, no ranks at all: never."""
+    def node(n, ranks, world=4):
+        return SimpleNamespace(node=n, ranks=dict.fromkeys(ranks), world_size=world)
+    whole = [node(0, [0, 1]), node(1, [2, 3])]
+    assert orders_complete(whole, False, {})
+    assert not orders_complete([node(0, [0, 1]), node(1, [2])], False, {})   # a rank not published yet
+    assert orders_complete([node(0, [0, 1])], True, {0: 2, 1: 2})             # node 1 lost
+    assert not orders_complete([node(0, [0])], True, {0: 2, 1: 2})            # control: node 0 behind
+    assert not orders_complete([node(0, [0, 1]), node(1, [1, 2])], True, {})  # control: rank 1 twice
+    assert not orders_complete([node(0, [0, 1]), node(1, [2, 3], world=5)], True, {})   # control: two worlds
+    assert not orders_complete([node(0, [])], True, {})                       # control: nothing published

@@ -180,8 +180,8 @@ class OneBatch:
     def __init__(self, engine, n: int) -> None:
         self.engine, self.n, self.got, self.batches = engine, n, [], []
 
-    def submit(self, *a):
-        return self.engine.submit(*a)
+    def submit_many(self, jobs):
+        return self.engine.submit_many(jobs)
 
     def close(self):
         return self.engine.close()

@@ -88,20 +88,20 @@ def test_close_with_work_queued_leaves_the_ledger_right_and_no_thread(engine, tr
 
 def test_one_place_chooses_the_engine(tree, monkeypatch):
     """stage/engines.py picks for both front doors: the mount always gets an engine, the Loader
-    (``twin=False``) the C one or none."""
+    (``native_applies``) the C one or none."""
     src, _, local = tree
     store = LocalStore(local, "file://" + src, expected=64)
     try:
         s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None)
         assert isinstance(s, native_stage.NativeStager if native_stage.available() else thread_stage.ThreadStager)
         s.close()
-        s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None, plain_files=False, twin=False)
-        assert s is None   # the Loader on a store that is not plain files: its own threads stage
+        assert engines.native_applies(store, True) == native_stage.available()
+        assert not engines.native_applies(store, False)   # the Loader on a store that is not plain files
         monkeypatch.setenv("CLAIRVOYANT_NATIVE_STAGE", "0")   # the switch holds for both front doors
         s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None)
         assert isinstance(s, thread_stage.ThreadStager)
         s.close()
-        assert engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None, twin=False) is None
+        assert not engines.native_applies(store, True)
         monkeypatch.delenv("CLAIRVOYANT_NATIVE_STAGE")
         monkeypatch.setattr(engines, "available", lambda: False)   # control: no extension, the twin
         s = engines.file_engine(store, 1 << 20, src, None, 2, lambda d: None)

@@ -21,7 +21,7 @@ def test_every_counter_is_declared_with_what_it_counts_in_a_namespace():
 
 def test_the_links_count_in_the_peer_namespace_and_refuse_undeclared_names():
     """The mounts' links and the peer service count through the one set (``peer.*``)."""
-    from clairvoyant.mount.cluster.links import LoopbackLink
+    from clairvoyant.testing.loopback import LoopbackLink
     hub: dict = {}
     a, b = LoopbackLink(hub, 0, 2), LoopbackLink(hub, 1, 2)
     b.start(lambda n: b"x" * 3 if n == 1 else None)

@@ -23,11 +23,10 @@
  *   .limit(n)  at most n of the threads carry a job at once from now on (the choice of requests in
  *              flight: tune/inflight.py); all of them at the start
  *   .load() -> (jobs done, seconds they took in all, jobs running now, jobs queued now)
- *   .submit(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime])
+ *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]), ...])
  *              src_offset: the sample is ``size`` bytes at this offset of the file (a tar shard's
  *              member), whose mtime must still be src_mtime (-1: not checked); -1 or none: the
  *              whole file, whose size must be ``size``
- *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]), ...])
  *   .collect(timeout) -> [(token, errno or 0, mtime_ns, handed_over, locked)]
  *   .close()   jobs not started come back from collect with ECANCELED; threads joined
  */
@@ -415,11 +414,6 @@ static PyObject *enqueue(Stager *s, struct job *head, struct job *tail, Py_ssize
     Py_RETURN_NONE;
 }
 
-static PyObject *Stager_submit(Stager *s, PyObject *args) {
-    struct job *j = parse_job(args, "LO&KiLL|LL");
-    return j ? enqueue(s, j, j, 1) : NULL;
-}
-
 /* submit_many([(token, path, size, out_fd, offset, lock_offset), ...]): the jobs queued under one
  * lock and the threads woken once (one call, not one GIL hand-off per file). All or none: on a
  * bad item or a closed stager nothing is queued. */
@@ -520,8 +514,6 @@ static void Stager_dealloc(Stager *s) {
 }
 
 static PyMethodDef Stager_methods[] = {
-    {"submit", (PyCFunction)Stager_submit, METH_VARARGS,
-     "submit(token, path, size, out_fd, offset, lock_offset): stage one file (path relative to src_dir)"},
     {"submit_many", (PyCFunction)Stager_submit_many, METH_O,
      "submit_many(jobs): submit's jobs, (token, path, size, out_fd, offset, lock_offset) each, queued at once"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,

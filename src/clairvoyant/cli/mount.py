@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
 
@@ -101,6 +100,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if len(args.paths) != 2:
         raise SystemExit("clairvoyant mount SRC MNT: give the data set's directory and an empty mount point")
     from ..mount.fs import Mount
+    from ..nodeio.signals import SignalFlag
 
     if args.serve_node:   # a cluster's node service, started by its member (mount/cluster/member.py)
         from ..mount.cluster.member import run_service
@@ -127,13 +127,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         node = os.environ.get("CLAIRVOYANT_NODE", "0")
         mnt = mnt.replace("{node}", node)
         local_dir = local_dir.replace("{node}", node) if local_dir else local_dir
-    stop = threading.Event()
-
-    def on_signal(signum, frame) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    stop = SignalFlag()   # (not an Event: nodeio/signals.py)
+    stop.install((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     m = Mount(src, mnt, local_dir=local_dir, local_capacity=args.local_capacity, stage=not args.no_stage,
               reindex=args.reindex, **({} if args.stage_threads is None else {"stage_threads": args.stage_threads}))
     try:

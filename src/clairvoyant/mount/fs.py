@@ -15,6 +15,7 @@ published orders and its counters are, for the samplers and ``clairvoyant mount 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -191,8 +192,10 @@ class Mount:
         if len(self.manifest) == 0:
             raise ConfigError(f"{src.root} holds no files to mount")
         if cluster is not None:   # collective, before anything is mounted: a node that differs stops them all
-            from .cluster.links import files_fingerprint
-            cluster.agree(files_fingerprint(self.manifest), "the mounted source's files (names and sizes)")
+            # (a file is asked for by its number: the manifests' fingerprints, of every name, size and
+            # class in order, must be the same)
+            cluster.agree(hashlib.sha256(self.manifest.fingerprint.encode()).digest(),
+                          "the mounted source's files (names and sizes)")
         binary = DAEMON.binary()
         node = open_tiers(src, np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0), local_dir=local_dir,
                           local_capacity=local_capacity, ram=False)

@@ -64,15 +64,34 @@ class Parts(NamedTuple):
     poll: float
 
 
-class Walk:
-    """The plan of the published orders ``cur`` (rank -> order; ``key``: their ``plan_key``;
-    ``numbers``: each rank's, ranks in order), and its walk (``run``). ``current`` turns False once
-    a look finds newer orders: the watch plans again."""
+class Following:
+    """What every walk of the published orders ``cur`` (rank -> order; ``key``: their ``plan_key``)
+    shares: ``current``, which turns False once a look finds newer orders (the orders watch,
+    mount/controller.py, then plans again), and the node's ranks' progress through the epoch."""
 
-    def __init__(self, cur: dict, key: tuple, numbers: list[Numbered], parts: Parts) -> None:
+    def __init__(self, cur: dict, key: tuple, parts: Parts) -> None:
         self._p, self.key, self.current = parts, key, True
         self._ranks = sorted(cur)
-        self._epoch = cur[self._ranks[0]].epoch
+        self._epoch = int(cur[self._ranks[0]].epoch)
+
+    def _moved(self) -> bool:
+        """At the stop, or newer orders published (``current`` turns False)."""
+        p = self._p
+        if not p.stop.is_set() and p.changed() and p.current_key() != self.key:
+            self.current = False
+        return p.stop.is_set() or not self.current
+
+    def _progress(self) -> ReadersProgress:
+        """The node's ranks' progress through the epoch (their progress files, plan/progress.py)."""
+        return ReadersProgress.of([read_progress(self._p.orders_dir, r) for r in self._ranks], self._epoch)
+
+
+class Walk(Following):
+    """The plan of the published orders ``cur`` (``numbers``: each rank's, ranks in order), and its
+    walk (``run``)."""
+
+    def __init__(self, cur: dict, key: tuple, numbers: list[Numbered], parts: Parts) -> None:
+        super().__init__(cur, key, parts)
         merged = interleave([n.files for n in numbers], [n.counts for n in numbers])   # like the Loader's
         seq, self._per_step = merged.samples, merged.step_ends.tolist()
         # the next epoch's order, where every rank sent one: its uses count as next uses, and once
@@ -103,8 +122,7 @@ class Walk:
             self._walk()
             looked = 0.0
             while not p.stop.wait(WATCH_EVERY):   # staged to the end: keep following the readers
-                if p.changed() and p.current_key() != self.key:
-                    self.current = False   # a new order: the watch thread plans it
+                if self._moved():   # a new order: the watch thread plans it
                     return
                 now = time.monotonic()
                 if p.follower.pending() or now - looked >= p.poll:   # the progress files: read when it matters
@@ -126,7 +144,7 @@ class Walk:
         ``WATCH_EVERY``: they change every ``PROGRESS_EVERY`` indices)."""
         now = time.monotonic()
         if now - self._looked >= WATCH_EVERY:
-            steps = ReadersProgress.of([read_progress(self._p.orders_dir, r) for r in self._ranks], self._epoch)
+            steps = self._progress()
             self._reach = self._position(steps.fastest + 2 * PROGRESS_EVERY)   # reads run up to a report ahead of it
             self._looked, self._handed = now, self._position(steps.slowest)
         return self._handed

@@ -88,6 +88,22 @@ def survivors(orders: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
     return dense, nodes_of
 
 
+def orders_complete(orders: Sequence[Any], partial: bool, ranks_of: dict[int, int]) -> bool:
+    """Whether the nodes' ``orders`` gathered (mount/cluster/orders.py) are an epoch's: one world
+    size, and every rank of it once; or (``partial``: a node lost, its ranks' orders never come)
+    distinct ranks of it, each node with as many ranks as at the last gather of every node
+    (``ranks_of``, node -> ranks: fewer means a sampler of its has not published yet)."""
+    ranks = sorted(r for o in orders for r in o.ranks)
+    worlds = {o.world_size for o in orders}
+    if len(worlds) != 1:
+        return False
+    world = worlds.pop()
+    if ranks == list(range(world)):
+        return True
+    return (partial and bool(ranks) and len(set(ranks)) == len(ranks) and 0 <= ranks[0] and ranks[-1] < world
+            and all(len(o.ranks) >= ranks_of.get(o.node, 1) for o in orders))
+
+
 def dense_homes(homes: np.ndarray, nodes_of: np.ndarray, total: int, dense: Sequence[Any]) -> np.ndarray:
     """``homes`` (node numbers of a cluster of ``total``) as the plan's node indices (``nodes_of``:
     :func:`survivors`): a file homed at a node lost goes to its first reader among the nodes there

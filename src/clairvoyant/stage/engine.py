@@ -92,12 +92,11 @@ class Stager:
         self._threads: list[threading.Thread] = []   # every one started
         self._size_lock = threading.Lock()
         self._running = 0    # started and not retired
-        self._idle = 0       # waiting on the staging queue
-        self._idle_lock = threading.Lock()
-        # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
+        self._idle = 0       # waiting on the staging queue (under ``_waiting_lock``)
         # planned misses and peer reads waiting in the queue: the requests waiting for a thread
         # (planned hits, which the queue also holds, ask nothing of the store)
         self._waiting, self._waiting_lock = 0, threading.Lock()
+        # kept misses of a local POSIX source go to native threads where that applies (stage/native.py)
         self._native = (NativeRoute(tiers, manifest, source.root or "/", threads, self._deliver, self._put,
                                     self._failed, most=most, span=source.native_span)
                         if native.applies(source, tiers, gate is not None) else None)
@@ -112,8 +111,7 @@ class Stager:
         self._range_threads = ([threading.Thread(target=self._run_wholes, name=f"clairvoyant-range-{i}",
                                                  daemon=True) for i in range(RANGE_THREADS)]
                                if ranges is not None else [])
-        self._target = threads    # threads wanted (the tuner moves it)
-        self._excess = 0          # threads to retire, each after the item in hand
+        self._target = threads    # threads wanted (the tuner moves it); those above it retire
         self._started = False
 
     def start(self) -> None:
@@ -131,18 +129,22 @@ class Stager:
         t.start()
 
     def _more(self) -> None:
-        """One more staging thread where more work waits than idle threads will take, and fewer
-        than wanted run."""
+        """More staging threads where more work waits than idle threads will take, up to the number
+        wanted (``_target``; those above it retire after the item in hand: ``_retire``)."""
         if not self._started or self._queue.qsize() <= self._idle:
             return
         with self._size_lock:
-            if not self._stop and self._running - self._excess < self._target:
+            waiting = self._queue.qsize() - self._idle
+            while not self._stop and waiting > 0 and self._running < self._target:
                 self._spawn_locked()
+                waiting -= 1
 
     def limit(self, n: int) -> None:
-        """At most ``n`` requests in flight from now on (tune/inflight.py decides): ``n`` staging
-        threads, and ``n`` files carried at once by the native threads."""
-        self.resize(n)
+        """At most ``n`` requests in flight from now on (tune/inflight.py decides): up to ``n``
+        staging threads, and ``n`` files carried at once by the native threads."""
+        with self._size_lock:
+            self._target = n
+        self._more()
         if self._native is not None:
             self._native.limit(n)
 
@@ -155,23 +157,6 @@ class Stager:
             return mine
         n = self._native.load()
         return Counts(mine.done + n.done, mine.busy_s + n.busy_s, mine.waiting + n.waiting, mine.nbytes)
-
-    def resize(self, n: int) -> None:
-        """Run up to ``n`` staging threads from now on: new ones start for the work waiting now (and
-        later as more waits), surplus ones retire after the item in hand."""
-        with self._size_lock:
-            if self._stop or n == self._target:
-                return
-            self._target = n
-            staying = self._running - self._excess
-            if n > staying:   # threads about to retire simply stay
-                self._excess -= min(self._excess, n - staying)
-            else:
-                self._excess += staying - n
-            waiting = self._queue.qsize() - self._idle
-            while self._started and waiting > 0 and self._running - self._excess < n:
-                self._spawn_locked()
-                waiting -= 1
 
     def submit(self, batch_id: int, indices, hit, keep, peer=None, whole=None) -> None:
         """Stage a batch: per sample, hit (in the local tier), keep (there after its access), the
@@ -256,11 +241,11 @@ class Stager:
                 tiers.drop(item)
 
     def _retire(self) -> bool:
-        if not self._excess:
+        """Whether this thread goes now: more run than the tuner wants."""
+        if self._running <= self._target:
             return False
         with self._size_lock:
-            if self._excess:
-                self._excess -= 1
+            if self._running > self._target:
                 self._running -= 1
                 return True
         return False
@@ -270,12 +255,12 @@ class Stager:
             try:
                 item = self._resumed.get_nowait()   # before what is queued: they are needed sooner
             except queue.Empty:
-                with self._idle_lock:
+                with self._waiting_lock:
                     self._idle += 1
                 try:
                     item = self._queue.get()
                 finally:
-                    with self._idle_lock:
+                    with self._waiting_lock:
                         self._idle -= 1
                 self._urgent_work()
                 if item is _WAKE:

@@ -35,12 +35,10 @@ def native_applies(store: LocalStore, plain_files: bool) -> bool:
 
 def file_engine(store: LocalStore, capacity: Capacity, root: str, handoff: str | None, threads: int,
                 on_done: Callable[[Done], None], on_batch: Callable[[], None] | None = None, *,
-                plain_files: bool = True, twin: bool = True, most: int | None = None) -> FileEngine | None:
-    """The engine that stages files of ``root`` into ``store`` within ``capacity``, ``threads``
+                most: int | None = None) -> FileEngine:
+    """The mount's engine staging files of ``root`` into ``store`` within ``capacity``, ``threads``
     files at once of at most ``most`` (``limit`` moves it): the C threads where they apply, else
-    (``twin``) the Python threads, else None (the caller stages itself)."""
-    if native_applies(store, plain_files):
-        return NativeStager(store, capacity, root, handoff, threads, on_done, on_batch, most=most)
-    if twin:
-        return ThreadStager(store, capacity, root, handoff, threads, on_done, on_batch, most=most)
-    return None
+    the Python threads. (The Loader asks ``native_applies`` itself: what the C threads do not take,
+    its own staging threads stage.)"""
+    engine = NativeStager if native_applies(store, True) else ThreadStager
+    return engine(store, capacity, root, handoff, threads, on_done, on_batch, most=most)

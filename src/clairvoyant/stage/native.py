@@ -99,14 +99,12 @@ class NativeRoute:
     def _forget(self, token: int) -> Item | None:
         with self._lock:
             got = self._jobs.pop(token, None)
-            if got is None:
-                return None
-            s = got[0].sample
-            if self._by_sample[s] > 1:
+            if got is not None:
+                s = got[0].sample
                 self._by_sample[s] -= 1
-            else:
-                del self._by_sample[s]
-                self._none_left.notify_all()
+                if not self._by_sample[s]:
+                    del self._by_sample[s]
+                    self._none_left.notify_all()
             return got
 
     def wait(self, sample: int) -> None:

@@ -8,8 +8,8 @@ finished in one lock of the index and lets go of the keys' locks. The order is t
 recovery already handles: bytes in an extent that no index slot names.
 
 Where the extension is not built (or ``CLAIRVOYANT_NO_CEXT`` is set), ``available()`` is False
-and callers stage through ``Tiers.stage`` in Python threads instead: the same effect, more CPU.
-Each token (the caller's number for a file) must not be submitted again while it is in flight.
+and stage/engines.py picks the Python twin (stage/thread_files.py). Each token (the caller's
+number for a file) must not be submitted again while it is in flight.
 """
 
 from __future__ import annotations
@@ -50,10 +50,6 @@ def available() -> bool:
 
 
 Capacity = Union[int, Callable[[], int]]
-
-
-def _whole_file(key: str, size: int) -> tuple[str, int, int]:
-    return key, -1, -1
 
 
 def capacity_of(capacity: Capacity) -> Callable[[], int]:
@@ -103,7 +99,7 @@ class NativeStager:
         self.capacity = capacity_of(capacity)
         # where a key's bytes lie: (path under src_root, offset and mtime; -1: the whole file), or
         # None where they are not the listed size there (Source.native_span): such a file is refused
-        self._span = span or _whole_file
+        self._span = span or (lambda key, size: (key, -1, -1))
         # ``most`` threads, of which ``threads`` carry a file at once until ``limit`` says otherwise
         self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(most or threads)))
         self._engine.limit(max(1, int(threads)))
@@ -115,49 +111,13 @@ class NativeStager:
 
     def submit(self, token: int, key: str, size: int) -> bool | None:
         """Stage ``key`` (``size`` bytes as listed): True when under way; False, with nothing
-        reserved, if the tier has no room for it; None if ``token`` is under way already (its job
-        will tell, once, after its entry is published)."""
-        n = entry_size(size)
-        store = self.store
-        where = self._span(key, size)
-        if where is None:   # not where the manifest says (the source changed): the caller's own way words it
-            return False
-        with self._lock:   # claim the token first: two callers never both submit it
-            if self._closing:
-                raise RuntimeError("the stager is closed")
-            if token in self._jobs:
-                return None
-            self._jobs[token] = None
-        job, ok = None, False
-        try:
-            if not store.ledger.reserve(n, self.capacity()):
-                return False
-            try:
-                ext, offset = store.place(n)
-            except BaseException:
-                store.ledger.give_back(n)
-                raise
-            job = (key, ext, offset, n)
-            with self._lock:
-                swept = token not in self._jobs   # closed meanwhile: the last sweep took the placeholder
-                if not swept:
-                    self._jobs[token] = job
-            if swept:
-                job = None
-                store.abandon(ext, offset, n)
-                raise RuntimeError("the stager is closed")
-            self._engine.submit(*Job(token, where[0], size, ext.fd, offset, store.lock_offset(key), *where[1:]))
-            ok = True   # the engine's now: it comes back from collect
-            return True
-        finally:
-            if not ok:   # only who takes a job out of _jobs gives its place back
-                with self._lock:
-                    cur = self._jobs.get(token, _ABSENT)
-                    mine = cur is None or (job is not None and cur is job)
-                    if mine:
-                        del self._jobs[token]
-                if mine and job is not None:
-                    store.abandon(job[1], job[2], job[3])
+        reserved, if the tier has no room for it (or it is not where the manifest says: the
+        caller's own way words it); None if ``token`` is under way already (its job will tell,
+        once, after its entry is published)."""
+        out = self.submit_many([(token, key, size)])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     def submit_many(self, items: list[tuple[int, str, int]]) -> list[bool | None | Exception]:
         """``submit`` for several files, ``(token, key, size)`` each: one reservation in the ledger
@@ -181,35 +141,35 @@ class NativeStager:
         if not mine:
             return out
         store, sizes = self.store, [entry_size(items[k][2]) for k in mine]
-        if len(mine) == 1 or not store.ledger.reserve(sum(sizes), self.capacity()):
+        if not store.ledger.reserve(sum(sizes), self.capacity()):
             self._unclaim([items[k][0] for k in mine], [None] * len(mine))
-            for k in mine:
+            if len(mine) == 1:
+                out[mine[0]] = False
+                return out
+            for k in mine:   # each on its own: those that fit go
                 try:
                     out[k] = self.submit(*items[k])
                 except Exception as e:   # this one did not go; those before it did
                     out[k] = e
             return out
-        jobs: list[tuple] = []
+        tokens, jobs = [items[k][0] for k in mine], []
         try:
             for k, n in zip(mine, sizes):
                 ext, offset = store.place(n)
                 jobs.append((items[k][1], ext, offset, n))
-        except BaseException:
-            store.ledger.give_back(sum(sizes[len(jobs):]))
-            self._unclaim([items[k][0] for k in mine], [None] * len(mine))
-            for job in jobs:
-                store.abandon(job[1], job[2], job[3])
-            raise
-        tokens = [items[k][0] for k in mine]
-        with self._lock:
-            swept = any(t not in self._jobs for t in tokens)   # closed meanwhile: the last sweep ran
-            if not swept:
-                self._jobs.update(zip(tokens, jobs))
-        if swept:   # nothing of ours was handed on: every place is this caller's to give back
+            with self._lock:
+                swept = any(t not in self._jobs for t in tokens)   # closed meanwhile: the last sweep ran
+                if not swept:
+                    self._jobs.update(zip(tokens, jobs))
+            if swept:
+                raise RuntimeError("the stager is closed")
+        except BaseException:   # nothing of ours was handed on: every place is this caller's to give back
+            if len(jobs) < len(sizes):
+                store.ledger.give_back(sum(sizes[len(jobs):]))
             self._unclaim(tokens, [None] * len(tokens))
             for job in jobs:
                 store.abandon(job[1], job[2], job[3])
-            raise RuntimeError("the stager is closed")
+            raise
         try:
             self._engine.submit_many([Job(t, where[k][0], items[k][2], ext.fd, offset, store.lock_offset(key),
                                           *where[k][1:])

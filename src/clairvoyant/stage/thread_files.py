@@ -1,12 +1,11 @@
-"""MECHANISM: the native file stager's twin on Python threads, and the one place that picks one.
+"""MECHANISM: the native file stager's twin on Python threads (stage/engines.py chooses; the
+contract is written there).
 
-``ThreadStager`` stages files of a directory into the local tier with the contract of
-``native_files.NativeStager`` (``submit``, ``submit_many``, ``in_flight``, ``close``; each job told
-once, as a ``Done``, after its entry is published or given up; ``on_batch`` after each): its
-bytes reserved in the ledger at submission, the key's node-wide lock held while the file is read
-(from the daemon's handoff if a reader's open handed it over, else from the source) and its entry
-written, then published. It is what runs where the C extension is not built, so that the mount
-has one staging interface and no branch on which engine is there. stage/engines.py chooses.
+It runs where the C extension is not built, or the tier compresses what it keeps, so that the
+mount has one staging interface and no branch on which engine is there. Per file: its bytes
+reserved in the ledger at submission, the key's node-wide lock held while the file is read (from
+the daemon's handoff if a reader's open handed it over, else from the source) and its entry
+written, then published.
 """
 
 from __future__ import annotations
@@ -35,12 +34,11 @@ class ThreadStager:
         self.store, self.capacity = store, capacity_of(capacity)
         self._root, self._handoff = src_root, handoff
         self._on_done, self._on_batch = on_done, on_batch
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()   # all of the below
         self._jobs: set[int] = set()
         self._closing = False
         # ``_active`` files carried at once (``limit``; at most ``most`` threads), the rest waiting
         # in ``_pending`` for one to finish; the engine's counters
-        self._gate = threading.Lock()
         self._pending: deque[tuple[int, str, int]] = deque()
         self._active, self._running, self._done, self._busy = max(1, int(threads)), 0, 0, 0.0
         self._pool = ThreadPoolExecutor(max(1, int(most or threads)), thread_name_prefix="clairvoyant-file-stage")
@@ -81,19 +79,19 @@ class ThreadStager:
 
     def limit(self, n: int) -> None:
         """Carry at most ``n`` files at once from now on (tune/inflight.py decides)."""
-        with self._gate:
+        with self._lock:
             self._active = max(1, int(n))
         self._admit()
 
     def load(self) -> Counts:
         """Files done, the seconds they took in all, files waiting now."""
-        with self._gate:
+        with self._lock:
             return Counts(self._done, self._busy, len(self._pending))
 
     def _admit(self, job: tuple[int, str, int] | None = None) -> None:
         """Queue ``job`` (if any), then hand the pool what the limit lets go now."""
         go = []
-        with self._gate:
+        with self._lock:
             if job is not None:
                 self._pending.append(job)
             while self._pending and (self._running < self._active or self._closing):
@@ -107,7 +105,7 @@ class ThreadStager:
         try:
             self._carry(token, key, size)
         finally:
-            with self._gate:
+            with self._lock:
                 self._running -= 1
                 self._done += 1
                 self._busy += time.perf_counter() - t0

@@ -18,7 +18,7 @@ import pytest
 
 from clairvoyant.fuse.daemon import mounted
 from clairvoyant.mount import Mount, mount_available, read_info, read_stats
-from clairvoyant.mount.cluster.links import LoopbackLink
+from clairvoyant.testing.loopback import LoopbackLink
 from clairvoyant.plan.unplanned import hash_homes
 from clairvoyant.testing import drop_pages
 
@@ -651,7 +651,8 @@ def test_orders_exchanged_between_nodes_are_checked_not_trusted():
 
     import numpy as np
 
-    from clairvoyant.mount.cluster.orders import MAGIC, VERSION, NodeOrders, decode, encode, homes_answer, homes_of
+    from clairvoyant.mount.cluster.homes import decode_homes, encode_homes
+    from clairvoyant.mount.cluster.orders import MAGIC, VERSION, NodeOrders, decode, encode
     from clairvoyant.mount.numbering import Numbered
 
     a = np.arange(10, dtype=np.int64)
@@ -686,9 +687,12 @@ def test_orders_exchanged_between_nodes_are_checked_not_trusted():
             decode(encode(NodeOrders(1, 3, 2, 1, {1: wrong})), 10)
     with pytest.raises(ValueError):
         decode(encode(NodeOrders(1, 3, 2, 1, {1: Numbered(a, ones, a, ones)}, {-1: 5})), 10)
-    assert (homes_of(homes_answer(np.array([0, 1, 1]), 2), 3)[0] == [0, 1, 1]).all()   # control
-    assert homes_of(homes_answer(np.array([0, 1, 1]), 2), 4) is None
-    assert homes_of(homes_answer(np.array([0, 2**31, 1], np.uint32), 2), 3) is None
+    assert decode_homes(encode_homes(np.array([0, 1, 1]), 2, 2), 3, 2)[0].tolist() == [0, 1, 1]   # control
+    assert decode_homes(encode_homes(np.array([0, 1, 1]), 2, 2), 3, 2)[1] == 2
+    assert decode_homes(encode_homes(np.array([0, 1, 1]), 2, 2), 4, 2) is None   # another listing
+    assert decode_homes(encode_homes(np.array([0, 1, 1]), 2, 2), 3, 3) is None   # another cluster
+    assert decode_homes(encode_homes(np.array([0, 2**31, 1], np.uint32), 2, 2), 3, 2) is None   # a home past the nodes
+    assert decode_homes(None, 3, 2) is None
 
 
 @needs_ulfm

@@ -16,38 +16,27 @@ without samplers, or the plan's once the nodes planned together; files are kept 
 
 from __future__ import annotations
 
-from ...plan.progress import ReadersProgress
 from ...plan.sequence import interleave
 from ..numbering import Numbered
-from ..orders import WATCH_EVERY, read_progress
-from ..walk import Parts
+from ..orders import WATCH_EVERY
+from ..walk import Following, Parts
 
 WINDOW = 256   # files ahead of the readers
 
 
-class ClusterAhead:
+class ClusterAhead(Following):
     """The published orders ``cur`` (``key``: their plan key; ``numbers``: each rank's, ranks in
-    order) fetched ahead by ``cluster`` (``run``); ``current`` turns False once newer orders are
-    published."""
+    order) fetched ahead by ``cluster`` (``run``)."""
 
     def __init__(self, cluster, cur: dict, key: tuple, numbers: list[Numbered], parts: Parts) -> None:
-        self._cluster, self._p, self.key, self.current = cluster, parts, key, True
-        self._ranks = sorted(cur)
-        self._epoch = cur[self._ranks[0]].epoch
+        super().__init__(cur, key, parts)
+        self._cluster = cluster
         self._seq = interleave([n.files for n in numbers], [n.counts for n in numbers]).samples
-
-    def _position(self) -> int:
-        """How far the node's readers are along its sequence (plan/progress.py)."""
-        reports = [read_progress(self._p.orders_dir, r) for r in self._ranks]
-        return min(ReadersProgress.of(reports, self._epoch).together, len(self._seq))
 
     def run(self) -> None:
         p, seq, done = self._p, self._seq, 0
-        while not p.stop.is_set():
-            if p.changed() and p.current_key() != self.key:
-                self.current = False
-                return
-            upto = min(len(seq), self._position() + WINDOW)
+        while not self._moved():
+            upto = min(len(seq), self._progress().together + WINDOW)   # (how far the readers are along it)
             while done < upto and self._cluster.ahead(int(seq[done])):   # False: no staging slot free now
                 done += 1
             p.counters.set(frontier=done)

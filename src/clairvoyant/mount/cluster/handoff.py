@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from ...nodeio.fileio import discard
+from ..listing import publish_bytes
 
 # peers' bytes kept in the handoff directory, at most: they are not counted in the tier's capacity,
 # and at thousands of peer reads a second 30 s of them would be gigabytes
@@ -38,11 +39,7 @@ class PeerFiles:
     def leave(self, f: int, data: bytes, mtime_ns: int) -> None:
         """The bytes of ``f`` where the daemon waits for them (then renamed into place)."""
         final = os.path.join(self.handoff, str(f))
-        tmp = os.path.join(self.handoff, f".peer.{f}.{threading.get_ident()}.tmp")
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.write(int(mtime_ns).to_bytes(8, "little"))
-        os.replace(tmp, final)
+        publish_bytes(final, bytes(data) + int(mtime_ns).to_bytes(8, "little"))   # (a failed write leaves nothing)
         with self._lock:
             self._files.append((time.monotonic(), final, len(data)))
             self._bytes += len(data)

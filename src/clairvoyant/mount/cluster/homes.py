@@ -1,8 +1,8 @@
 """MECHANISM: a cluster node's homes (each file's home node) where its daemon and a later mount find
 them: the homes file the daemon maps (it asks each file's home by it), and a copy beside the tier
-(``HOMES_FILE``: a header of the epoch they came from, the nodes and the files, then 4 bytes per
-file; written whole under a temporary name and renamed), so that a mount started again plans
-with the job's homes (mount/cluster/node.py)."""
+(``HOMES_FILE``, written whole under a temporary name and renamed), so that a mount started again
+plans with the job's homes (mount/cluster/node.py); the same bytes answer a peer that asks for
+them."""
 
 from __future__ import annotations
 
@@ -23,24 +23,34 @@ def tell_daemon(mount, homes: np.ndarray) -> None:
             os.pwrite(f.fileno(), np.asarray(homes, "<u4").tobytes(), 0)
 
 
-def save_homes(path: str, homes: np.ndarray, basis: int, nodes: int) -> None:
-    """The planned homes beside the tier (a header of basis, nodes and files, then 4 bytes per
-    file), written whole under a temporary name and renamed."""
-    head = np.array([int(basis), int(nodes), len(homes)], "<i8").tobytes()
-    publish_bytes(path, head + np.asarray(homes, "<u4").tobytes())
+def encode_homes(homes: np.ndarray, basis: int, nodes: int) -> bytes:
+    """The homes as they are kept beside the tier and sent to a peer (``HOMES``,
+    mount/cluster/orders.py): a header of the epoch they came from, the nodes and the files (<i8
+    each), then 4 bytes per file."""
+    return np.array([int(basis), int(nodes), len(homes)], "<i8").tobytes() + np.asarray(homes, "<u4").tobytes()
 
 
-def load_homes(path: str, num_files: int, nodes: int) -> tuple[np.ndarray, int] | None:
-    """``(homes, basis)`` kept by ``save_homes`` for this many files and nodes, else None."""
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
-        return None
-    if len(blob) != 24 + 4 * num_files:
+def decode_homes(blob: bytes | None, num_files: int, nodes: int) -> tuple[np.ndarray, int] | None:
+    """``(homes, basis)`` from ``encode_homes``'s bytes for this many files and nodes, else None
+    (none, or not of this listing and cluster)."""
+    if blob is None or len(blob) != 24 + 4 * num_files:
         return None
     basis, n, files = np.frombuffer(blob, "<i8", 3).tolist()
     homes = np.frombuffer(blob, "<u4", num_files, 24)
     if n != nodes or files != num_files or basis < 0 or (num_files and int(homes.max()) >= nodes):
         return None
     return homes.astype(np.int32), int(basis)
+
+
+def save_homes(path: str, homes: np.ndarray, basis: int, nodes: int) -> None:
+    """The planned homes beside the tier, written whole under a temporary name and renamed."""
+    publish_bytes(path, encode_homes(homes, basis, nodes))
+
+
+def load_homes(path: str, num_files: int, nodes: int) -> tuple[np.ndarray, int] | None:
+    """``(homes, basis)`` kept by ``save_homes`` for this many files and nodes, else None."""
+    try:
+        with open(path, "rb") as f:
+            return decode_homes(f.read(), num_files, nodes)
+    except OSError:
+        return None

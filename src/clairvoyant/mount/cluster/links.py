@@ -2,17 +2,18 @@
 
 A link is a :class:`ClusterLink`: the node's number, the peers found lost, ``agree``, ``start``,
 ``fetch`` (a file, or a piece of a node's state: its orders, its homes), ``probe``, ``mark_lost``,
-``counters`` and ``close``. :class:`ServiceLink` joins the nodes over ZeroMQ, formed one way
-(:func:`formed`: the nodes agree that they number the same files alike, :func:`files_fingerprint`,
-then exchange their addresses) by a launcher's group: in the member process a launcher runs, for
-a node's mount service that outlives it (mount/cluster/member.py), or in the ranks of a job that
-mount the data themselves (``ServiceLink.node_leaders``). :class:`LoopbackLink` joins mounts of
-one process (tests).
+``counters`` and ``close``. :class:`ServiceLink` joins the nodes over ZeroMQ, formed the one way
+over a launcher's group (the nodes exchange their services' addresses, cluster/job.py
+``exchange_addresses``, and agree that they number the same files alike, by their manifests'
+fingerprint, cluster/group.py ``agree``): in the member process a launcher runs, for a node's mount
+service that outlives it (mount/cluster/member.py), or in the ranks of a job that mount the data
+themselves (``ServiceLink.of_group``, ``node_leaders``).
+:class:`clairvoyant.testing.LoopbackLink` joins mounts of one process (tests).
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,6 @@ from typing import Any, Callable, Protocol
 from ...errors import ConfigError
 from ...nodeio.fileio import process_alive
 from ...plan.membership import LEAVE, UNMOUNT
-from ...tune.counters import Counters
 from ...cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
@@ -54,30 +54,10 @@ class ClusterLink(Protocol):
     def close(self) -> None: ...
 
 
-def files_fingerprint(manifest) -> bytes:
-    """32 bytes that differ when two nodes' manifests number files differently (a file is asked for
-    by its number): every key and size, in order."""
-    digest = hashlib.sha256()
-    for i in range(len(manifest)):
-        digest.update(manifest.keys[i].encode() + b"\0" + int(manifest.sizes[i]).to_bytes(8, "little"))
-    return digest.digest()
-
-
-def formed(group, fingerprint: bytes, address: str, what: str = "the mounted source's files (names and sizes)") -> list[str]:
-    """The formation of a cluster of mounts over a launcher's ``group`` (collective), the one way
-    for a member (mount/cluster/member.py) and for the ranks of a job (``ServiceLink.of_group``):
-    every node's ``fingerprint`` of ``what`` the same (a ConfigError on every node naming those
-    that differ), then every node's service ``address``, by node."""
-    from ...cluster.group import agree
-    from ...cluster.job import exchange_addresses
-    agree(group, fingerprint, what)
-    return exchange_addresses(group, address)
-
-
 class ServiceLink:
     """Node ``node`` of ``nodes`` of a cluster of mounts, its peer reads over ZeroMQ
     (cluster/wire_zmq.py) bound on ``host``, authenticated with the job's ``secret``. Formed one
-    way (:func:`formed`), in one of two places:
+    way (module docstring), in one of two places:
 
     - a mount service's (``control``: the path of its control socket): the member process a
       launcher runs (mount/cluster/member.py, pid ``member_pid``) forms the cluster and gives the
@@ -101,6 +81,7 @@ class ServiceLink:
         self._service = None
         self._fingerprint: bytes | None = None
         self._addresses: list[str] = []
+        self._peers: list[str] = []   # the addresses exchanged over a job's group (``of_group``)
         self._joined = threading.Event()
         self._join_error: str | None = None
         self.joins = 0
@@ -134,9 +115,10 @@ class ServiceLink:
     @classmethod
     def of_group(cls, group) -> "ServiceLink":
         """The link of a job's ranks that are one node each (collective over ``group``: the
-        launcher's, cluster/job.py ``rendezvous``), formed by the mount's ``agree``. The link
-        closes ``group``."""
-        from ...cluster.job import peer_host
+        launcher's, cluster/job.py ``rendezvous``): the addresses exchanged now (where a node's link
+        cannot start, every node raises, none waits), the files agreed by the mount's ``agree``.
+        The link closes ``group``."""
+        from ...cluster.job import exchange_addresses, peer_host
         from ...cluster.secret import job_secret
         link, error = None, None
         try:
@@ -150,17 +132,14 @@ class ServiceLink:
                     link = cls(group.rank, group.size, host, secret, group=group)
             except Exception as e:
                 error = e
-            failed = [r for r, ok in enumerate(group.allgather(b"" if link is None else b"1", "the start of the "
-                                                                "nodes' mount links")) if not ok]
-            if failed:
-                raise ConfigError(f"a cluster of mounts: node(s) {failed} could not start their link: "
-                                  f"{error if error is not None else 'their error says why'}")
+            peers = exchange_addresses(group, None if link is None else link._wire.address, error)
         except BaseException:
             if link is not None:
                 link.close()   # (closes the group)
             else:
                 group.close()
             raise
+        link._peers = peers
         return link
 
     @classmethod
@@ -183,13 +162,6 @@ class ServiceLink:
         group = MPIGroup(sub)   # (its own duplicate of ``sub``)
         sub.Free()
         return cls.of_group(group)
-
-    def abort(self, code: int) -> None:
-        """End the job (a node whose mount cannot start: the others would wait for it in the
-        formation). Under MPI, MPI_Abort; under torchrun this process's error exit does it."""
-        comm = getattr(self._group, "comm", None)
-        if comm is not None:
-            comm.Abort(code)
 
     # -- the member's requests (JSON over the control socket; never pickled) ------------------
 
@@ -216,16 +188,15 @@ class ServiceLink:
                     "mounted": self.described or None, "joins": self.joins, "serving_on": self.serving_on,
                     "member": self.member, "secret": self._secret_id}
         if op == "join":
-            addresses = msg.get("addresses")
-            error = msg.get("error")
-            if error is None and (not isinstance(addresses, list) or len(addresses) != self.nodes
-                                  or not all(isinstance(a, str) for a in addresses)):
-                return {"error": f"a join gives {self.nodes} addresses"}
-            if error is not None:
+            addresses, error = msg.get("addresses"), msg.get("error")
+            if error is not None:   # the formation failed: ``agree`` raises it
                 self._join_error = str(error)
                 self._joined.set()
-                return {"ok": True, "joins": self.joins}
-            self._join(addresses, int(msg.get("member", self.member)))
+            elif isinstance(addresses, list) and len(addresses) == self.nodes and all(isinstance(a, str)
+                                                                                     for a in addresses):
+                self._join(addresses, int(msg.get("member", self.member)))
+            else:
+                return {"error": f"a join gives {self.nodes} addresses"}
             return {"ok": True, "joins": self.joins}
         if op in (LEAVE, UNMOUNT):
             with self._state_lock:
@@ -293,12 +264,14 @@ class ServiceLink:
     # -- the link ---------------------------------------------------------------------------------
 
     def agree(self, fingerprint: bytes, what: str) -> None:
-        """Form the cluster over the job's group (:func:`formed`), or tell the member ``fingerprint``
-        and wait for its word: every node's was the same (the peers' addresses), or not (a
-        ConfigError saying which differ)."""
+        """Agree over the job's group (the addresses were exchanged: ``of_group``), or tell the member
+        ``fingerprint`` and wait for its word: every node's was the same (the peers' addresses), or
+        not (a ConfigError on every node saying which differ)."""
         self._fingerprint = bytes(fingerprint)
         if self._group is not None:
-            self._join(formed(self._group, self._fingerprint, self._wire.address, what), self.member)
+            from ...cluster.group import agree
+            agree(self._group, self._fingerprint, what)
+            self._join(self._peers, self.member)
             return
         deadline = time.monotonic() + GATHER_TIMEOUT
         while not self._joined.wait(0.2):
@@ -359,49 +332,5 @@ class ServiceLink:
             return
         self._rep.close(0)
         self._ctx.term()
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.control)
-        except OSError:
-            pass
-
-
-class LoopbackLink:
-    """Mounts of one process joined directly (tests and the benchmark's single-process runs): node
-    ``node`` of a ``hub`` (a dict shared by the nodes' links, node -> serve). No node of one
-    process is ever lost: nothing to probe."""
-
-    lost: frozenset[int] = frozenset()
-    was_lost = False
-
-    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
-        return [], []
-
-    def mark_lost(self, peers: list[int]) -> None:
-        pass
-
-    def __init__(self, hub: dict, node: int, nodes: int) -> None:
-        self.hub, self.node, self.nodes = hub, node, nodes
-        self._c = Counters(["peer"]).space("peer")   # tune/counters.py's peer.*
-
-    def agree(self, fingerprint: bytes, what: str) -> None:
-        """Mounts of one process list the same source: nothing to compare across processes."""
-        self.hub.setdefault("fingerprints", {})[self.node] = fingerprint
-        if len(set(self.hub["fingerprints"].values())) > 1:
-            raise ConfigError(f"{what} differs across the nodes of this hub: mount the same source")
-
-    def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        self.hub[self.node] = (serve, state)
-
-    def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
-        answer = self.hub.get(peer, (None, None))[int(state)]
-        self._c.add("fetches")
-        got = answer(number) if answer is not None else None
-        got = got if got is not None and len(got) == size else None
-        self._c.add("hits" if got is not None else "misses")
-        return got
-
-    def counters(self) -> dict:
-        return self._c.snapshot()
-
-    def close(self) -> None:
-        self.hub.pop(self.node, None)

@@ -33,18 +33,18 @@ that was serving already logs that it rejoined.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
 from ...cluster.timeouts import GATHER_TIMEOUT
 from ...errors import ClairvoyantError, ConfigError
+from ...nodeio.signals import SignalFlag
 from ...plan import membership
 
 SERVICE_SECRET_VAR = "CLAIRVOYANT_SERVICE_SECRET"   # the job's secret, from a member to the service it starts
@@ -63,10 +63,8 @@ def _sweep() -> None:
     """Remove the logs and control sockets of services that are gone (killed: nothing cleaned up)."""
     from ..fs import left_by_the_dead
     for path in left_by_the_dead(tempfile.gettempdir(), SERVICE_PREFIX):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 
 
 def ask(control: str, msg: dict, timeout: float = 5.0) -> dict | None:
@@ -192,21 +190,15 @@ def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, 
 def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
     ``group``: the launcher's rendezvous (cluster/job.py)."""
-    from ...cluster.job import peer_host
+    from ...cluster.group import agree
+    from ...cluster.job import exchange_addresses, peer_host
     from ...cluster.secret import job_secret
-    from .links import formed
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
     local_dir = local_dir.replace("{node}", str(node)) if local_dir else local_dir
     src, mnt = os.path.realpath(src), os.path.realpath(mnt)
-    got: list[str] = []
-    told = threading.Event()
-
-    def on_signal(signum, frame) -> None:
-        got.append(membership.told(signum))
-        told.set()
-    for sig in membership.SIGNALS:
-        signal.signal(sig, on_signal)
+    told = SignalFlag()   # (not an Event: nodeio/signals.py)
+    told.install(membership.SIGNALS)
 
     svc: _Service | None = None
 
@@ -248,7 +240,8 @@ def run_member(args: argparse.Namespace, group) -> int:
         return fail("its mount service ended" if not svc.alive() else f"not ready within {GATHER_TIMEOUT:.0f} s")
     error = None
     try:
-        addresses = formed(group, bytes.fromhex(hello["fingerprint"]), hello["address"])
+        agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
+        addresses = exchange_addresses(group, hello["address"])
     except ClairvoyantError as e:   # (a PeerLost too: a node gone before the cluster formed)
         error, addresses = str(e), None
     ask(svc.control, {"op": "join", "addresses": addresses, "error": error, "member": os.getpid()})
@@ -268,23 +261,22 @@ def run_member(args: argparse.Namespace, group) -> int:
               f"{svc.log}); Ctrl-C or `clairvoyant umount {mnt}` unmounts", flush=True)
     while svc.alive() and not told.wait(0.2):
         svc.relay(sys.stderr)
-    if got:   # tell the service, and wait for what it does
-        ask(svc.control, {"op": got[-1]})
+    if told.is_set():   # tell the service, and wait for what it does
+        asked = membership.told(told.signals[-1])
+        ask(svc.control, {"op": asked})
         end = time.monotonic() + LEAVE_GRACE + 10
         while svc.alive() and time.monotonic() < end:
             svc.relay(sys.stderr)
             hello = ask(svc.control, {"op": "hello"}, 0.5)
-            if got[-1] == membership.LEAVE and hello is not None and hello.get("serving_on"):   # (a node was lost)
+            if asked == membership.LEAVE and hello is not None and hello.get("serving_on"):   # (a node was lost)
                 break
             time.sleep(0.1)
         svc.relay(sys.stderr)
         return 0
     svc.relay(sys.stderr)
     for path in (svc.log, svc.control):   # (a service killed cleans nothing up: its member does)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
     code = svc.proc.returncode if svc.proc is not None else 0
     if code:
         print(f"clairvoyant: node {node}'s mount service ended (exit status {code})", file=sys.stderr, flush=True)
@@ -317,12 +309,8 @@ def run_service(args: argparse.Namespace) -> int:
     from .links import ServiceLink
     from ..fs import Mount
     node, nodes = (int(x) for x in args.serve_node.split("/"))
-    stop = threading.Event()
-
-    def on_signal(signum, frame) -> None:
-        stop.set()
-    for sig in membership.SIGNALS:
-        signal.signal(sig, on_signal)
+    stop = SignalFlag()   # (not an Event: nodeio/signals.py)
+    stop.install(membership.SIGNALS)
     log_path, control = _paths(os.getpid())
     try:
         link = ServiceLink(node, nodes, args.peer_host, service_secret(), control=control, member_pid=int(args.member))
@@ -384,7 +372,5 @@ def run_service(args: argparse.Namespace) -> int:
         m.close()
         link.close()
         if clean:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(log_path)
-            except OSError:
-                pass

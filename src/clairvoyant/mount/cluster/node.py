@@ -27,12 +27,7 @@ what it serves, and which asks go to the store at once. This module carries eith
   told of the copy and counts it.
 
 The nodes agree first that they number the same files alike (a file is asked for by its number).
-The links are mount/cluster/links.py's: any object with ``node``, ``nodes``, ``agree(fingerprint,
-what)``, ``start(serve, state)``, ``fetch(peer, number, size, timeout, state=False)`` (a file, or a
-piece of a node's state: its orders, its homes), ``counters()`` and ``close()``: ``ServiceLink``
-(over ZeroMQ, formed by a launcher's group for a node's mount service that a member started,
-mount/cluster/member.py, or for mounts inside a job's ranks; ``lost``, the nodes the cluster went on
-without), or ``LoopbackLink`` between mounts of one process (tests).
+The link between them is a ``ClusterLink`` (mount/cluster/links.py, where its kinds are).
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ from ...plan.unplanned import STORE, HomesLRU, hash_homes
 from ...tune.counters import Counters
 from .handoff import PeerFiles
 from .links import ClusterLink
-from .homes import HOMES_FILE, load_homes, save_homes, tell_daemon
+from .homes import HOMES_FILE, decode_homes, encode_homes, load_homes, save_homes, tell_daemon
 from .orders import HOMES
 from ...cluster.timeouts import ASK_TIMEOUT, CONTROL_WAIT
 
@@ -67,24 +62,20 @@ class MountCluster:
     def __init__(self, mount, link: ClusterLink, *, ask_timeout: float = ASK_TIMEOUT, threads: int = 8) -> None:
         self.mount, self.link = mount, link
         self.node, self.nodes = int(link.node), int(link.nodes)
-        m = mount.manifest
-        self._keys, self._sizes = m.keys, np.asarray(m.sizes, np.int64)
+        self._keys, self.sizes = mount.manifest.keys, np.asarray(mount.manifest.sizes, np.int64)
         self.hashed_homes = hash_homes(len(self._keys), self.nodes)
         self.homes = self.hashed_homes
         self.basis = -1   # the epoch the planned homes came from (mount/cluster/plan.py); -1: hashed
-        kept = load_homes(os.path.join(mount.tiers.local.root, HOMES_FILE), len(self._keys), self.nodes)
+        kept = load_homes(self._homes_file(), len(self._keys), self.nodes)
         if kept is not None:   # planned by an earlier session of this job's mounts: its tier holds by them
             self.homes, self.basis = kept
             tell_daemon(mount, self.homes)
-        self.sizes = self._sizes
-        self.entry_sizes = self._sizes + entry_size(0)
-        self._policy = HomesLRU(self.homes, [int(mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
+        self.entry_sizes = self.sizes + entry_size(0)
         # with samplers: this node's part of the epoch's cluster plan (None: recency, as without one)
         self._duty = None
         self._read_seen: set[int] = set()   # own files the daemon read since the plan began
         self._offers: dict[int, bytes] = {}        # epoch -> this node's orders, for its peers
         self._residents: dict[int, tuple] = {}     # epoch -> (rank -> stamp, the residents offered)
-        self._digest: tuple | None = None          # (homes, their digest)
         self.silent: set[int] = set()   # peers that offered no orders at the last epoch's gather
         self.node_ranks: dict[int, int] = {}   # node -> its ranks at the last gather of every node
         self._copies = None   # the mount's copies into its tier (``attach``): this home's files staged ahead
@@ -101,33 +92,35 @@ class MountCluster:
         self.peer_files = PeerFiles(mount.handoff, lambda: self._c.add("peer_misses"))   # mount/cluster/handoff.py
         self._c = Counters(["cluster"]).space("cluster")   # tune/counters.py's cluster.*
         self._closed = False
-        self._adopt()   # (the nodes agreed on the files before mounting: Mount, files_fingerprint)
+        self._adopt()   # the policy (the nodes agreed on the files before mounting: Mount)
         link.start(self.serve, self._state)
 
     def _adopt(self) -> None:
         """What the tier holds from an earlier session: this node's own files are counted by the
         policy (as read now, in no order), other homes' files are dropped: only homes keep."""
-        from ...cache.node import residents
-        tiers = self.mount.tiers
-        held = residents(self.mount.manifest, tiers.local.entries(), self._sizes + entry_size(0))
-        drop = []
-        for f in sorted(held):
-            if self.owns(f):
-                got = self._policy.read(self.node, f)
-                drop += list(got.evicted)
-                if not got.kept:   # larger than the tier
-                    drop.append(f)
-            else:
-                drop.append(f)
+        self._policy, drop = self._recount()
         for g in drop:
-            self._policy.forget(g)
-            try:
-                tiers.drop(self._keys[g])
-            except Exception as e:
-                log.warning("clairvoyant: cannot drop %s: %s", self._keys[g], e)
+            self.evict(g, count=False)
         if drop:
             log.info("clairvoyant: %d files of an earlier session left this node's tier (not its home's, "
                      "or no room)", len(drop))
+
+    def _recount(self) -> tuple[HomesLRU, list[int]]:
+        """A policy of the homes of now that counts this node's own files in its tier (as read now,
+        in no order), and the files of the tier it does not keep (another home's, or no room)."""
+        from ...cache.node import residents
+        held = residents(self.mount.manifest, self.mount.tiers.local.entries(), self.entry_sizes)
+        policy = HomesLRU(self.homes, [int(self.mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
+        drop: list[int] = []
+        for f in sorted(held):
+            got = policy.read(self.node, f) if self.owns(f) else None
+            if got is None or not got.kept:   # another home's, or larger than the tier
+                drop.append(f)
+            if got is not None:
+                drop += list(got.evicted)
+        for g in drop:
+            policy.forget(g)
+        return policy, drop
 
     # -- this node reads another's file ---------------------------------------------------------
 
@@ -139,24 +132,22 @@ class MountCluster:
             if self._closed:
                 return
             duty = self._duty
-            if not ahead and duty is not None and f in duty.store:   # the plan: its home does not hold it
+            miss = not ahead and duty is not None and f in duty.store   # the plan: its home does not hold it
+            if miss:
                 self._c.add("plan_store")
-                miss = True
-            else:
-                miss = False
-        if miss:
-            self.peer_files.miss(f)
-            return
-        with self._lock:
-            if f in self._asked:   # fetched ahead right now: the daemon waits on that fetch
+            elif f in self._asked:   # fetched ahead right now: the daemon waits on that fetch
                 if not ahead:
                     self._waited.add(f)
                 return
-            if os.path.exists(os.path.join(self.mount.handoff, str(f))):
+            elif os.path.exists(os.path.join(self.mount.handoff, str(f))):
                 if not ahead:
                     self._c.add("asked_ready")
                 return
-            self._asked.add(f)
+            else:
+                self._asked.add(f)
+        if miss:
+            self.peer_files.miss(f)
+            return
         try:   # (the daemon removed the mark of an earlier ask that missed before it asked)
             (self._ahead_pool if ahead else self._pool).submit(self._answer, f, ahead)
         except RuntimeError:   # closing
@@ -168,7 +159,7 @@ class MountCluster:
     def _answer(self, f: int, ahead: bool = False) -> None:
         got = False
         try:
-            home, size = int(self.homes[f]), int(self._sizes[f])
+            home, size = int(self.homes[f]), int(self.sizes[f])
             data = None
             if home != self.node:
                 t0 = time.perf_counter()
@@ -231,11 +222,11 @@ class MountCluster:
         if self._closed or not 0 <= f < len(self._keys):
             return None
         if not self.owns(f):   # held here from before the homes changed (a plan's first): from the tier only
-            data = self._from_tier(self._keys[f], int(self._sizes[f]))
+            data = self._from_tier(self._keys[f], int(self.sizes[f]))
             if data is not None:
                 self._c.add("served_not_home")
             return data
-        key, size = self._keys[f], int(self._sizes[f])
+        key, size = self._keys[f], int(self.sizes[f])
         tiers = self.mount.tiers
         data = self._from_tier(key, size)
         if data is None and self._await_copy(f):
@@ -321,13 +312,8 @@ class MountCluster:
                 # so that this read keeps it again; else every later read would go to the store
                 self._policy.forget(f)
             got = self._policy.read(self.node, f)
-            evicted = [self._keys[g] for g in (*gone, *got.evicted)]
-        for key in evicted:
-            try:
-                self.mount.tiers.drop(key)
-            except Exception as e:
-                log.warning("clairvoyant: cannot evict %s: %s", key, e)
-        self._c.add("evicted", len(evicted))
+        for g in (*gone, *got.evicted):
+            self.evict(g)
         return got.by == STORE and got.kept
 
     def _from_tier(self, key: str, size: int) -> bytes | None:
@@ -378,25 +364,21 @@ class MountCluster:
     def _state(self, number: int) -> bytes | None:
         """A peer's request for a piece of this node's state: its offered orders or its homes
         (mount/cluster/orders.py)."""
-        from .orders import homes_answer, length_answer
+        from .orders import length_answer
         with self._lock:
             homes, basis = self.homes, self.basis
             epoch, body = divmod(number - 1, 2)
             blob = self._offers.get(epoch)
         if number == HOMES:
-            return None if basis < 0 else homes_answer(homes, basis)
+            return None if basis < 0 else encode_homes(homes, basis, self.nodes)
         return blob if body else length_answer(blob)
-
-    def lost_nodes(self) -> frozenset[int]:
-        """The nodes the cluster went on without (its link's word)."""
-        return frozenset(self.link.lost)
 
     def whole_again(self) -> None:
         """A node was lost and the cluster formed again with every node (it rejoined): the homes
         are planned anew at the next plan (this node offers none), so that the node back is a home
         again, of what its tier kept if it kept its homes file (the earliest basis offered)."""
         link = self.link
-        if link.was_lost and not self.lost_nodes():
+        if link.was_lost and not link.lost:
             link.was_lost = False
             with self._lock:
                 self.basis = -1
@@ -429,14 +411,14 @@ class MountCluster:
         orders picks the same), this node's own if they are the same, else asked of that node;
         computed now (``compute``) where no node has planned. None: a peer's could not be had.
         (Not used until ``use_homes``.)"""
-        from .orders import homes_of
         bases = [(o.basis, o.node, o.homes_digest) for o in orders if o.basis >= 0]
         first = min(bases, default=None)
         if first is not None and self.basis == first[0] and self.homes_digest() == first[2]:
             return self.homes, self.basis
         if first is not None:
-            got = homes_of(self.fetch_control(first[1], HOMES, 8 + 4 * len(self._keys)), len(self._keys))
-            if got is None or got[0].max(initial=0) >= self.nodes or got[1] != first[0]:
+            got = decode_homes(self.fetch_control(first[1], HOMES, 24 + 4 * len(self._keys)), len(self._keys),
+                               self.nodes)
+            if got is None or got[1] != first[0]:
                 return None
             return got
         return np.asarray(compute(), np.int32), int(orders[0].epoch)
@@ -458,15 +440,9 @@ class MountCluster:
             self._c.set_many(homes_from_epoch=int(basis))
 
     def homes_digest(self) -> int:
-        """xxh3-64 of the homes this node plans with (offered with its orders)."""
+        """xxh3-64 of the homes this node plans with (offered with its orders, once an epoch)."""
         from .orders import homes_digest
-        with self._lock:
-            homes, digest = self.homes, self._digest
-        if digest is None or digest[0] is not homes:
-            digest = (homes, homes_digest(homes))
-            with self._lock:
-                self._digest = digest
-        return digest[1]
+        return homes_digest(self.homes)
 
     def _homes_file(self) -> str:
         return os.path.join(self.mount.tiers.local.root, HOMES_FILE)
@@ -474,18 +450,13 @@ class MountCluster:
     def follow_plan(self, duty) -> None:
         """This node's part of an epoch's plan from now on (``Duty``), or None: recency again
         (a policy made anew from the tier, with the homes of now)."""
-        from ...cache.node import residents
         with self._lock:
             self._duty = duty
             self._read_seen = set()
             if duty is not None:
                 self._c.add("plans")
                 return
-        held = residents(self.mount.manifest, self.mount.tiers.local.entries(), self.entry_sizes)
-        policy = HomesLRU(self.homes, [int(self.mount.capacity.nbytes)] * self.nodes, self.entry_sizes)
-        for f in sorted(held):
-            if self.owns(f):
-                policy.read(self.node, f)
+        policy, _ = self._recount()   # (what it would not keep stays, served to peers from the tier)
         with self._lock:
             self._policy = policy
 
@@ -502,7 +473,7 @@ class MountCluster:
         (its hashed home then): fetched from there and kept here, as the plan counts it (on the
         ahead pool; nothing if it is here, or the holder does not answer with it: it is read from
         the store at its next read, as the plan then says)."""
-        if holder == self.node or self.mount.tiers.find_local(self._keys[f], int(self._sizes[f])) is not None:
+        if holder == self.node or self.mount.tiers.find_local(self._keys[f], int(self.sizes[f])) is not None:
             return
         with self._lock:
             if self._closed or f in self._asked:
@@ -516,7 +487,7 @@ class MountCluster:
 
     def _take_over(self, f: int, holder: int) -> None:
         try:
-            key, size = self._keys[f], int(self._sizes[f])
+            key, size = self._keys[f], int(self.sizes[f])
             data = self.link.fetch(holder, f, size, self.ask_timeout)
             if data is not None and not self._closed:
                 v = self.mount.source.version(key)   # (one metadata request: a restarted mount checks it)
@@ -542,7 +513,7 @@ class MountCluster:
         reads it from the store into the tier, if the policy keeps it (nothing if it is there or
         under way). Its entry counts in ``used`` from its submission (the engine reserves it).
         False: no staging slot is free now (the caller asks again later)."""
-        key, size = self._keys[f], int(self._sizes[f])
+        key, size = self._keys[f], int(self.sizes[f])
         copies = self._copies
         if copies is None or not self.owns(f) or self.mount.tiers.find_local(key, size) is not None:
             return True
@@ -576,14 +547,15 @@ class MountCluster:
         elif d.present:
             self._c.add("ahead_from_tier")
 
-    def evict(self, f: int) -> int:
-        """Delete this node's entry of ``f`` (the plan's cut): the bytes freed."""
+    def evict(self, f: int, count: bool = True) -> int:
+        """Delete this node's entry of ``f`` (the plan's cut, the policy's eviction; ``count``: in
+        ``evicted``): the bytes freed."""
         try:
             freed = self.mount.tiers.drop(self._keys[f])
         except Exception as e:
-            log.warning("clairvoyant: cannot evict %s: %s", self._keys[f], e)
+            log.warning("clairvoyant: cannot drop %s: %s", self._keys[f], e)
             return 0
-        if freed:
+        if freed and count:
             self._c.add("evicted")
         return freed
 

@@ -11,7 +11,7 @@ The blobs travel over the cluster's link as requests of their own kind, for a pi
 state (cluster/wire.py ``STATE_MAGIC``; a file is never asked for this way): piece ``1 + 2e`` answers
 16 bytes, the length of the node's blob of epoch ``e`` (0: none yet) and its xxh3-64 (a gatherer
 fetches a blob again only when these change), ``2 + 2e`` the blob. Piece ``HOMES`` answers the
-homes a node plans with (8 bytes, the epoch they came from, then 4 per file). The format is a fixed header, a JSON description and
+homes a node plans with (mount/cluster/homes.py ``encode_homes``). The format is a fixed header, a JSON description and
 little-endian int64 arrays; nothing is pickled. A blob that does not parse is refused (treated as
 not offered), never trusted: every file number, count and size is checked against the listing.
 """
@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
+from ...plan.cluster_walk import orders_complete
 from ..numbering import Numbered
 from ...cluster.timeouts import GATHER_WAIT, QUICK_WAIT
 
@@ -80,15 +81,6 @@ def encode(o: NodeOrders) -> bytes:
 def decode(blob: bytes, num_files: int) -> NodeOrders:
     """A blob back, of a listing of ``num_files`` files (ValueError naming what is wrong, for one
     that is not one of this version, or names files, counts or sizes that cannot be)."""
-    try:
-        return _decode(blob, num_files)
-    except ValueError:
-        raise
-    except Exception as e:   # (deep or odd JSON: RecursionError, OverflowError, ...)
-        raise ValueError(f"a node's orders that do not parse: {type(e).__name__}: {e}") from e
-
-
-def _decode(blob: bytes, num_files: int) -> NodeOrders:
     if len(blob) < _HEAD.size:
         raise ValueError(f"a node's orders of {len(blob)} bytes: shorter than the header")
     magic, version, n = _HEAD.unpack_from(blob)
@@ -103,8 +95,8 @@ def _decode(blob: bytes, num_files: int) -> NodeOrders:
         ranks, lengths = list(desc["ranks"]), list(desc["lengths"])
         node, epoch, world = desc["node"], desc["epoch"], desc["world_size"]
         capacity, basis, digest = desc["capacity"], desc["basis"], desc["homes"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"a node's orders with a bad description: {e}") from e
+    except Exception as e:   # (not JSON, a key missing, deep or odd JSON: RecursionError, OverflowError, ...)
+        raise ValueError(f"a node's orders with a bad description: {type(e).__name__}: {e}") from e
     if len(set(ranks)) != len(ranks) or min(ranks, default=0) < 0 or any(r >= world for r in ranks) \
             or min(node, epoch, capacity) < 0 or basis < -1:
         raise ValueError(f"a node's orders with ranks {ranks[:8]} of a world of {world}, node {node}, epoch {epoch}")
@@ -141,21 +133,6 @@ def length_answer(blob: bytes | None) -> bytes:
 
 def homes_digest(homes: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(homes, "<u4").tobytes())
-
-
-def homes_answer(homes: np.ndarray, basis: int) -> bytes:
-    return int(basis).to_bytes(8, "little", signed=True) + np.asarray(homes, "<u4").tobytes()
-
-
-def homes_of(answer: bytes | None, num_files: int) -> tuple[np.ndarray, int] | None:
-    """``(homes, basis)`` from an answer to ``HOMES``, or None (no answer, or not one)."""
-    if answer is None or len(answer) != 8 + 4 * num_files:
-        return None
-    basis = int.from_bytes(answer[:8], "little", signed=True)
-    homes = np.frombuffer(answer, "<u4", num_files, 8)
-    if basis < 0 or (num_files and int(homes.max()) >= 2**31):
-        return None
-    return homes.astype(np.int32), basis
 
 
 def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int, epoch: int, mine: NodeOrders,
@@ -196,7 +173,7 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
             if o is not None and o.node == peer and o.epoch == epoch:
                 got[peer], seen[peer] = o, head
         there = [n for n in range(nodes) if n not in gone or n == node]
-        if all(n in got for n in there) and _complete([got[n] for n in there], bool(gone), ranks_of or {}):
+        if all(n in got for n in there) and orders_complete([got[n] for n in there], bool(gone), ranks_of or {}):
             return [got[n] for n in there]
         absent = {p for p in there if p not in got}
         now = time.monotonic()
@@ -210,21 +187,6 @@ def gather(fetch: Callable[[int, int, int], bytes | None], node: int, nodes: int
                 missing.update(absent)
             return None
         time.sleep(GATHER_EVERY)
-
-
-def _complete(orders: list[NodeOrders], partial: bool, ranks_of: dict[int, int]) -> bool:
-    """Whether ``orders`` are an epoch's: one world size, and every rank of it once; or (``partial``:
-    a node lost, its ranks' orders never come) distinct ranks of it, each node with as many ranks
-    as at the last gather of every node (``ranks_of``: a sampler of its not published yet)."""
-    ranks = sorted(r for o in orders for r in o.ranks)
-    worlds = {o.world_size for o in orders}
-    if len(worlds) != 1:
-        return False
-    world = worlds.pop()
-    if ranks == list(range(world)):
-        return True
-    return (partial and len(set(ranks)) == len(ranks) and 0 <= ranks[0] and ranks[-1] < world
-            and all(len(o.ranks) >= ranks_of.get(o.node, 1) for o in orders))
 
 
 def _body(fetch, peer: int, epoch: int, n: int, num_files: int) -> NodeOrders | None:

@@ -39,27 +39,26 @@ import numpy as np
 from ...cache.entry import entry_size
 from ...cache.node import residents
 from ...plan.cluster import ClusterEpoch
-from ...plan.progress import ReadersProgress
 from ...plan.cluster_walk import WalkCursor, cluster_plan, dense_homes, node_duty, plan_homes, survivors
 from ...cluster.timeouts import GATHER_WAIT
 from .orders import NodeOrders, gather
 from ..numbering import Numbered
-from ..orders import PROGRESS_EVERY, WATCH_EVERY, read_progress
-from ..walk import Parts
+from ..orders import PROGRESS_EVERY, WATCH_EVERY
+from ..walk import Following, Parts
 
 log = logging.getLogger("clairvoyant")
 MARGIN = PROGRESS_EVERY   # indices past the reported progress that may be handed out already: not staged
 
 
-class ClusterWalk:
+class ClusterWalk(Following):
     """This node's part of the cluster plan of the published orders ``cur`` (``key``: their plan
     key; ``numbers``: each rank's, ranks in order): ``plan`` gathers and plans (False: the nodes'
     orders did not all come), ``run`` carries it out until newer orders are published."""
 
     def __init__(self, cluster, cur: dict, key: tuple, numbers: list[Numbered], parts: Parts) -> None:
-        self._cl, self._p, self.key, self.current = cluster, parts, key, True
-        self._ranks = sorted(cur)
-        self.epoch = self._epoch = int(cur[self._ranks[0]].epoch)
+        super().__init__(cur, key, parts)
+        self._cl = cluster
+        self.epoch = self._epoch
         self._world = int(cur[self._ranks[0]].world_size)
         self._numbers = dict(zip(self._ranks, numbers))
         self._cur = cur
@@ -68,15 +67,6 @@ class ClusterWalk:
         self._me = 0      # this node's index in the plan (its number, unless a node was lost before it)
         self.handed = 0   # the slowest rank's progress at the last look
         self.missing: set[int] = set()   # the nodes whose orders did not come (make_plan False)
-
-    def _moved(self) -> bool:
-        p = self._p
-        if p.stop.is_set():
-            return True
-        if p.changed() and p.current_key() != self.key:
-            self.current = False
-            return True
-        return False
 
     def make_plan(self, wait: float | None = None) -> bool:
         """Offer this node's orders, gather every node's, fix the homes if none are, and plan."""
@@ -94,8 +84,8 @@ class ClusterWalk:
         t0 = time.monotonic()
         missing = self.missing
         orders = gather(cl.fetch_control, cl.node, cl.nodes, self._epoch, mine, self._moved, len(sizes),
-                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing, lost=cl.lost_nodes,
-                        ranks_of=cl.node_ranks, on_absent=cl.check_lost)
+                        GATHER_WAIT if wait is None else wait, silent=cl.silent, missing=missing,
+                        lost=lambda: cl.link.lost, ranks_of=cl.node_ranks, on_absent=cl.check_lost)
         cl.count(gather_seconds=time.monotonic() - t0)
         if orders is None:
             if self.current and not self._p.stop.is_set():
@@ -127,8 +117,7 @@ class ClusterWalk:
 
     def _handed(self) -> int:
         """The index the slowest of this node's ranks was handed (its progress file)."""
-        reports = [read_progress(self._p.orders_dir, r) for r in self._ranks]
-        return ReadersProgress.of(reports, self._epoch).slowest
+        return self._progress().slowest
 
     def run(self) -> None:
         try:
