@@ -90,4 +90,9 @@ class CorruptEntry(CacheError):
 class PeerLost(ClairvoyantError, RuntimeError):
     """A rank of the job is gone (killed, crashed, its node lost) where every rank must take part:
     the cluster cache's exchange at the start of an epoch. Within an epoch a lost peer costs only
-    reads from the shared store; starting the next one needs every rank."""
+    reads from the shared store; starting the next one needs every rank. ``ranks``: those that did
+    not take part, where known."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] | list[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(int(r) for r in ranks)

@@ -166,3 +166,51 @@ def test_every_launcher_the_layout_knows_says_whether_the_job_spans_nodes(env, l
     for k, v in alone.items():
         env.setenv(k, v)
     assert cluster.multi_node() is False
+
+
+def test_a_rank_absent_from_an_exchange_is_named_lost_or_stuck_by_the_one_probe(monkeypatch):
+    """The Loader's cluster (cluster/job.py ``Cluster``): rank 1 does not take part in an epoch's
+    exchange. While its peer service answers, the PeerLost says it is alive but stuck; once its
+    service is gone, that it is lost (the one probe, cluster/peers.py, and the one decision,
+    plan/membership.py, the mounts' too). Control: with rank 1 taking part, the values come."""
+    import itertools
+    import threading
+
+    pytest.importorskip("torch")
+    pytest.importorskip("zmq")
+    import torch.distributed as dist
+
+    from clairvoyant.cluster import store as store_mod
+    from clairvoyant.cluster.job import Cluster
+    from clairvoyant.cluster.store import StoreGroup
+    from clairvoyant.errors import PeerLost
+    from test_wire_zmq import _services
+
+    monkeypatch.setattr(store_mod, "_groups", itertools.repeat(0))   # (both ranks in this one process)
+    services = _services(2, lambda r: (lambda i: None))
+    store, env = dist.HashStore(), {"TORCHELASTIC_RUN_ID": "j"}
+
+    def cluster(rank: int, timeout: float) -> Cluster:
+        c = object.__new__(Cluster)   # (its transport is a store and a service of this process)
+        c.group, c._service = StoreGroup(store, rank, 2, timeout=timeout, env=env), services[rank]
+        return c
+    try:
+        both = [cluster(r, 20) for r in range(2)]
+        got: list = [None, None]
+        threads = [threading.Thread(target=lambda r=r: got.__setitem__(r, both[r]._allgather_int(r + 5)))
+                   for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert [g.tolist() for g in got] == [[5, 6], [5, 6]]   # control
+        with pytest.raises(PeerLost) as stuck:
+            cluster(0, 0.5)._allgather_int(5)
+        assert stuck.value.ranks == (1,) and "rank(s) [1] answer probes: alive" in str(stuck.value)
+        services[1].close()
+        with pytest.raises(PeerLost) as lost:
+            cluster(0, 0.5)._allgather_int(5)
+        assert lost.value.ranks == (1,) and "rank(s) [1] answer no probe: lost" in str(lost.value)
+    finally:
+        for s in services:
+            s.close()

@@ -178,3 +178,25 @@ def test_a_dead_peer_costs_one_time_out_then_is_passed_over():
         for s in svcs:
             s.close()
     assert _peer_threads() == []
+
+
+def test_one_probe_tells_who_serves_and_a_closed_peer_is_lost():
+    """``PeerService.probe``: every peer serving answers ``SERVING`` (or what its ``alive`` says),
+    even one passed over; a closed peer answers neither ask and plan/membership.py finds it lost.
+    Control: before the close, no peer is lost."""
+    from clairvoyant.plan.membership import ORPHANED, SERVING, probed
+    services = _services(3, lambda r: (lambda i: None))
+    try:
+        services[2]._alive = lambda: ORPHANED   # (a mount whose member ended without a word)
+        services[0]._passed[1] = time.monotonic() + 60   # passed over: a probe asks all the same
+        got = services[0].probe([1, 2], timeout=2.0)
+        assert got == {1: SERVING, 2: ORPHANED}, got
+        assert probed([1, 2], got) == ([], [2])   # control: none lost
+        services[1].close()
+        t = time.monotonic()
+        got = services[0].probe([1, 2], timeout=0.3)
+        assert probed([1, 2], got) == ([1], [2]), got
+        assert time.monotonic() - t < 2.0   # two asks of 0.3 s at most
+    finally:
+        for s in services:
+            s.close()

@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerLost
+from ..plan import membership
 from ..plan.layout import NodeLayout
 from .group import Group, agree, allgather_int64, node_names
 from .mpi import available
@@ -309,7 +310,20 @@ class Cluster:
         self._service.start()
 
     def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:
-        return np.concatenate(allgather_int64(self.group, np.array([value], np.int64), what))
+        return np.concatenate(self._exchange(np.array([value], np.int64), what))
+
+    def _exchange(self, values: np.ndarray, what: str) -> list[np.ndarray]:
+        """Every rank's ``values`` (collective); a ``PeerLost`` naming ranks that did not take part
+        says why, from the one probe of them (cluster/peers.py): lost, or alive and stuck
+        (plan/membership.py decides, as it decides for the mounts)."""
+        try:
+            return allgather_int64(self.group, values, what)
+        except PeerLost as e:
+            if self._service is None or not e.ranks:
+                raise
+            missing = list(e.ranks)
+            found = membership.probed(missing, self._service.probe(missing))
+            raise PeerLost(f"{e} A probe of them: {membership.why_absent(missing, found)}.", e.ranks) from e
 
     def all_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank (collective)."""
@@ -322,7 +336,7 @@ class Cluster:
         if first and mine:
             pairs[:, 0] = np.fromiter(mine.keys(), np.int64, len(mine))
             pairs[:, 1] = np.fromiter(mine.values(), np.int64, len(mine))
-        every = allgather_int64(self.group, pairs.ravel(), "the exchange of every node's residents")
+        every = self._exchange(pairs.ravel(), "the exchange of every node's residents")
         out = []
         for g in self.layout.nodes:
             p = every[g[0]].reshape(-1, 2)

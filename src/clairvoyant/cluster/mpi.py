@@ -129,7 +129,7 @@ class MPIGroup:
             "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
             "left (the loader resumes elastically at its position), or pass cluster=False to run node by node. "
             "End this process with os._exit() or comm.Abort(): Open MPI's MPI_Finalize can wait forever for "
-            "a dead rank")
+            "a dead rank", dead)
 
     def close(self) -> None:
         if not self._own or self.comm is None:

@@ -102,7 +102,7 @@ class StoreGroup:
             f"{who} of this job's {self.size} did not take part in {what} within {self.timeout:.0f} s (rank "
             f"{self.rank}; {type(e).__name__}: {e}): the cluster cache plans every epoch with every rank. Save the "
             "loader's state_dict() with your checkpoint and restart the job on the nodes left (the loader resumes "
-            "elastically at its position; docs/user-guide.md), or pass cluster=False to run node by node")
+            "elastically at its position; docs/user-guide.md), or pass cluster=False to run node by node", missing)
 
     def close(self) -> None:
         self.store = None

@@ -1,6 +1,11 @@
-"""POLICY, pure: what a cluster mount makes of a signal and of a probe of its peers (mount/cluster/member.py
-only wires it to the processes).
+"""POLICY, pure: when a node counts as lost, and what the cluster makes of a signal
+(mount/cluster/member.py, mount/cluster/node.py and cluster/job.py only wire it).
 
+- A node is lost when it answers neither of two probes (the one probe: cluster/peers.py
+  ``PeerService.probe``; ``probed`` decides, for both front doors). The mounts serve on without it
+  (their orders gathered without it, its files homed among the others); the Loader's ranks, whose
+  every epoch needs every rank, stop with a ``PeerLost`` that names it and says why
+  (``why_absent``: lost, or alive and stuck), to be restarted on the nodes left.
 - A signal to the member the launcher runs: SIGINT is Ctrl-C at the launcher (torchrun passes its
   own on as SIGINT): unmount. SIGTERM and SIGHUP are a launcher's teardown, which ``mpirun`` sends
   alike when it is interrupted and when a rank died: the service is asked to leave, and decides
@@ -15,9 +20,10 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 UNMOUNT, LEAVE = "unmount", "leave"
+SERVING, ORPHANED = b"\x01", b"\x02"   # a probe's answers: serving; serving after its member ended without a word
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # the ones a member and a service take
 
 
@@ -42,3 +48,28 @@ def on_leave(lost: Sequence[int], orphaned: Sequence[int]) -> Leaving:
     if orphaned:
         return Leaving(False, f"the member of node(s) {sorted(orphaned)} ended without a word")
     return Leaving(True, "every node answers: the job ends")
+
+
+class Probed(NamedTuple):
+    """What a probe of ``peers`` decides: ``lost``, those that answered neither ask (the process, or
+    its node, is gone); ``orphaned``, those serving on after their member ended without a word."""
+
+    lost: list[int]
+    orphaned: list[int]
+
+
+def probed(peers: Sequence[int], answers: Mapping[int, bytes | None]) -> Probed:
+    """The decision from each peer's answer to a probe (None: none to either ask)."""
+    return Probed([p for p in peers if answers.get(p) is None], [p for p in peers if answers.get(p) == ORPHANED])
+
+
+def why_absent(missing: Sequence[int], found: Probed) -> str:
+    """Why the ranks ``missing`` did not take part in an exchange, from a probe of them."""
+    parts = []
+    if found.lost:
+        parts.append(f"rank(s) {sorted(found.lost)} answer no probe: lost (the process, or its node, is gone)")
+    alive = sorted(set(missing) - set(found.lost))
+    if alive:
+        parts.append(f"rank(s) {alive} answer probes: alive, but they did not reach the exchange (stuck, or far "
+                     "behind)")
+    return "; ".join(parts)

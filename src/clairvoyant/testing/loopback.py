@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import ConfigError
+from ..plan.membership import Probed
 from ..cluster.timeouts import PROBE_WAIT
 from ..tune.counters import Counters
 
@@ -19,8 +20,8 @@ class LoopbackLink:
     lost: frozenset[int] = frozenset()
     was_lost = False
 
-    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
-        return [], []
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> Probed:
+        return Probed([], [])
 
     def mark_lost(self, peers: list[int]) -> None:
         pass

@@ -23,11 +23,10 @@ from typing import Any, Callable, Protocol
 
 from ...errors import ConfigError
 from ...nodeio.fileio import process_alive
-from ...plan.membership import LEAVE, UNMOUNT
+from ...plan.membership import LEAVE, ORPHANED, SERVING, UNMOUNT, Probed, probed
 from ...cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
-ALIVE = 1 << 62   # the piece of a node's state that says it serves (a probe; orders and homes are below)
 
 
 class ClusterLink(Protocol):
@@ -44,8 +43,8 @@ class ClusterLink(Protocol):
 
     def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None: ...
 
-    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
-        """(the peers that did not answer, those whose member ended without a word)."""
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> Probed:
+        """plan/membership.py's decision from a probe of ``peers`` (default: every other node)."""
 
     def mark_lost(self, peers: list[int]) -> None: ...
 
@@ -255,11 +254,11 @@ class ServiceLink:
             self.was_lost = True
 
     def _alive_answer(self) -> bytes:
-        """The answer to a probe: 1, serving with its member (or told by it to leave: the job's end),
-        2, serving after its member ended without a word (a member lost, its node's mount not)."""
+        """The answer to a probe: ``SERVING`` with its member (or told by it to leave: the job's end),
+        ``ORPHANED`` after its member ended without a word (a member lost, its node's mount not)."""
         with self._state_lock:
             leaving = self.asked is not None
-        return b"\x01" if leaving or self.member_alive() else b"\x02"
+        return SERVING if leaving or self.member_alive() else ORPHANED
 
     # -- the link ---------------------------------------------------------------------------------
 
@@ -284,12 +283,8 @@ class ServiceLink:
 
     def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
         from ...cluster.peers import PeerService
-
-        def answer(number: int) -> bytes | None:
-            if number == ALIVE:
-                return self._alive_answer()
-            return state(number) if state is not None else None
-        self._service = PeerService(self._wire, serve, state=answer, serve_threads=8, idle_max=2e-4)
+        self._service = PeerService(self._wire, serve, state=state, serve_threads=8, idle_max=2e-4,
+                                    alive=self._alive_answer)
         self._service.start()
 
     def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
@@ -298,22 +293,12 @@ class ServiceLink:
         got = self._service.fetch(peer, number, size, timeout, state=state)
         return got if got is not None and len(got) == size else None
 
-    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> tuple[list[int], list[int]]:
-        """Ask ``peers`` (default: every other node, lost ones too) at once, twice for those that do
-        not answer the first time within ``timeout`` seconds: (those that never answered, those
-        whose member ended without a word while their mount serves on)."""
-        import concurrent.futures
+    def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> Probed:
+        """A probe of ``peers`` (default: every other node, lost ones too: cluster/peers.py
+        ``PeerService.probe``) and plan/membership.py's decision from it: (those lost, those whose
+        member ended without a word while their mount serves on)."""
         peers = [p for p in range(self.nodes) if p != self.node] if peers is None else list(peers)
-        got: dict[int, bytes | None] = {}
-        for _ in range(2):
-            ask = [p for p in peers if got.get(p) is None]
-            if not ask or self._service is None:
-                break
-            with concurrent.futures.ThreadPoolExecutor(len(ask)) as pool:
-                for p, g in zip(ask, pool.map(lambda p: self._service.fetch(p, ALIVE, 1, timeout, state=True,
-                                                                           urgent=True), ask)):
-                    got[p] = g
-        return ([p for p in peers if got.get(p) is None], [p for p in peers if got.get(p) == b"\x02"])
+        return probed(peers, {} if self._service is None else self._service.probe(peers, timeout))
 
     def counters(self) -> dict:
         return {} if self._service is None else self._service.counters()

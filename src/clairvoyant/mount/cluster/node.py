@@ -391,7 +391,7 @@ class MountCluster:
         plan and the next are made without them."""
         if not peers:
             return
-        lost, _ = self.link.probe(sorted(peers))
+        lost = self.link.probe(sorted(peers)).lost
         if lost:
             self.link.mark_lost(lost)
             log.warning("clairvoyant: node %d: node(s) %s offer no orders and answer no probe: lost; the epochs "
