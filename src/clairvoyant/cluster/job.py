@@ -225,10 +225,11 @@ def exchange_addresses(group: Group, address: str | None, error: BaseException |
     return [b.decode() for b in got]
 
 
-def zmq_wire(group: Group) -> Any:
-    """A ZeroMQ backend of rank ``group.rank``, bound on :func:`peer_host`'s address and connected
-    to every rank's, the addresses exchanged through ``group``; its peers authenticated with the
-    job's secret (cluster/secret.py: collective)."""
+def bound_wire(group: Group) -> tuple[Any, list[str]]:
+    """A ZeroMQ backend of rank ``group.rank`` bound on :func:`peer_host`'s address, its peers
+    authenticated with the job's secret (cluster/secret.py), and every rank's address, by rank
+    (collective: where one rank's cannot start, every rank raises, :func:`exchange_addresses`).
+    The one start of a wire, for the Loader's peers and for a job's own mounts."""
     from .secret import job_secret
     from .wire_zmq import ZmqWire
     secret = job_secret(group)
@@ -237,17 +238,16 @@ def zmq_wire(group: Group) -> Any:
     except Exception as e:   # said on every rank after the exchange: none waits for this one
         wire, error = None, e
     try:
-        wire.connect(exchange_addresses(group, None if wire is None else wire.address, error))
+        return wire, exchange_addresses(group, None if wire is None else wire.address, error)
     except BaseException:
         if wire is not None:
             wire.shut_down(0.0, set())
         raise
-    return wire
 
 
 def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> tuple[Group, Any]:
     """The job's group (:func:`rendezvous`) and what its peer service runs on: the MPI communicator
-    under MPI, else a ZeroMQ backend connected to every rank (:func:`zmq_wire`)."""
+    under MPI, else a ZeroMQ backend connected to every rank (:func:`bound_wire`)."""
     group = rendezvous(comm, dead)
     if group.name == "MPI":   # the service on the communicator itself, the collectives on their duplicate
         if comm is None:
@@ -255,10 +255,12 @@ def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> t
             comm = MPI.COMM_WORLD
         return group, comm
     try:
-        return group, zmq_wire(group)
+        wire, addresses = bound_wire(group)
     except BaseException:
         group.close()
         raise
+    wire.connect(addresses)   # (ZeroMQ connects in the background: nothing here waits for a peer)
+    return group, wire
 
 
 def close_transport(group: Group, on: Any, service: PeerService | None) -> None:

@@ -54,9 +54,9 @@ class ClusterLink(Protocol):
 
 
 class ServiceLink:
-    """Node ``node`` of ``nodes`` of a cluster of mounts, its peer reads over ZeroMQ
-    (cluster/wire_zmq.py) bound on ``host``, authenticated with the job's ``secret``. Formed one
-    way (module docstring), in one of two places:
+    """Node ``node`` of ``nodes`` of a cluster of mounts, its peer reads over ``wire`` (a ZeroMQ
+    backend, cluster/wire_zmq.py, authenticated with the job's secret). Formed one way (module
+    docstring), in one of two places:
 
     - a mount service's (``control``: the path of its control socket): the member process a
       launcher runs (mount/cluster/member.py, pid ``member_pid``) forms the cluster and gives the
@@ -66,21 +66,18 @@ class ServiceLink:
       :meth:`of_group`, :meth:`node_leaders`): ``agree`` forms it over that group, in process.
     """
 
-    def __init__(self, node: int, nodes: int, host: str, secret, *, control: str | None = None,
-                 member_pid: int | None = None, group=None) -> None:
+    def __init__(self, node: int, nodes: int, wire, *, secret_id: str | None = None, control: str | None = None,
+                 member_pid: int | None = None, group=None, peers: list[str] | None = None) -> None:
         import zmq
-
-        from ...cluster.wire_zmq import ZmqWire
-        from ...cluster.secret import key_id
         self.node, self.nodes = int(node), int(nodes)
         self.member = os.getpid() if member_pid is None else int(member_pid)
         self._group = group
-        self._wire = ZmqWire(self.node, self.nodes, host, secret=secret)
-        self._secret_id = key_id(secret)
+        self._wire = wire   # (this link shuts it down)
+        self._secret_id = secret_id   # (the member checks it is its job's: cluster/secret.py ``key_id``)
         self._service = None
         self._fingerprint: bytes | None = None
         self._addresses: list[str] = []
-        self._peers: list[str] = []   # the addresses exchanged over a job's group (``of_group``)
+        self._peers = peers or []   # the addresses exchanged over a job's group (``of_group``)
         self._joined = threading.Event()
         self._join_error: str | None = None
         self.joins = 0
@@ -114,32 +111,17 @@ class ServiceLink:
     @classmethod
     def of_group(cls, group) -> "ServiceLink":
         """The link of a job's ranks that are one node each (collective over ``group``: the
-        launcher's, cluster/job.py ``rendezvous``): the addresses exchanged now (where a node's link
-        cannot start, every node raises, none waits), the files agreed by the mount's ``agree``.
-        The link closes ``group``."""
-        from ...cluster.job import exchange_addresses, peer_host
-        from ...cluster.secret import job_secret
-        link, error = None, None
+        launcher's, cluster/job.py ``rendezvous``): the wire started and the addresses exchanged
+        now, the Loader's way (cluster/job.py ``bound_wire``: where a node's cannot start, every
+        node raises, none waits), the files agreed by the mount's ``agree``. The link closes
+        ``group``."""
+        from ...cluster.job import bound_wire
         try:
-            try:
-                host = peer_host(group)
-            except Exception as e:   # (the collectives below are taken all the same: none waits)
-                host, error = None, e
-            secret = job_secret(group)
-            try:
-                if error is None:
-                    link = cls(group.rank, group.size, host, secret, group=group)
-            except Exception as e:
-                error = e
-            peers = exchange_addresses(group, None if link is None else link._wire.address, error)
+            wire, peers = bound_wire(group)
         except BaseException:
-            if link is not None:
-                link.close()   # (closes the group)
-            else:
-                group.close()
+            group.close()
             raise
-        link._peers = peers
-        return link
+        return cls(group.rank, group.size, wire, group=group, peers=peers)   # (no control socket: nothing fails)
 
     @classmethod
     def node_leaders(cls, comm: Any = None) -> "ServiceLink | None":

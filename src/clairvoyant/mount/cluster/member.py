@@ -306,6 +306,8 @@ def service_secret():
 def run_service(args: argparse.Namespace) -> int:
     """``clairvoyant mount SRC MNT --serve-node N/NODES ...`` (started by a member): the node's mount
     with a ServiceLink until unmounted (module docstring)."""
+    from ...cluster.secret import key_id
+    from ...cluster.wire_zmq import ZmqWire
     from .links import ServiceLink
     from ..fs import Mount
     node, nodes = (int(x) for x in args.serve_node.split("/"))
@@ -313,7 +315,9 @@ def run_service(args: argparse.Namespace) -> int:
     stop.install(membership.SIGNALS)
     log_path, control = _paths(os.getpid())
     try:
-        link = ServiceLink(node, nodes, args.peer_host, service_secret(), control=control, member_pid=int(args.member))
+        secret = service_secret()
+        link = ServiceLink(node, nodes, ZmqWire(node, nodes, args.peer_host, secret=secret), secret_id=key_id(secret),
+                           control=control, member_pid=int(args.member))
     except ConfigError as e:
         print(f"clairvoyant: node {node}'s mount did not start: {e}", flush=True)
         return 1
