@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import threading
 import time
 
 import pytest
 
 from clairvoyant.testing import make_dataset
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _suite_tmpdir(tmp_path_factory):
+    """Every process the suite starts keeps its temporary files in one folder, removed at the end:
+    torchrun's ``torchelastic_*`` log folders (one per launch: 2,047 were left in /tmp here before),
+    the emulated store's shared counters, the mounts' control sockets. (pytest's own folders stay
+    where they were, kept for a look after a failure.)"""
+    tmp_path_factory.getbasetemp()   # (fixed now, before the temporary folder moves)
+    folder = tempfile.mkdtemp(prefix="cv-suite-")
+    before, cached = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    try:
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = cached
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -96,3 +96,6 @@ class PeerLost(ClairvoyantError, RuntimeError):
     def __init__(self, message: str, ranks: tuple[int, ...] | list[int] = ()) -> None:
         super().__init__(message)
         self.ranks = tuple(int(r) for r in ranks)
+
+    def __reduce__(self):   # (pickled with its ranks: ``args`` holds the message alone)
+        return type(self), (str(self), self.ranks)

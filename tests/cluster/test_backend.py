@@ -174,6 +174,7 @@ def test_a_rank_absent_from_an_exchange_is_named_lost_or_stuck_by_the_one_probe(
     service is gone, that it is lost (the one probe, cluster/peers.py, and the one decision,
     plan/membership.py, the mounts' too). Control: with rank 1 taking part, the values come."""
     import itertools
+    import pickle
     import threading
 
     pytest.importorskip("torch")
@@ -211,6 +212,8 @@ def test_a_rank_absent_from_an_exchange_is_named_lost_or_stuck_by_the_one_probe(
         with pytest.raises(PeerLost) as lost:
             cluster(0, 0.5)._allgather_int(5)
         assert lost.value.ranks == (1,) and "rank(s) [1] answer no probe: lost" in str(lost.value)
+        again = pickle.loads(pickle.dumps(lost.value))   # (across processes it keeps its ranks)
+        assert again.ranks == (1,) and str(again) == str(lost.value)
     finally:
         for s in services:
             s.close()

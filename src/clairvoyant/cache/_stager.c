@@ -515,7 +515,7 @@ static void Stager_dealloc(Stager *s) {
 
 static PyMethodDef Stager_methods[] = {
     {"submit_many", (PyCFunction)Stager_submit_many, METH_O,
-     "submit_many(jobs): submit's jobs, (token, path, size, out_fd, offset, lock_offset) each, queued at once"},
+     "submit_many(jobs): files to stage, (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]) each, queued at once"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
      "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
     {"limit", (PyCFunction)Stager_limit, METH_VARARGS, "limit(n): at most n jobs carried at once from now on"},

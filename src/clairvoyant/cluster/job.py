@@ -325,7 +325,7 @@ class Cluster:
                 raise
             missing = list(e.ranks)
             found = membership.probed(missing, self._service.probe(missing))
-            raise PeerLost(f"{e} A probe of them: {membership.why_absent(missing, found)}.", e.ranks) from e
+            raise PeerLost(f"{e}. A probe of them: {membership.why_absent(missing, found)}.", e.ranks) from e
 
     def all_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank (collective)."""

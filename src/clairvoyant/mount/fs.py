@@ -194,7 +194,7 @@ class Mount:
         if cluster is not None:   # collective, before anything is mounted: a node that differs stops them all
             # (a file is asked for by its number: the manifests' fingerprints, of every name, size and
             # class in order, must be the same)
-            cluster.agree(hashlib.sha256(self.manifest.fingerprint.encode()).digest(),
+            cluster.agree(hashlib.sha256(self.manifest.compute_fingerprint().encode()).digest(),
                           "the mounted source's files (names and sizes)")
         binary = DAEMON.binary()
         node = open_tiers(src, np.asarray(self.manifest.sizes, dtype=np.int64) + entry_size(0), local_dir=local_dir,

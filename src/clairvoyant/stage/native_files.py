@@ -7,9 +7,10 @@ finished in one lock of the index and lets go of the keys' locks. The order is t
 (reserve, write, publish; cache/local.py), so a kill at any point leaves what the session's
 recovery already handles: bytes in an extent that no index slot names.
 
-Where the extension is not built (or ``CLAIRVOYANT_NO_CEXT`` is set), ``available()`` is False
-and stage/engines.py picks the Python twin (stage/thread_files.py). Each token (the caller's
-number for a file) must not be submitted again while it is in flight.
+Where the extension is not built (or ``CLAIRVOYANT_NO_CEXT`` is set), ``available()`` is False:
+the mount takes the Python twin (stage/thread_files.py, stage/engines.py chooses), the Loader's
+own staging threads stage its files. Each token (the caller's number for a file) must not be
+submitted again while it is in flight.
 """
 
 from __future__ import annotations

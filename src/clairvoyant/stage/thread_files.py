@@ -1,8 +1,8 @@
 """MECHANISM: the native file stager's twin on Python threads (stage/engines.py chooses; the
 contract is written there).
 
-It runs where the C extension is not built, or the tier compresses what it keeps, so that the
-mount has one staging interface and no branch on which engine is there. Per file: its bytes
+It runs where the C extension is not built (or ``CLAIRVOYANT_NATIVE_STAGE=0``), or the tier
+compresses what it keeps, so that the mount has one staging interface and no branch on which engine is there. Per file: its bytes
 reserved in the ledger at submission, the key's node-wide lock held while the file is read (from
 the daemon's handoff if a reader's open handed it over, else from the source) and its entry
 written, then published.
@@ -34,7 +34,7 @@ class ThreadStager:
         self.store, self.capacity = store, capacity_of(capacity)
         self._root, self._handoff = src_root, handoff
         self._on_done, self._on_batch = on_done, on_batch
-        self._lock = threading.Lock()   # all of the below
+        self._lock = threading.Lock()   # all of the below (held across a reservation: ``capacity`` must not call back)
         self._jobs: set[int] = set()
         self._closing = False
         # ``_active`` files carried at once (``limit``; at most ``most`` threads), the rest waiting

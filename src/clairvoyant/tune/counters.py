@@ -112,7 +112,7 @@ NAMES: dict[str, str] = {
     "cluster.served_not_home": "files served from the tier by a node that is no longer their home",
     "cluster.served_absent": "requests for files this home does not hold",
     "cluster.taken_over": "files taken over from their former home",
-    "cluster.evicted": "files evicted by the cluster plan",
+    "cluster.evicted": "files dropped from this home's tier (the plan's cuts, the policy's evictions)",
 }
 
 

@@ -63,7 +63,8 @@ class ServiceLink:
       peers' addresses over that socket, each time a launcher forms it; nothing of the launcher's
       is used here, so the mount goes on serving when its launcher, or a peer, is gone;
     - a job's own ranks' (``group``: the launcher's group of one rank per node,
-      :meth:`of_group`, :meth:`node_leaders`): ``agree`` forms it over that group, in process.
+      :meth:`of_group`, :meth:`node_leaders`): formed over that group in process (the wire started
+      and the addresses exchanged in ``of_group``, the files agreed in ``agree``).
     """
 
     def __init__(self, node: int, nodes: int, wire, *, secret_id: str | None = None, control: str | None = None,

@@ -440,7 +440,7 @@ class MountCluster:
             self._c.set_many(homes_from_epoch=int(basis))
 
     def homes_digest(self) -> int:
-        """xxh3-64 of the homes this node plans with (offered with its orders, once an epoch)."""
+        """xxh3-64 of the homes this node plans with (offered with its orders: a few times an epoch)."""
         from .orders import homes_digest
         return homes_digest(self.homes)
 
