@@ -252,3 +252,9 @@ def test_decode_split_tiny():
     pytest.importorskip("torchvision")
     out = run("decode_split.py", "--files", "16")
     assert "defer" in out and "the batch decoded on the CPU" in out, out
+
+
+def test_warm_readers_tiny(tmp_path):
+    out = run("warm_readers.py", "--images", "64", "--batch", "16", "--epochs", "1", "--repeats", "1",
+              "--ballast-gib", "0", "--workers", "2", "--out", str(tmp_path))
+    assert "ratio kept/forked" in out and (tmp_path / "warm_readers.json").exists()

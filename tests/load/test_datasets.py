@@ -78,10 +78,10 @@ def test_a_float_batch_is_lent_from_shared_memory_not_copied(dataset, tmp_path, 
                 num_workers=1) as ld:
         it = iter(ld)
         x, _ = next(it)
-        assert it._run._lent == 1          # the tensor views the reader's buffer
+        assert it._run._pool.lent == 1          # the tensor views the reader's buffer
         ptr = x.untyped_storage().data_ptr()
         x2, _ = next(it)
-        assert it._run._lent == 2 and x2.untyped_storage().data_ptr() != ptr
+        assert it._run._pool.lent == 2 and x2.untyped_storage().data_ptr() != ptr
         del it, x, x2
 
 

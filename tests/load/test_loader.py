@@ -347,10 +347,10 @@ def test_lent_batches_stay_intact_and_their_buffers_come_back(dataset, tmp_path,
         held_x, held_y = next(it)
         held_sum = int(held_x.sum())
         run = it._run
-        assert run._lent == 1  # lent, not copied
+        assert run._pool.lent == 1  # lent, not copied
         for k, (x, y) in enumerate(it, start=1):
             assert np.array_equal(np.asarray(x), ref[k][0])  # dropped at once: buffers recycle
-            assert run._lent - len(run._returned) == 2  # the held batch and this one
+            assert run._pool.lent - len(run._pool.returned) == 2  # the held batch and this one
             del x, y
             gc.collect()
         assert int(held_x.sum()) == held_sum and np.array_equal(np.asarray(held_x), ref[0][0])

@@ -45,7 +45,8 @@ from .heap import trim_heap
 from .node_session import NodeSession, close_tiers, compress_sample, place
 from .options import LoaderOptions, RunOptions
 from .passes import EpochCursor, EpochSetter, _EpochIterator
-from .pipeline import EpochRun
+from .pipeline import LEND, EpochRun
+from .pool import WorkerPool
 from .state import STATE_FORMAT, check_format, resume_point
 from .transport import Output
 from .worker import ReaderSpec
@@ -128,6 +129,12 @@ class Loader:
             idle; tune/inflight.py); ``stats()["staging"]`` says the choice and why.
         lookahead: how many batches ahead of the training loop staging runs.
         prefetch: batches each reader may hold ready.
+        persistent_workers: keep the reader processes from one pass to the next (as DataLoader's):
+            later epochs skip forking them (tens of ms per reader from a large process). They keep
+            what they were forked with: a transform, decode, collate or source given anew (a new
+            object), or another reader count, forks new readers; a transform object changed in
+            place is not seen by them (as with DataLoader). ``worker_init_fn`` runs once per reader.
+            A pass left before its end ends its readers. Default False.
         rank, world_size: default from the ``torch.distributed`` process group when one is initialised
             (Lightning, Accelerate, torchrun; also when it is initialised after the Loader was made,
             before the first iteration), else from torchrun, MPI or SLURM variables, else a single
@@ -164,14 +171,15 @@ class Loader:
                  worker_init_fn: Callable[[int], None] | None = None, cluster: bool | str = "auto",
                  storage_options: dict | None = None, dataset: str | None = None,
                  labels: str | None = None, fields: Sequence[str] | str = (),
-                 compress: str | None = None, device: Any = None, decode_on: str = "readers") -> None:
+                 compress: str | None = None, device: Any = None, decode_on: str = "readers",
+                 persistent_workers: bool = False) -> None:
         # checked once, here, before anything is set up (load/options.py); read from there after
         if decode_on not in ("readers", "device"):
             raise ConfigError(f"decode_on={decode_on!r}: choose 'readers' or 'device' (with device=)")
         self.options = options = LoaderOptions(
             batch_size=batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last, on_error=on_error,
             num_workers=num_workers, stage_threads=stage_threads, prefetch=prefetch, lookahead=lookahead,
-            mp_context=mp_context)
+            mp_context=mp_context, persistent_workers=persistent_workers)
         self._tuner: InFlight | None = InFlight(AUTO_START_THREADS) if options.tuned_threads else None
         stage_threads = AUTO_START_THREADS if options.tuned_threads else stage_threads
         for name, fn in (("transform", transform), ("target_transform", target_transform),
@@ -264,6 +272,8 @@ class Loader:
         self._metrics = MetricsLog(os.fspath(metrics)) if metrics is not None else None
         self._cursor = EpochCursor()   # the epoch and the position (load/passes.py)
         self._guard: Guard | None = None   # the loss-spike guard, once guard() was called
+        self._readers: list[WorkerPool] = []   # the readers kept across passes (persistent_workers)
+        self._close_readers = weakref.finalize(self, _close_pools, self._readers)   # (on close, GC or exit)
 
     # -- the options, as given (load/options.py) ------------------------------------------------
 
@@ -374,17 +384,32 @@ class Loader:
             # whole ranges: few requests, each long, and each idle thread costs CPU (docs/benchmarks.md):
             # the tuner starts lower and moves on from there
             self._tuner.limit = RANGE_START_THREADS
+        spec, options = self._reader_spec(start), self._run_options()
         run = EpochRun(plan=plan, source=self.source, manifest=self.manifest, tiers=self.tiers,
-                       reader=self._reader_spec(start), options=self._run_options(), output=self._output,
+                       reader=spec, options=options, output=self._output,
                        stats=self._stats, progress=self._node.progress, tuner=self._tuner,
                        peer_fetch=self._node.peer_fetch if self._cluster is not None else None,
-                       ranges=self._node.range_reader() if plan.whole is not None else None)
+                       ranges=self._node.range_reader() if plan.whole is not None else None,
+                       pool=self._kept_readers(spec, options))
         self._node.carry = (plan, run)
         if self._guard is not None:
             run.served = self._guard.recent
         if self._metrics is not None:
             run.on_batch = self._metrics.write
         return run
+
+    def _kept_readers(self, spec: ReaderSpec, options: RunOptions) -> WorkerPool | None:
+        """With ``persistent_workers``, the readers for this pass: the last pass's where they can
+        serve it (load/pool.py ``reusable``), else new ones (forked now, before any staging thread
+        of the pass); None: the pass forks its own."""
+        if not self.options.persistent_workers:
+            return None
+        slots = options.prefetch + LEND
+        if self._readers and self._readers[0].reusable(spec, slots, options.mp_context):
+            return self._readers[0]
+        _close_pools(self._readers)
+        self._readers.append(WorkerPool(options.num_workers, slots, spec, options.mp_context))
+        return self._readers[0]
 
     def guard(self, *, window: int = 50, threshold: float = 6.0, warmup: int = 20, rel_floor: float = 0.02,
               keep: int = 1) -> Guard:
@@ -514,6 +539,7 @@ class Loader:
     def close(self) -> None:
         """Stop any iteration in progress and release every process, thread and buffer."""
         self._cursor.close_active()
+        self._close_readers()
         self._node.close()
         if self._metrics is not None:
             self._metrics.close()
@@ -528,3 +554,9 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_pools(pools: list[WorkerPool]) -> None:
+    """End the readers a Loader kept across passes, if any (its close, its collection, the exit)."""
+    while pools:
+        pools.pop().close()

@@ -58,7 +58,7 @@ class LoaderOptions:
     """The Loader's own choices, checked once, when it is made (a bad value fails before anything
     is set up, with the Loader's names), and read from here after: the order (``batch_size``,
     ``seed``, ``shuffle``, ``drop_last``), what a bad sample does (``on_error``), ``prefetch``,
-    ``lookahead``, ``mp_context``. ``num_workers`` (None: tuned) and ``stage_threads``
+    ``lookahead``, ``mp_context``, ``persistent_workers``. ``num_workers`` (None: tuned) and ``stage_threads``
     (``"auto"``: tuned) are what was asked; the counts in use are the Loader's, which the tuners
     move. ``run`` makes a pass's RunOptions."""
 
@@ -72,6 +72,7 @@ class LoaderOptions:
     prefetch: int = 2
     lookahead: int = 64
     mp_context: str = "fork"
+    persistent_workers: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("seed", 0)):
@@ -87,6 +88,7 @@ class LoaderOptions:
             object.__setattr__(self, name, int(getattr(self, name)))
         object.__setattr__(self, "shuffle", bool(self.shuffle))
         object.__setattr__(self, "drop_last", bool(self.drop_last))
+        object.__setattr__(self, "persistent_workers", bool(self.persistent_workers))
 
     @property
     def tuned_threads(self) -> bool:

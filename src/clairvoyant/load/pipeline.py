@@ -74,12 +74,14 @@ class EpochRun:
     def __init__(self, *, plan: RankEpochPlan, source: Source, manifest: Manifest, tiers: Tiers, reader: ReaderSpec,
                  options: RunOptions, output: Output, stats: Stats, progress: "NodeProgress | None" = None,
                  tuner: "InFlight | None" = None, peer_fetch: "PeerFetch | None" = None,
-                 ranges: "RangeReader | None" = None) -> None:
+                 ranges: "RangeReader | None" = None, pool: WorkerPool | None = None) -> None:
         """Carry out ``plan`` (plan/rank_plan.py): it says what to read and where each sample is.
         ``options``: the run's reader, staging and error options (load/options.py); ``progress``:
         the node's deadline gate (balance=True); ``tuner``: the limit on requests in flight
         (stage_threads="auto", tune/inflight.py); ``peer_fetch``: the cluster cache's reads from other nodes; ``ranges``: the source's ranges,
-        where the plan reads some whole (plan/ranges.py)."""
+        where the plan reads some whole (plan/ranges.py); ``pool``: readers kept across passes
+        (``persistent_workers``): this run borrows them and leaves them running if it reaches its end
+        (else it ends them), where None it forks its own and ends them."""
         epoch, batches = plan.epoch, list(plan.batches)
         self._manifest, self._tiers, self._batches, self._epoch = manifest, tiers, batches, epoch
         self.epoch = epoch
@@ -115,13 +117,14 @@ class EpochRun:
         self._owner_pid = os.getpid()
         # Fork the readers before any staging thread exists.
         num_workers, prefetch = options.num_workers, options.prefetch
-        self._pool = WorkerPool(num_workers, prefetch + LEND, reader, options.mp_context)
+        self._borrowed = pool is not None
+        if pool is not None:
+            pool.next_pass(reader)
+        self._pool = pool if pool is not None else WorkerPool(num_workers, prefetch + LEND, reader, options.mp_context)
         self._digests = reader.digests
         self.served: collections.deque | None = None   # the guard's record of the last batches served
         self._window = num_workers * prefetch  # batches that may occupy slots ahead of the loop
         self._lend_limit = num_workers * LEND if output.can_share else 0
-        self._lent = 0
-        self._returned: collections.deque[tuple[int, int]] = collections.deque()
         gate = None
         if progress is not None:
             progress.set(self._base)
@@ -202,9 +205,10 @@ class EpochRun:
             self._submitted += 1
 
     def _dispatch_locked(self) -> None:
-        while self._returned:  # slots of lent batches that the training loop has let go of
-            wid, slot = self._returned.popleft()
-            self._lent -= 1
+        pool = self._pool
+        while pool.returned:  # slots of lent batches that the training loop has let go of
+            wid, slot = pool.returned.popleft()
+            pool.lent -= 1
             if wid < len(self._pool.workers):
                 self._pool.workers[wid].free.append(slot)
         limit = self._next + self._window
@@ -323,12 +327,12 @@ class EpochRun:
         slot_id, spec, size, skipped = res.slot, res.spec, res.size, res.skipped
         wid = self._inflight.pop(k)
         worker = self._pool.workers[wid]
-        if size and self._lent < self._lend_limit:
+        if size and self._pool.lent < self._lend_limit:
             out, base = unpack_shared(spec, worker.slots[slot_id], size, self._output)
             with self._lock:
-                self._lent += 1
+                self._pool.lent += 1
             # deque.append needs no lock, so it is safe whenever the garbage collector runs it
-            weakref.finalize(base, self._returned.append, (wid, slot_id))
+            weakref.finalize(base, self._pool.returned.append, (wid, slot_id))
         else:
             try:
                 out = unpack_copy(spec, worker.slots[slot_id], size, self._output)
@@ -408,14 +412,18 @@ class EpochRun:
         self.completed = self._next >= len(self._batches)
         if self.completed and self._late:   # the peers have read them (they stage well ahead)
             self._drop_late(len(self._batches))
-        self._pool.stop()    # a pass run to its end: the readers end while the staging threads do
+        # readers borrowed for a pass that reached its end, every batch taken, stay for the next
+        keep = self._borrowed and self.completed and not self._inflight and not self._placed
+        if not keep:
+            self._pool.stop()    # a pass run to its end: the readers end while the staging threads do
         if self._placed:     # one stopped early: what was staged but not used (RAM entries go, local
             self._pool.close()   # ones stay as planned) is let go once no reader uses it, by the
             with self._lock:     # staging threads' after-use work, which their close finishes
                 for k in list(self._placed):
                     self._release_locked(k)
         self._stager.close()
-        self._pool.close()
+        if not keep:
+            self._pool.close()
         self._tiers.settle(final=True)   # kept samples still waiting for room in the local tier
         if self._progress is not None:
             self._progress.set(-1)

@@ -10,6 +10,11 @@ of Python, by a lock one of them held at the fork. So each reader's first messag
 says it came through; one that does not within ``READY_WAIT`` seconds is killed and
 forked again (twice at most), with a warning, instead of leaving the epoch
 waiting for it for ever.
+
+A pool may serve several passes (the Loader's ``persistent_workers``): each is told its pass
+(``next_pass``) where the readers' spec is the same but for the pass's epoch and positions
+(``reusable``). So the slots lent to the training loop are the pool's to count (``lent``,
+``returned``): a batch the loop still holds from one pass keeps its slot out of the next.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import signal
+from collections import deque
 from multiprocessing.connection import Connection, wait
 from dataclasses import replace
 
 from ..errors import WorkerError
 from .transport import Slot
-from .worker import READY, ReaderSpec, send_job, torn, worker_main
+from .worker import READY, Pass, ReaderSpec, send_job, torn, worker_main
 
 log = logging.getLogger("clairvoyant")
 READY_WAIT = 20.0   # seconds a forked reader has to say it came through the fork
@@ -51,7 +57,11 @@ class WorkerPool:
     def __init__(self, num_workers: int, slots_per_worker: int, spec: ReaderSpec, mp_context: str = "fork") -> None:
         ctx = mp.get_context(mp_context)
         self.workers: list[Worker] = []
-        spec = replace(spec, num_workers=num_workers)
+        self.spec = spec = replace(spec, num_workers=num_workers)
+        self.slots_per_worker, self.mp_context = slots_per_worker, mp_context
+        self.lent = 0   # slots whose batches the training loop holds without a copy
+        self.returned: deque[tuple[int, int]] = deque()   # (reader, slot) let go of (a finalizer appends)
+        self.closed = False
         try:
             for wid in range(num_workers):
                 self.workers.append(self._fork(ctx, wid, slots_per_worker, spec))
@@ -72,6 +82,26 @@ class WorkerPool:
         except BaseException:
             self.close()
             raise
+
+    def reusable(self, spec: ReaderSpec, slots_per_worker: int, mp_context: str) -> bool:
+        """Whether these readers can serve a pass of ``spec``: the same in all but the pass's epoch
+        and positions (the same transforms, decode, collate, source, seed, rank, readers), every
+        reader alive and none told to stop."""
+        if self.closed or (slots_per_worker, mp_context) != (self.slots_per_worker, self.mp_context):
+            return False
+        if any(w.stopped or not w.process.is_alive() for w in self.workers):
+            return False
+        try:
+            return _fixed(spec) == _fixed(self.spec)
+        except Exception:   # noqa: BLE001 - a field that cannot be compared: new readers
+            return False
+
+    def next_pass(self, spec: ReaderSpec) -> None:
+        """Tell every reader the pass it serves now (``reusable`` said it may)."""
+        if (spec.epoch, spec.position, spec.stride) != (self.spec.epoch, self.spec.position, self.spec.stride):
+            for w in self.workers:
+                send_job(w.conn, Pass(spec.epoch, spec.position, spec.stride))
+        self.spec = replace(spec, num_workers=len(self.workers))
 
     @staticmethod
     def _fork(ctx, wid: int, slots_per_worker: int, spec: ReaderSpec) -> Worker:
@@ -119,6 +149,7 @@ class WorkerPool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the readers (if ``stop`` did not already) and wait for them to end."""
+        self.closed = True
         self.stop()
         for w in self.workers:
             w.process.join(timeout)
@@ -130,3 +161,8 @@ class WorkerPool:
                 s.close()
             w.process.close()
         self.workers = []
+
+
+def _fixed(spec: ReaderSpec) -> ReaderSpec:
+    """``spec`` less what changes from pass to pass."""
+    return replace(spec, epoch=0, position=0, stride=0)

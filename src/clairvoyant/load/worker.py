@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Callable, NamedTuple
 
@@ -71,6 +71,15 @@ class ReaderSpec:
     fast: Any = None   # the transform's recipe where load/fast_transform.py carries it out (uint8, per batch)
     fast_uint8: bool = False   # ... its images left uint8 (converted on the Loader's device=)
     fast_defer: bool = False   # ... its JPEGs not decoded here: sent with their draws (decode_on="device")
+
+
+class Pass(NamedTuple):
+    """A kept reader's next pass (``persistent_workers``, load/pool.py ``next_pass``): what changes
+    from one pass to the next. The reader seeds itself as a reader forked for it would."""
+
+    epoch: int
+    position: int
+    stride: int
 
 
 class Item(NamedTuple):
@@ -116,14 +125,14 @@ _BUFFERS = struct.Struct("<I")
 _TORN: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 
 
-def send_job(conn: Connection, job: Job | None) -> None:
-    """Send ``job`` (None: stop) to a reader. The bytes of samples that go through the RAM window
+def send_job(conn: Connection, job: Job | Pass | None) -> None:
+    """Send ``job`` (a ``Pass``: the next pass begins; None: stop) to a reader. The bytes of samples that go through the RAM window
     travel out of band, each as a message of its own, after the pickled record (pickle protocol 5):
     no message of a whole batch's bytes is ever built. Pickled whole, a batch of 256 samples read
     from the source was one 17-28 MB buffer, allocated and copied at every dispatch by whichever
     staging thread dispatched it, and the allocator kept those buffers' pages afterwards."""
     buffers: list[pickle.PickleBuffer] = []
-    if job is not None and any(it.data is not None for it in job.items):
+    if isinstance(job, Job) and any(it.data is not None for it in job.items):
         job = job._replace(items=[it if it.data is None else it._replace(data=pickle.PickleBuffer(it.data))
                                   for it in job.items])
     record = pickle.dumps(job, protocol=5, buffer_callback=buffers.append)
@@ -142,7 +151,7 @@ def torn(conn: Connection) -> bool:
     return conn in _TORN
 
 
-def recv_job(conn: Connection) -> Job | None:
+def recv_job(conn: Connection) -> Job | Pass | None:
     """The next job :func:`send_job` sent (the training process's own records, over the reader's
     pipe from its parent)."""
     head = conn.recv_bytes()
@@ -170,9 +179,7 @@ def worker_main(wid: int, conn, slots: list[Slot], spec: ReaderSpec) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)   # as PyTorch's workers: readers are the parallelism
-    seeding.start_reader(seeding.ReaderInfo(wid, spec.num_workers,
-                                            seeding.reader_seed(spec.seed, spec.epoch, spec.rank, wid),
-                                            spec.epoch, spec.rank))
+    _seed_reader(wid, spec)
     if spec.worker_init_fn is not None:
         try:
             spec.worker_init_fn(wid)
@@ -188,9 +195,20 @@ def worker_main(wid: int, conn, slots: list[Slot], spec: ReaderSpec) -> None:
             return
         if job is None:
             return
+        if isinstance(job, Pass):   # kept for another pass: its epoch and positions from now on
+            spec = replace(spec, epoch=job.epoch, position=job.position, stride=job.stride)
+            _seed_reader(wid, spec)
+            continue
         seeding.seed_generators(seeding.batch_seed(spec.seed, spec.epoch, spec.rank,
                                                    spec.position + job.batch * spec.stride))
         conn.send(_load_batch(job, slots, spec, collate))
+
+
+def _seed_reader(wid: int, spec: ReaderSpec) -> None:
+    """The reader's seeds for its pass (``get_worker_info``'s, and the generators' base)."""
+    seeding.start_reader(seeding.ReaderInfo(wid, spec.num_workers,
+                                            seeding.reader_seed(spec.seed, spec.epoch, spec.rank, wid),
+                                            spec.epoch, spec.rank))
 
 
 def _read(item: Item, source) -> tuple[bytes, str | None, str]:
