@@ -129,7 +129,8 @@ def run_door(door: str, args, data: str, store: dict, work: str, trainer: Traine
                 ds = torchvision.datasets.ImageFolder(mnt, transform=transform)
                 sampler = RandomSampler(ds, seed=0, mount=mnt)
                 dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, sampler=sampler,
-                                                 num_workers=args.workers, pin_memory=trainer.device.type == "cuda")
+                                                 num_workers=args.workers, pin_memory=trainer.device.type == "cuda",
+                                                 persistent_workers=args.persistent and args.workers > 0)
                 for e in range(args.epochs):
                     sampler.set_epoch(e)
                     fs.reset()
@@ -140,7 +141,8 @@ def run_door(door: str, args, data: str, store: dict, work: str, trainer: Traine
         ds = torchvision.datasets.ImageFolder(fs.path, transform=transform)
         if door == "dataloader":
             dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
-                                             pin_memory=trainer.device.type == "cuda", drop_last=True)
+                                             pin_memory=trainer.device.type == "cuda", drop_last=True,
+                                             persistent_workers=args.persistent and args.workers > 0)
             for e in range(args.epochs):
                 fs.reset()
                 secs, n = trainer.epoch(dl)
@@ -150,7 +152,7 @@ def run_door(door: str, args, data: str, store: dict, work: str, trainer: Traine
         if door == "loader_decode":
             extra["decode_on"] = "device"
         with Loader(ds, batch_size=args.batch, local_dir=os.path.join(work, "local"), drop_last=True,
-                    **extra) as ld:
+                    persistent_workers=args.persistent, **extra) as ld:
             for e in range(args.epochs):
                 ld.set_epoch(e)
                 fs.reset()
@@ -178,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-inflight", type=int, default=64)
     p.add_argument("--ceiling-steps", type=int, default=20)
     p.add_argument("--tiny", action="store_true", help="a smoke size on a CPU")
+    p.add_argument("--persistent", action="store_true",
+                   help="readers kept across epochs, for every door (persistent_workers=True)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
     if args.tiny:
