@@ -183,7 +183,8 @@ def test_a_dead_peer_costs_one_time_out_then_is_passed_over():
 def test_one_probe_tells_who_serves_and_a_closed_peer_is_lost():
     """``PeerService.probe``: every peer serving answers ``SERVING`` (or what its ``alive`` says),
     even one passed over; a closed peer answers neither ask and plan/membership.py finds it lost.
-    Control: before the close, no peer is lost."""
+    The asks count as probes, not fetches. Controls: before the close, no peer is lost; a fetch
+    counts as a fetch."""
     from clairvoyant.plan.membership import ORPHANED, SERVING, probed
     services = _services(3, lambda r: (lambda i: None))
     try:
@@ -193,10 +194,16 @@ def test_one_probe_tells_who_serves_and_a_closed_peer_is_lost():
         assert got == {1: SERVING, 2: ORPHANED}, got
         assert probed([1, 2], got) == ([], [2])   # control: none lost
         services[1].close()
+        before = services[0].counters()
         t = time.monotonic()
         got = services[0].probe([1, 2], timeout=0.3)
         assert probed([1, 2], got) == ([1], [2]), got
         assert time.monotonic() - t < 2.0   # two asks of 0.3 s at most
+        after = services[0].counters()   # a probe's asks are not fetches: their outcomes count nowhere else
+        assert after["probes"] == before["probes"] + 3, after
+        assert all(after[k] == before[k] for k in ("fetches", "timeouts", "failed", "hits", "misses")), after
+        services[0].fetch(1, 0, 1, 0.3)   # control: a fetch of the closed peer counts as one
+        assert services[0].counters()["fetches"] == before["fetches"] + 1
     finally:
         for s in services:
             s.close()

@@ -110,10 +110,10 @@ _LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
 class _Fetch:
     """One caller's request, from queueing to its outcome."""
 
-    __slots__ = ("id", "peer", "index", "size", "state", "sent", "result", "done")
+    __slots__ = ("id", "peer", "index", "size", "state", "urgent", "sent", "result", "done")
 
-    def __init__(self, rid: int, peer: int, index: int, size: int, state: bool = False) -> None:
-        self.id, self.peer, self.index, self.size, self.state = rid, peer, index, size, state
+    def __init__(self, rid: int, peer: int, index: int, size: int, state: bool = False, urgent: bool = False) -> None:
+        self.id, self.peer, self.index, self.size, self.state, self.urgent = rid, peer, index, size, state, urgent
         self.sent = False
         self.result: bytes | None = None
         self.done = threading.Event()
@@ -217,12 +217,13 @@ class PeerService(ServiceThread):
         a longer answer or a bad checksum, a failed peer, a closed service. ``state``: piece
         ``index`` of the peer's state instead (its ``state`` callback answers it, on the service
         thread: no queue behind the samples being served). ``urgent``: asked even of a peer passed
-        over, and past the bound on requests in flight (a probe of who answers)."""
+        over, and past the bound on requests in flight (a probe of who answers: counted in
+        ``probes``, apart from the fetches and their outcomes)."""
         if not 0 <= peer < self.size or peer == self.rank or size < 0:
             raise ConfigError(f"fetch from rank {peer} of {self.size} (this is rank {self.rank}), size {size}")
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._lock:
-            self._c.add("fetches")
+            self._c.add("probes" if urgent else "fetches")
             until = self._passed.get(peer)
             if not urgent and until is not None and (peer in self._probing or time.monotonic() < until):
                 self._c.add("passed_over")
@@ -247,9 +248,10 @@ class PeerService(ServiceThread):
                     return None
                 self._room.wait(left)
             if self._closed or self._thread is None or peer in self._dead:
-                self._c.add("failed")
+                if not urgent:
+                    self._c.add("failed")
                 return None
-            f = _Fetch(next(self._ids), peer, index, size, state)
+            f = _Fetch(next(self._ids), peer, index, size, state, urgent)
             self._inflight += 1
             self._inflight_bytes += size
             self._largest = max(self._largest, size)
@@ -260,7 +262,8 @@ class PeerService(ServiceThread):
         with self._lock:
             if self._waiting.pop(f.id, None) is not None:   # no answer in time
                 self._release(f)
-                self._c.add("timeouts")
+                if not urgent:
+                    self._c.add("timeouts")
                 if f.sent:
                     self._late[f.id] = f.peer
                     if len(self._late) > _LATE_KEPT:
@@ -296,7 +299,8 @@ class PeerService(ServiceThread):
         messages dropped unread, ``refused_keys`` connections refused in their handshake (no key of
         the job's: cluster/wire_zmq.py); ``served``/``unserved`` the requests this rank answered with a hit
         or a miss; ``errors`` MPI errors met; ``per_peer`` hits and bytes by rank; ``dead_peers``
-        the ranks MPI reported failed; ``slow_peers`` the ranks passed over now."""
+        the ranks MPI reported failed; ``slow_peers`` the ranks passed over now; ``probes`` the asks of
+        probes (:meth:`probe`), which count in none of the above."""
         with self._lock:
             out = self._c.snapshot()
             out["per_peer"] = {p: {"hits": self._peer_hits[p], "bytes": self._peer_bytes[p]}
@@ -352,10 +356,11 @@ class PeerService(ServiceThread):
         if self._waiting.pop(f.id, None) is None:
             return False
         self._release(f)
-        self._c.add(outcome)
+        if not f.urgent:   # (a probe's ask counts in ``probes`` alone)
+            self._c.add(outcome)
         if outcome != "failed":   # an answer in time: the peer is not (or no longer) slow
             self._passed.pop(f.peer, None)
-        if result is not None:
+        if result is not None and not f.urgent:
             self._c.add("bytes_in", len(result))
             self._peer_hits[f.peer] += 1
             self._peer_bytes[f.peer] += len(result)

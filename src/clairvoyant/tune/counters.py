@@ -80,6 +80,7 @@ NAMES: dict[str, str] = {
     "mount.not_home": "reads of files whose home is another node",
     # a link to the other nodes (cluster/peers.py, mount/cluster/node.py's links)
     "peer.fetches": "fetches asked of a peer",
+    "peer.probes": "asks of a probe of who serves (not fetches)",
     "peer.sent": "requests sent",
     "peer.hits": "fetches a peer answered with the bytes",
     "peer.misses": "fetches a peer answered without them",
