@@ -47,3 +47,45 @@ def check_without_files(source: Any, *, decode: Callable | None, transform: Call
     log.warning("clairvoyant: dataset %s has no files (no `samples` list, not a path): its %d samples are made by "
                 "its __getitem__ in the reader processes, in the plan's order; nothing is staged",
                 source.name, source.count)
+
+
+# torch's DataLoader keywords a ported script may still pass: the Loader's name for each it takes,
+# and what to do instead for each it does otherwise
+DATALOADER_NAMES = {"prefetch_factor": "prefetch", "multiprocessing_context": "mp_context"}
+LOADER_DEFAULTS = {"prefetch": 2, "mp_context": "fork"}   # (the Loader's own defaults of those)
+DATALOADER_INSTEAD = {
+    "sampler": "the Loader orders and splits every epoch itself (seed=, shuffle=; the ranks from the launcher): "
+               "drop the sampler and call loader.set_epoch(epoch) where the script called sampler.set_epoch(epoch)",
+    "batch_sampler": "the Loader makes its batches itself (batch_size=, drop_last=, seed=, shuffle=): drop it",
+    "generator": "the Loader's order comes from seed= (an int): pass seed= instead",
+    "timeout": "the Loader does not wait on a reader in silence (a reader that dies is a WorkerDied at once; a "
+               "slow store shows in stats()['verdict']): drop it",
+    "pin_memory_device": "pass device= (batches arrive there, uint8 converted on it where it can)",
+}
+
+
+def dataloader_keywords(given: dict[str, Any], **mine: Any) -> dict[str, Any]:
+    """The Loader's keywords ``mine`` (``prefetch``, ``mp_context``) with torch DataLoader keywords
+    ``given`` (a script ported as it was) taken in: ``prefetch_factor`` and
+    ``multiprocessing_context`` (a name or a context) under the Loader's names (given both ways
+    and differing: a ConfigError), ``in_order=True`` as it is (batches come in order); a
+    ConfigError saying what to do for one the Loader does otherwise (``sampler``, ...), a
+    TypeError for any other name (a typo stays an error)."""
+    out = dict(mine)
+    for name, value in given.items():
+        if name in DATALOADER_INSTEAD:
+            raise ConfigError(f"{name}= is a DataLoader argument the Loader does not take: {DATALOADER_INSTEAD[name]}")
+        if name == "in_order":
+            if not value:
+                raise ConfigError("in_order=False: the Loader yields every batch in order; drop it")
+        elif name in DATALOADER_NAMES:
+            if name == "multiprocessing_context" and not isinstance(value, str):
+                value = value.get_start_method()   # (a context object, as mp.get_context("spawn") gives)
+            ours = DATALOADER_NAMES[name]
+            if out[ours] not in (value, LOADER_DEFAULTS[ours]):
+                raise ConfigError(f"{ours}={out[ours]!r} and the DataLoader's {name}={value!r} are both given: "
+                                  "pass one")
+            out[ours] = value
+        else:
+            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+    return out

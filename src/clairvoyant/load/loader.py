@@ -39,7 +39,7 @@ from ..tune.stats import Stats
 from ..tune.verdict import judge
 from .decode import decode_pil
 from .decode import resolve as resolve_decode
-from .given import check_without_files, from_dataset
+from .given import check_without_files, dataloader_keywords, from_dataset
 from .guard import Guard
 from .heap import trim_heap
 from .node_session import NodeSession, close_tiers, compress_sample, place
@@ -148,6 +148,11 @@ class Loader:
             Where the transform runs on uint8 (``stats()["transform"]``), images travel as uint8 (a
             quarter of the bytes) and are converted and normalized there; otherwise every tensor of
             the batch is moved. A training loop's own ``.to(device)`` is then a no-op.
+        **dataloader: torch DataLoader keywords a ported script may still pass: ``prefetch_factor``
+            and ``multiprocessing_context`` are ``prefetch`` and ``mp_context``, ``in_order=True``
+            holds; ``sampler``, ``batch_sampler``, ``generator``, ``timeout`` and
+            ``pin_memory_device`` are a ConfigError saying what to do instead; any other name, a
+            TypeError.
         decode_on: ``"readers"`` (the default) or ``"device"``: with ``device=`` and the transform
             on uint8, the readers send each JPEG with what its transform drew (nothing decoded
             there) and the batch's JPEGs are decoded on the device at once (torchvision's
@@ -172,8 +177,11 @@ class Loader:
                  storage_options: dict | None = None, dataset: str | None = None,
                  labels: str | None = None, fields: Sequence[str] | str = (),
                  compress: str | None = None, device: Any = None, decode_on: str = "readers",
-                 persistent_workers: bool = False) -> None:
+                 persistent_workers: bool = False, **dataloader: Any) -> None:
         # checked once, here, before anything is set up (load/options.py); read from there after
+        if dataloader:   # a DataLoader's keywords, as a ported script passes them (load/given.py)
+            got = dataloader_keywords(dataloader, prefetch=prefetch, mp_context=mp_context)
+            prefetch, mp_context = got["prefetch"], got["mp_context"]
         if decode_on not in ("readers", "device"):
             raise ConfigError(f"decode_on={decode_on!r}: choose 'readers' or 'device' (with device=)")
         self.options = options = LoaderOptions(
