@@ -5,10 +5,12 @@ be given (``check_without_files``). Each raises a ConfigError that says what to 
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..source import DatasetPort
+from .options import LoaderOptions
 
 log = logging.getLogger("clairvoyant")
 
@@ -52,7 +54,8 @@ def check_without_files(source: Any, *, decode: Callable | None, transform: Call
 # torch's DataLoader keywords a ported script may still pass: the Loader's name for each it takes,
 # and what to do instead for each it does otherwise
 DATALOADER_NAMES = {"prefetch_factor": "prefetch", "multiprocessing_context": "mp_context"}
-LOADER_DEFAULTS = {"prefetch": 2, "mp_context": "fork"}   # (the Loader's own defaults of those)
+# (the Loader's own defaults of those: a value other than its default was given to the Loader)
+LOADER_DEFAULTS = {f.name: f.default for f in fields(LoaderOptions) if f.name in DATALOADER_NAMES.values()}
 DATALOADER_INSTEAD = {
     "sampler": "the Loader orders and splits every epoch itself (seed=, shuffle=; the ranks from the launcher): "
                "drop the sampler and call loader.set_epoch(epoch) where the script called sampler.set_epoch(epoch)",

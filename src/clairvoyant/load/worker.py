@@ -126,8 +126,9 @@ _TORN: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 
 
 def send_job(conn: Connection, job: Job | Pass | None) -> None:
-    """Send ``job`` (a ``Pass``: the next pass begins; None: stop) to a reader. The bytes of samples that go through the RAM window
-    travel out of band, each as a message of its own, after the pickled record (pickle protocol 5):
+    """Send ``job`` (a ``Pass``: the next pass begins; None: stop) to a reader. The bytes of
+    samples that go through the RAM window travel out of band, each as a message of its own,
+    after the pickled record (pickle protocol 5):
     no message of a whole batch's bytes is ever built. Pickled whole, a batch of 256 samples read
     from the source was one 17-28 MB buffer, allocated and copied at every dispatch by whichever
     staging thread dispatched it, and the allocator kept those buffers' pages afterwards."""

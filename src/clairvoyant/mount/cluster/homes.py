@@ -13,6 +13,7 @@ import numpy as np
 from ..listing import publish_bytes
 
 HOMES_FILE = "cluster-homes"   # beside the tier: the planned homes, for a mount started again
+_HEAD = 24   # the encoding's header: the epoch the homes came from, the nodes, the files (<i8 each)
 
 
 def tell_daemon(mount, homes: np.ndarray) -> None:
@@ -30,13 +31,18 @@ def encode_homes(homes: np.ndarray, basis: int, nodes: int) -> bytes:
     return np.array([int(basis), int(nodes), len(homes)], "<i8").tobytes() + np.asarray(homes, "<u4").tobytes()
 
 
+def encoded_size(num_files: int) -> int:
+    """Bytes of ``encode_homes``'s encoding of this many files' homes."""
+    return _HEAD + 4 * num_files
+
+
 def decode_homes(blob: bytes | None, num_files: int, nodes: int) -> tuple[np.ndarray, int] | None:
     """``(homes, basis)`` from ``encode_homes``'s bytes for this many files and nodes, else None
     (none, or not of this listing and cluster)."""
-    if blob is None or len(blob) != 24 + 4 * num_files:
+    if blob is None or len(blob) != encoded_size(num_files):
         return None
     basis, n, files = np.frombuffer(blob, "<i8", 3).tolist()
-    homes = np.frombuffer(blob, "<u4", num_files, 24)
+    homes = np.frombuffer(blob, "<u4", num_files, _HEAD)
     if n != nodes or files != num_files or basis < 0 or (num_files and int(homes.max()) >= nodes):
         return None
     return homes.astype(np.int32), int(basis)

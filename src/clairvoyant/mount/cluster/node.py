@@ -46,7 +46,7 @@ from ...plan.unplanned import STORE, HomesLRU, hash_homes
 from ...tune.counters import Counters
 from .handoff import PeerFiles
 from .links import ClusterLink
-from .homes import HOMES_FILE, decode_homes, encode_homes, load_homes, save_homes, tell_daemon
+from .homes import HOMES_FILE, decode_homes, encode_homes, encoded_size, load_homes, save_homes, tell_daemon
 from .orders import HOMES
 from ...cluster.timeouts import ASK_TIMEOUT, CONTROL_WAIT
 
@@ -416,7 +416,7 @@ class MountCluster:
         if first is not None and self.basis == first[0] and self.homes_digest() == first[2]:
             return self.homes, self.basis
         if first is not None:
-            got = decode_homes(self.fetch_control(first[1], HOMES, 24 + 4 * len(self._keys)), len(self._keys),
+            got = decode_homes(self.fetch_control(first[1], HOMES, encoded_size(len(self._keys))), len(self._keys),
                                self.nodes)
             if got is None or got[1] != first[0]:
                 return None
