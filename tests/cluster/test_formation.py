@@ -196,5 +196,42 @@ def test_the_ranks_mounts_find_a_lost_node_the_one_way(monkeypatch):
                 barrier.wait(30)
     got = ThreadGroup(2).run(rank)
     before, after, fetched, took, lost = got[0]
-    assert before == ([], []), got   # control: both serving
-    assert after == ([1], []) and fetched is None and took < 0.5 and lost == frozenset({1}), got
+    assert before == ([], [], []), got   # control: both serving
+    assert after == ([1], [], []) and fetched is None and took < 0.5 and lost == frozenset({1}), got
+
+
+def test_a_draining_node_serves_on_but_its_peers_plan_without_it(monkeypatch):
+    """A node told to drain (ServiceLink.drain: its node is to be taken back) still serves its
+    files, but offers no state (orders, homes) and answers a probe ``DRAINING``: its peer's probe
+    counts it lost, and says why. Control: before the drain, the same probe finds nothing and the
+    state is offered."""
+    from clairvoyant.cluster.secret import SECRET_VAR
+    from clairvoyant.mount.cluster.links import ServiceLink
+    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
+    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    barrier = threading.Barrier(2)
+
+    def rank(g):
+        link = ServiceLink.of_group(g)
+        try:
+            link.agree(bytes(32), "the files")
+            link.start(lambda n: b"file", lambda n: b"orders")
+            seen = []
+            for step in ("before", "after"):
+                barrier.wait(30)
+                if link.node == 1 and step == "after":
+                    link.drain()
+                barrier.wait(30)
+                if link.node == 0:
+                    seen.append((link.probe([1], timeout=1.0), link.fetch(1, 3, 6, 5.0, state=True),
+                                 link.fetch(1, 3, 4, 5.0)))
+            barrier.wait(30)
+            return seen
+        finally:
+            link.close()
+    got = ThreadGroup(2).run(rank)
+    (before, state_before, file_before), (after, state_after, file_after) = got[0]
+    assert before == ([], [], []) and state_before == b"orders" and file_before == b"file", got   # control
+    assert after == ([1], [], [1]) and state_after is None and file_after == b"file", got
+    from clairvoyant.plan.membership import why_absent
+    assert "draining" in why_absent([1], after) and "answer no probe" not in why_absent([1], after)

@@ -192,12 +192,12 @@ def test_one_probe_tells_who_serves_and_a_closed_peer_is_lost():
         services[0]._passed[1] = time.monotonic() + 60   # passed over: a probe asks all the same
         got = services[0].probe([1, 2], timeout=2.0)
         assert got == {1: SERVING, 2: ORPHANED}, got
-        assert probed([1, 2], got) == ([], [2])   # control: none lost
+        assert probed([1, 2], got) == ([], [2], [])   # control: none lost
         services[1].close()
         before = services[0].counters()
         t = time.monotonic()
         got = services[0].probe([1, 2], timeout=0.3)
-        assert probed([1, 2], got) == ([1], [2]), got
+        assert probed([1, 2], got) == ([1], [2], []), got
         assert time.monotonic() - t < 2.0   # two asks of 0.3 s at most
         after = services[0].counters()   # a probe's asks are not fetches: their outcomes count nowhere else
         assert after["probes"] == before["probes"] + 3, after

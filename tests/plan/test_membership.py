@@ -27,9 +27,20 @@ def test_a_node_is_lost_when_it_answers_neither_probe_and_the_reason_is_said():
     answer of any kind is not a loss."""
     from clairvoyant.plan.membership import ORPHANED, SERVING, probed, why_absent
     found = probed([1, 2, 3], {1: None, 2: ORPHANED, 3: SERVING})
-    assert found == ([1], [2])
-    assert probed([4], {}) == ([4], [])   # never asked or never answered: the same
+    assert found == ([1], [2], [])
+    assert probed([4], {}) == ([4], [], [])   # never asked or never answered: the same
     assert probed([2, 3], {2: ORPHANED, 3: SERVING}).lost == []   # control
     why = why_absent([1, 3], probed([1, 3], {1: None, 3: SERVING}))
     assert "rank(s) [1] answer no probe: lost" in why and "rank(s) [3] answer probes: alive" in why
     assert "lost" not in why_absent([3], probed([3], {3: SERVING}))   # control: alive only
+
+
+def test_a_draining_node_counts_as_lost_and_is_named_as_draining():
+    """``probed``: ``DRAINING`` is lost to the plan (and listed as draining), unlike ``SERVING``;
+    ``why_absent`` says draining, not silent. Control: a silent node beside it is named silent."""
+    from clairvoyant.plan.membership import DRAINING, SERVING, probed, why_absent
+    found = probed([1, 2, 3], {1: DRAINING, 2: None, 3: SERVING})
+    assert found == ([1, 2], [], [1])
+    why = why_absent([1, 2], found)
+    assert "rank(s) [1] are draining" in why and "rank(s) [2] answer no probe" in why
+    assert probed([3], {3: SERVING}) == ([], [], [])   # control

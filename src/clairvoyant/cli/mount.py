@@ -153,6 +153,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
     if not mounted(mnt):
         print(f"{mnt} is not mounted", file=sys.stderr)
         return 1
+    if args.drain:
+        return _drain(mnt, read_info)
     try:
         pid = int(read_info(mnt)["pid"])
     except Exception:   # no description (a dead daemon, or another file system): unmount it anyway
@@ -173,6 +175,25 @@ def cmd_umount(args: argparse.Namespace) -> int:
         print(f"{mnt} is still mounted (busy?): close the programs using it, then run fusermount3 -u {mnt}",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def _drain(mnt: str, read_info) -> int:
+    """``clairvoyant umount --drain MNT``: the cluster mount at MNT is told its node is to be taken
+    back (mount/cluster/links.py ``ServiceLink.drain``); it stays mounted."""
+    from ..mount.cluster.member import ask
+    from ..plan.membership import DRAIN
+    control = read_info(mnt).get("control")
+    if not control:
+        print(f"{mnt} is not a cluster mount (started with --cluster under a launcher): nothing to drain; "
+              f"`clairvoyant umount {mnt}` unmounts it", file=sys.stderr)
+        return 1
+    if ask(control, {"op": DRAIN}) is None:
+        print(f"the mount service at {mnt} did not answer on {control}: `clairvoyant umount {mnt}` unmounts it",
+              file=sys.stderr)
+        return 1
+    print(f"{mnt} drains: it serves the other nodes until it is unmounted, and they plan without it from "
+          f"their next epoch; `clairvoyant umount {mnt}` once this node's programs are done", flush=True)
     return 0
 
 
@@ -210,4 +231,6 @@ def add_parser(sub) -> None:
     u = sub.add_parser("umount", help="unmount a clairvoyant mount (its process exits)")
     u.add_argument("mountpoint")
     u.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the mount process")
+    u.add_argument("--drain", action="store_true", help="a cluster mount's node is to be taken back (a preemption "
+                   "notice): it stays mounted and serves on, its peers plan their next epochs without it")
     u.set_defaults(fn=cmd_umount)

@@ -14,6 +14,9 @@
   the whole job ends, unmount. One did not answer: a node was lost and the launcher ends the job
   because of it; serve on (from the tier, the nodes that answer, the store). A peer whose member
   ended without a word: that member's loss is the reason; serve on too.
+- A node told to drain (``DRAIN``: its node is to be taken back, a preemption notice) serves on
+  until it goes, but answers a probe ``DRAINING`` and offers no orders: its peers count it lost
+  (``probed``) and plan the next epochs without it, before it is gone.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import signal
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Sequence
 
-UNMOUNT, LEAVE = "unmount", "leave"
+UNMOUNT, LEAVE, DRAIN = "unmount", "leave", "drain"
 SERVING, ORPHANED = b"\x01", b"\x02"   # a probe's answers: serving; serving after its member ended without a word
+DRAINING = b"\x03"   # serving until its node is taken back (told to drain): planned without
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # the ones a member and a service take
 
 
@@ -52,22 +56,29 @@ def on_leave(lost: Sequence[int], orphaned: Sequence[int]) -> Leaving:
 
 class Probed(NamedTuple):
     """What a probe of ``peers`` decides: ``lost``, those that answered neither ask (the process, or
-    its node, is gone); ``orphaned``, those serving on after their member ended without a word."""
+    its node, is gone) or that answered ``DRAINING`` (``draining``: going, planned without from
+    now); ``orphaned``, those serving on after their member ended without a word."""
 
     lost: list[int]
     orphaned: list[int]
+    draining: list[int] = []
 
 
 def probed(peers: Sequence[int], answers: Mapping[int, bytes | None]) -> Probed:
     """The decision from each peer's answer to a probe (None: none to either ask)."""
-    return Probed([p for p in peers if answers.get(p) is None], [p for p in peers if answers.get(p) == ORPHANED])
+    draining = [p for p in peers if answers.get(p) == DRAINING]
+    return Probed([p for p in peers if answers.get(p) is None or p in draining],
+                  [p for p in peers if answers.get(p) == ORPHANED], draining)
 
 
 def why_absent(missing: Sequence[int], found: Probed) -> str:
     """Why the ranks ``missing`` did not take part in an exchange, from a probe of them."""
     parts = []
-    if found.lost:
-        parts.append(f"rank(s) {sorted(found.lost)} answer no probe: lost (the process, or its node, is gone)")
+    silent = sorted(set(found.lost) - set(found.draining))
+    if silent:
+        parts.append(f"rank(s) {silent} answer no probe: lost (the process, or its node, is gone)")
+    if found.draining:
+        parts.append(f"rank(s) {sorted(found.draining)} are draining: their node is being taken back")
     alive = sorted(set(missing) - set(found.lost))
     if alive:
         parts.append(f"rank(s) {alive} answer probes: alive, but they did not reach the exchange (stuck, or far "

@@ -248,3 +248,74 @@ def test_ctrl_c_at_torchrun_unmounts_every_node_at_once(tmp_path):
     assert text().count("interrupted at the launcher (Ctrl-C); unmounting") == 2, text()
     assert "the job ends; unmounting" not in text()
     assert wait_until(lambda: not ours(token), 30), ours(token)
+
+
+@pytest.mark.timeout(600)
+def test_a_drained_node_serves_on_while_the_others_plan_without_it(tmp_path):
+    """``clairvoyant umount --drain MNT`` on node 2 of three (its node is to be taken back): it stays
+    mounted, its program reads on with the right bytes, and nodes 0 and 1 plan the next epochs
+    without it (their logs say node 2 drains): in the last epoch no peer asks node 2 for a file.
+    Control: in the epoch before the drain its peers did ask it, and no log spoke of a drain."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None:
+        pytest.skip("needs torch and pyzmq")
+    nodes, n_files = 3, 96
+    token = f"cvnl{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    src = work / "src"
+    digests = {}
+    for i in range(n_files):
+        key = f"d{i % 4}/f{i:03d}.bin"
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        data = random.Random(i).randbytes(2000 + 37 * i)
+        (src / key).write_bytes(data)
+        digests[key] = hashlib.sha256(data).hexdigest()
+    (work / "digests.json").write_text(json.dumps(digests))
+    mnts = [work / f"mnt{n}" for n in range(nodes)]
+    for m in mnts:
+        m.mkdir()
+    log = open(tmp_path / "launcher.log", "w")
+    text = lambda: (tmp_path / "launcher.log").read_text()   # noqa: E731
+    agents = _launch("torchrun", work, str(src), token, log, nodes=nodes)
+
+    def epoch(e: int) -> None:
+        outs = [work / f"out{n}.e{e}.jsonl" for n in range(nodes)]
+        programs = [subprocess.Popen([sys.executable, PROGRAM, str(mnts[n]), str(n), str(nodes), str(e + 1),
+                                      str(work / "digests.json"), str(outs[n]), str(e)], stdout=log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, "NODE_LOSS_PACE": "0.01"})
+                    for n in range(nodes)]
+        assert [p.wait(240) for p in programs] == [0] * nodes, text()
+        for n in range(nodes):
+            (r,) = [json.loads(line) for line in outs[n].read_text().splitlines()]
+            assert r["read"] == r["expected"] and r["bad"] == 0, (n, e, r)
+
+    def served_by_2() -> int:
+        out = subprocess.run([CV, "mount", "--stats", "--json", str(mnts[2])], capture_output=True, text=True,
+                             check=True).stdout
+        c = json.loads(out)["staging"]["cluster"]
+        return sum(c.get(k, 0) for k in ("served_from_tier", "served_from_store", "served_absent"))
+    try:
+        assert wait_until(lambda: all(mounted(str(m)) for m in mnts) or any(a.poll() is not None for a in agents),
+                          120), text()
+        epoch(0)
+        before = served_by_2()
+        said = lambda m: [w for w in ("node(s) [2] drain", "node 2 drains") if w in _service_log(m)]   # noqa: E731
+        assert before > 0 and not any(said(m) for m in mnts), [_service_log(m) for m in mnts]   # control
+        drained = subprocess.run([CV, "umount", "--drain", str(mnts[2])], capture_output=True, text=True)
+        assert drained.returncode == 0 and "drains" in drained.stdout, drained
+        epoch(1)   # (planned without node 2 once its peers find it draining)
+        after_first = served_by_2()
+        epoch(2)
+        assert served_by_2() == after_first, (before, after_first, served_by_2())
+        assert mounted(str(mnts[2]))
+        for n in range(2):
+            assert "node(s) [2] drain" in _service_log(mnts[n]), _service_log(mnts[n])
+        assert "node 2 drains" in _service_log(mnts[2])
+    finally:
+        end_launchers(agents)
+        log.close()
+        wait_until(lambda: not any(mounted(str(m)) for m in mnts), 30)
+        stuck = [m for m in mnts if mounted(str(m))]
+        for m in stuck:
+            subprocess.run(["fusermount3", "-u", "-z", str(m)])
+    assert not stuck, text()
+    assert wait_until(lambda: not ours(token), 30), ours(token)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from ...errors import ConfigError
 from ...nodeio.fileio import process_alive
-from ...plan.membership import LEAVE, ORPHANED, SERVING, UNMOUNT, Probed, probed
+from ...plan.membership import DRAIN, DRAINING, LEAVE, ORPHANED, SERVING, UNMOUNT, Probed, probed
 from ...cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
@@ -88,6 +88,7 @@ class ServiceLink:
         self.serving_on = False           # it went on serving after its launcher ended it (a node was lost)
         self.lost: frozenset[int] = frozenset()   # peers found lost (not asked until the cluster forms again)
         self.was_lost = False            # a node was lost since the homes were last planned whole
+        self.draining = False            # told to drain: serving until it goes, planned without by its peers
         self._state_lock = threading.Lock()   # what the member asked, the joins, the lost: the control
                                               # thread and the service's loop both change them
         self.control = control
@@ -180,6 +181,9 @@ class ServiceLink:
             else:
                 return {"error": f"a join gives {self.nodes} addresses"}
             return {"ok": True, "joins": self.joins}
+        if op == DRAIN:
+            self.drain()
+            return {"ok": True}
         if op in (LEAVE, UNMOUNT):
             with self._state_lock:
                 if self.asked != UNMOUNT:   # (an unmount asked is never taken back)
@@ -236,11 +240,21 @@ class ServiceLink:
             self.lost = self.lost | frozenset(peers)
             self.was_lost = True
 
+    def drain(self) -> None:
+        """This node is to be taken back (a preemption notice): it serves on until it goes, but
+        offers no orders and answers a probe ``DRAINING``, so its peers plan without it from the
+        next epoch (plan/membership.py)."""
+        self.draining = True
+        log.warning("clairvoyant: node %d drains: it serves its peers until it goes; they plan without it", self.node)
+
     def _alive_answer(self) -> bytes:
-        """The answer to a probe: ``SERVING`` with its member (or told by it to leave: the job's end),
-        ``ORPHANED`` after its member ended without a word (a member lost, its node's mount not)."""
+        """The answer to a probe: ``DRAINING`` once told to drain; ``SERVING`` with its member (or
+        told by it to leave: the job's end), ``ORPHANED`` after its member ended without a word (a
+        member lost, its node's mount not)."""
         with self._state_lock:
             leaving = self.asked is not None
+        if self.draining:
+            return DRAINING
         return SERVING if leaving or self.member_alive() else ORPHANED
 
     # -- the link ---------------------------------------------------------------------------------
@@ -266,7 +280,8 @@ class ServiceLink:
 
     def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
         from ...cluster.peers import PeerService
-        self._service = PeerService(self._wire, serve, state=state, serve_threads=8, idle_max=2e-4,
+        offered = None if state is None else (lambda n: None if self.draining else state(n))   # (none draining)
+        self._service = PeerService(self._wire, serve, state=offered, serve_threads=8, idle_max=2e-4,
                                     alive=self._alive_answer)
         self._service.start()
 

@@ -391,11 +391,16 @@ class MountCluster:
         plan and the next are made without them."""
         if not peers:
             return
-        lost = self.link.probe(sorted(peers)).lost
-        if lost:
-            self.link.mark_lost(lost)
+        found = self.link.probe(sorted(peers))
+        if found.lost:
+            self.link.mark_lost(found.lost)
+        silent = sorted(set(found.lost) - set(found.draining))
+        if silent:
             log.warning("clairvoyant: node %d: node(s) %s offer no orders and answer no probe: lost; the epochs "
-                        "are planned without them", self.node, lost)
+                        "are planned without them", self.node, silent)
+        if found.draining:
+            log.warning("clairvoyant: node %d: node(s) %s drain (their node is being taken back): the epochs are "
+                        "planned without them", self.node, found.draining)
 
     def fetch_control(self, peer: int, number: int, size: int) -> bytes | None:
         """A peer's answer to a request for a piece of its state (its orders, its homes), or None."""
