@@ -461,6 +461,11 @@ def test_clairvoyant_umount(data):
     stats = subprocess.run([sys.executable, "-m", "clairvoyant.cli.main", "mount", "--stats", mnt],
                            capture_output=True, text=True)
     assert stats.returncode == 0 and "0 local" in stats.stdout
+    # --drain is a cluster mount's: on this one it says so, leaves it mounted, and its advice works
+    r = subprocess.run([sys.executable, "-m", "clairvoyant.cli.main", "umount", "--drain", mnt], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and "not a cluster mount" in r.stderr and mounted(mnt), r.stderr
+    assert f"clairvoyant umount {os.path.realpath(mnt)}" in r.stderr
     r = subprocess.run([sys.executable, "-m", "clairvoyant.cli.main", "umount", mnt], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert p.wait(15) == 0 and not mounted(mnt)
