@@ -40,7 +40,7 @@ def test_a_draining_node_counts_as_lost_and_is_named_as_draining():
     ``why_absent`` says draining, not silent. Control: a silent node beside it is named silent."""
     from clairvoyant.plan.membership import DRAINING, SERVING, probed, why_absent
     found = probed([1, 2, 3], {1: DRAINING, 2: None, 3: SERVING})
-    assert found == ([1, 2], [], [1])
+    assert found == ([1, 2], [], [1]) and found.silent == [2]
     why = why_absent([1, 2], found)
     assert "rank(s) [1] are draining" in why and "rank(s) [2] answer no probe" in why
     assert probed([3], {3: SERVING}) == ([], [], [])   # control

@@ -63,6 +63,11 @@ class Probed(NamedTuple):
     orphaned: list[int]
     draining: list[int] = []
 
+    @property
+    def silent(self) -> list[int]:
+        """Those lost that answered neither ask (the draining answered)."""
+        return [p for p in self.lost if p not in self.draining]
+
 
 def probed(peers: Sequence[int], answers: Mapping[int, bytes | None]) -> Probed:
     """The decision from each peer's answer to a probe (None: none to either ask)."""
@@ -74,9 +79,8 @@ def probed(peers: Sequence[int], answers: Mapping[int, bytes | None]) -> Probed:
 def why_absent(missing: Sequence[int], found: Probed) -> str:
     """Why the ranks ``missing`` did not take part in an exchange, from a probe of them."""
     parts = []
-    silent = sorted(set(found.lost) - set(found.draining))
-    if silent:
-        parts.append(f"rank(s) {silent} answer no probe: lost (the process, or its node, is gone)")
+    if found.silent:
+        parts.append(f"rank(s) {sorted(found.silent)} answer no probe: lost (the process, or its node, is gone)")
     if found.draining:
         parts.append(f"rank(s) {sorted(found.draining)} are draining: their node is being taken back")
     alive = sorted(set(missing) - set(found.lost))

@@ -350,8 +350,8 @@ def run_service(args: argparse.Namespace) -> int:
             joins = link.leave_asked()
             if joins is not None:
                 since = time.monotonic()
-                lost, orphaned = link.probe()
-                leaving = membership.on_leave(lost, orphaned)
+                found = link.probe()   # (a draining node answers: the job's end does not wait on it)
+                leaving = membership.on_leave(found.silent, found.orphaned)
                 if leaving.unmount:
                     stop.wait(max(0.0, LEAVE_GRACE - (time.monotonic() - since)))   # (the others' probes answered)
                     if link.still_leaving(joins):
@@ -359,7 +359,7 @@ def run_service(args: argparse.Namespace) -> int:
                               "unmounting", flush=True)
                         break
                     continue   # (formed again meanwhile)
-                if link.serve_on(joins, lost):
+                if link.serve_on(joins, found.lost):
                     told_gone = link.member
                     print(f"clairvoyant: node {node}: the launcher ends this mount's member and {leaving.why}; serving on "
                           f"at {m.path} from this node's tier, the nodes that answer and the store (a launcher "

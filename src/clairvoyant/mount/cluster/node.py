@@ -394,10 +394,9 @@ class MountCluster:
         found = self.link.probe(sorted(peers))
         if found.lost:
             self.link.mark_lost(found.lost)
-        silent = sorted(set(found.lost) - set(found.draining))
-        if silent:
+        if found.silent:
             log.warning("clairvoyant: node %d: node(s) %s offer no orders and answer no probe: lost; the epochs "
-                        "are planned without them", self.node, silent)
+                        "are planned without them", self.node, found.silent)
         if found.draining:
             log.warning("clairvoyant: node %d: node(s) %s drain (their node is being taken back): the epochs are "
                         "planned without them", self.node, found.draining)
