@@ -99,3 +99,13 @@ class PeerLost(ClairvoyantError, RuntimeError):
 
     def __reduce__(self):   # (pickled with its ranks: ``args`` holds the message alone)
         return type(self), (str(self), self.ranks)
+
+    @classmethod
+    def of_gather(cls, missing: list[int], size: int, happened: str, then: str = "") -> PeerLost:
+        """A gather that ranks ``missing`` (empty: unknown) of ``size`` did not complete
+        (``happened`` says how), with what to do (``then``: a backend's addition)."""
+        who = f"rank(s) {missing}" if missing else "a rank"
+        return cls(f"{who} of this job's {size} {happened}: the cluster cache plans every epoch with every rank. "
+                   "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
+                   "left (the loader resumes elastically at its position; docs/user-guide.md), or pass "
+                   f"cluster=False to run node by node{then}", missing)

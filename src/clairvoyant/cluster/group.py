@@ -79,3 +79,4 @@ def allgather_int64(group: Group, values: np.ndarray, what: str) -> list[np.ndar
 
 def _bad(what: str) -> np.ndarray:
     raise ConfigError(f"{what}: a rank sent a length that is not a whole number of int64s")
+

@@ -50,6 +50,19 @@ def available() -> str | None:
     return None
 
 
+def failed_ranks(comm: Any) -> set[int]:
+    """The ranks of ``comm`` that MPI knows have failed (ULFM's ``Get_failed``; raises where this
+    MPI has no ULFM)."""
+    from mpi4py import MPI
+    failed, mine = comm.Get_failed(), comm.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine) if failed.Get_size() else []
+    finally:
+        failed.Free()
+        mine.Free()
+    return {r for r in ranks if r != MPI.UNDEFINED}
+
+
 class MPIGroup:
     """The ranks of ``comm`` as a group (cluster/group.py), on a duplicate of it (``dup``) so that its
     gathers never mix with the caller's. ``dead()``: ranks known to be gone from elsewhere (the
@@ -104,13 +117,7 @@ class MPIGroup:
         """Ranks this rank knows are gone: ``dead()``'s, and MPI's own list (ULFM)."""
         dead = set(self.dead())
         try:
-            from mpi4py import MPI
-            failed, mine = self.comm.Get_failed(), self.comm.Get_group()
-            if failed.Get_size():
-                ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
-                dead |= {r for r in ranks if r != MPI.UNDEFINED}
-            failed.Free()
-            mine.Free()
+            dead |= failed_ranks(self.comm)
         except Exception:   # noqa: BLE001 - no ULFM in this MPI: only the peer service's knowledge
             pass
         return sorted(dead)
@@ -122,14 +129,9 @@ class MPIGroup:
             pass
 
     def _lost(self, what: str, dead: list[int], detail: str) -> PeerLost:
-        who = f"rank(s) {dead}" if dead else "a rank"
-        return PeerLost(
-            f"{who} of this job's {self.size} can no longer take part in {what} on rank {self.rank}"
-            f"{f' (MPI: {detail})' if detail else ''}: the cluster cache plans every epoch with every rank. "
-            "Save the loader's state_dict() with your checkpoint and restart the job on the ranks that are "
-            "left (the loader resumes elastically at its position), or pass cluster=False to run node by node. "
-            "End this process with os._exit() or comm.Abort(): Open MPI's MPI_Finalize can wait forever for "
-            "a dead rank", dead)
+        return PeerLost.of_gather(dead, self.size, f"can no longer take part in {what} on rank {self.rank}"
+                                  f"{f' (MPI: {detail})' if detail else ''}", ". End this process with os._exit() or "
+                                  "comm.Abort(): Open MPI's MPI_Finalize can wait forever for a dead rank")
 
     def close(self) -> None:
         if not self._own or self.comm is None:

@@ -152,13 +152,10 @@ class ServiceThread:
             elif kind == "reply":
                 self._take_reply(buf, src)
             else:
-                self._count("refused")
+                self._c.add("refused")
         for dest, n in sent:
             self._backlog[dest] -= n
         return bool(got or sent or faults)
-
-    def _count(self, key: str) -> None:
-        self._c.add(key)
 
     def _fault(self, fault: Fault) -> None:
         """Failed peers: their fetches fail from now on. Anything else fails the one fetch

@@ -194,13 +194,6 @@ class PeerService(ServiceThread):
         """The MPI backend's private communicator."""
         return self.wire.comm
 
-    def __enter__(self) -> PeerService:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def start(self) -> None:
         """Start the service thread (once; nothing after close)."""
         with self._lock:
@@ -377,7 +370,7 @@ class PeerService(ServiceThread):
     def _queue_request(self, buf: bytearray, src: int) -> None:
         magic, rid, index, size = REQUEST.unpack(buf)
         if magic not in (REQUEST_MAGIC, STATE_MAGIC) or index < 0:
-            self._count("refused")
+            self._c.add("refused")
         else:
             self._queued.append((rid, index, size, src, magic == STATE_MAGIC))
 

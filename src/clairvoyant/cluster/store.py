@@ -97,12 +97,8 @@ class StoreGroup:
             missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
         except Exception:   # noqa: BLE001 - the store itself is gone
             missing = []
-        who = f"rank(s) {missing}" if missing else "a rank"
-        return PeerLost(
-            f"{who} of this job's {self.size} did not take part in {what} within {self.timeout:.0f} s (rank "
-            f"{self.rank}; {type(e).__name__}: {e}): the cluster cache plans every epoch with every rank. Save the "
-            "loader's state_dict() with your checkpoint and restart the job on the nodes left (the loader resumes "
-            "elastically at its position; docs/user-guide.md), or pass cluster=False to run node by node", missing)
+        return PeerLost.of_gather(missing, self.size, f"did not take part in {what} within {self.timeout:.0f} s "
+                                  f"(rank {self.rank}; {type(e).__name__}: {e})")
 
     def close(self) -> None:
         self.store = None

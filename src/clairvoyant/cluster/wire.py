@@ -8,7 +8,7 @@ headers sent as raw bytes: nothing is pickled or unpickled, ever. A message whos
 magic is not ours is refused unread (over MPI it is received into :data:`DRAIN` bytes, the rest
 truncated away).
 
-Two backends carry them, with one interface (``post``, ``poll``, ``busy``, ``shut_down``;
+Two backends carry them, with one interface (``post``, ``poll``, ``shut_down``;
 ``rank``, ``size``, ``name``): cluster/wire_mpi.py (MPI, under ``mpirun``/``srun``) and
 cluster/wire_zmq.py (ZeroMQ over TCP, for jobs that torchrun and its kin start). ``poll`` reports
 what arrived (:data:`Received`), which sends completed and any :class:`Fault`.

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
+from .mpi import failed_ranks
 from .wire import DRAIN, REPLY, REQUEST, Fault, Received
 
 _ABANDONED: list[Any] = []   # (request, buffer, ...) still active when a service closed: kept alive
@@ -119,11 +120,7 @@ class MPIWire:
         MPI = self._MPI
         try:
             self.comm.Ack_failed()
-            failed, mine = self.comm.Get_failed(), self.comm.Get_group()
-            ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), mine)
-            failed.Free()
-            mine.Free()
-            return {r for r in ranks if r != MPI.UNDEFINED}
+            return failed_ranks(self.comm)
         except (MPI.Exception, NotImplementedError, AttributeError):
             return set()
 
@@ -144,11 +141,7 @@ class MPIWire:
                 pass
         if self.busy():
             _ABANDONED.extend(self._sends + self._recvs)   # MPI may still touch their buffers
-        else:
-            self.free(dead)
-
-    def free(self, dead: set[int]) -> None:
-        if not dead and self.comm != self._MPI.COMM_NULL and not self._MPI.Is_finalized():
+        elif not dead and self.comm != self._MPI.COMM_NULL:
             try:
                 self.comm.Free()
             except self._MPI.Exception:

@@ -250,9 +250,6 @@ class ZmqWire:
         except (BlockingIOError, OSError):
             pass
 
-    def busy(self) -> bool:
-        return False   # ZeroMQ's own threads carry what was handed to it
-
     def shut_down(self, linger: float, dead: set[int]) -> None:
         """Close the sockets, letting what is queued leave for up to ``linger`` seconds."""
         if self._closed:

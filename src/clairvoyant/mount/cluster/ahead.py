@@ -16,12 +16,11 @@ without samplers, or the plan's once the nodes planned together; files are kept 
 
 from __future__ import annotations
 
+from ...plan.cluster_walk import WINDOW
 from ...plan.sequence import interleave
 from ..numbering import Numbered
 from ..orders import WATCH_EVERY
 from ..walk import Following, Parts
-
-WINDOW = 256   # files ahead of the readers
 
 
 class ClusterAhead(Following):

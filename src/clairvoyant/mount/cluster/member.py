@@ -289,7 +289,7 @@ def service_secret():
     """The job's secret its member handed this service (taken out of ``os.environ``, so that no
     process it starts inherits it; its initial environment in /proc stays readable by this user
     and root, as docs/security.md says), or None where authentication is off."""
-    from ...cluster.secret import JobSecret, auth_off
+    from ...cluster.secret import MIN_LENGTH, JobSecret, auth_off
     raw = os.environ.pop(SERVICE_SECRET_VAR, "")
     if auth_off():
         return None
@@ -297,7 +297,7 @@ def service_secret():
         key = bytes.fromhex(raw)
     except ValueError:
         key = b""
-    if len(key) < 16:
+    if len(key) < MIN_LENGTH:
         raise ConfigError(f"a cluster's mount service starts with the job's secret from its member ({SERVICE_SECRET_VAR}): "
                           "start it with `clairvoyant mount --cluster` under a launcher, not by hand")
     return JobSecret(key, "the member that started this service")
