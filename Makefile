@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard src/clairvoyant/*.[ch] src/clairvoy
 	$(PY) -m pip install -q -e '.[test,plot]'
 	touch $(STAMP)
 
-# the peers of benchmarks/packed_peers.py (see the bench extra in pyproject.toml for why two are --no-deps)
+# the peers of benchmarks/packed_peers.py and MLPerf Storage's DLIO (the bench extra in pyproject.toml says why these are --no-deps)
 $(VENV)/.bench-installed: $(STAMP) pyproject.toml
-	$(PY) -m pip install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0
+	$(PY) -m pip install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 dlio-benchmark==2.0.0
 	$(PY) -m pip install -q -e '.[bench]' torch==2.14.1 torchvision==0.29.1
 	touch $@
 
@@ -41,6 +41,8 @@ bench-gpu: $(STAMP)
 bench: $(STAMP) $(VENV)/.bench-installed
 	# the first epoch against the store's limit on every door (issue 39): Loader on a tree, on tar shards, the mount
 	$(PY) benchmarks/first_epoch.py
+	# MLPerf Storage's DLIO (unet3d, scaled): accelerator utilization reading the store, the mount, a local copy
+	$(PY) benchmarks/dlio.py
 	# torchvision's standard transforms on uint8, a batch at a time (issue 40), against the DataLoader
 	$(PY) benchmarks/transform_path.py
 	$(PY) benchmarks/transform_path.py --val

@@ -258,3 +258,27 @@ def test_warm_readers_tiny(tmp_path):
     out = run("warm_readers.py", "--images", "64", "--batch", "16", "--epochs", "1", "--repeats", "1",
               "--ballast-gib", "0", "--workers", "2", "--out", str(tmp_path))
     assert "ratio kept/forked" in out and (tmp_path / "warm_readers.json").exists()
+
+
+def test_dlio_tiny(tmp_path):
+    """benchmarks/dlio.py at a smoke size: DLIO (MLPerf Storage's generator) trains on the store,
+    through the mount and on a local copy; an AU per epoch for each, and the mount read the store
+    once for the whole data set."""
+    import importlib.util
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE is unavailable here: {why}")
+    if importlib.util.find_spec("dlio_benchmark") is None:
+        pytest.skip("dlio-benchmark is not installed: `make .venv/.bench-installed` installs it")
+    out = run("dlio.py", "--tiny", "--out", str(tmp_path))
+    assert "DLIO unet3d" in out
+    s = json.loads((tmp_path / "dlio.json").read_text())
+    rows = s["rows"]
+    assert set(rows) == {"store", "clairvoyant", "local"}
+    assert all(len(r["au"]) == 2 and all(0 < a <= 100 for a in r["au"]) for r in rows.values()), rows
+    assert 0.99 <= rows["clairvoyant"]["store_bytes"] / s["params"]["data_bytes"] <= 1.05, s
