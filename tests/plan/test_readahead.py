@@ -151,3 +151,38 @@ def test_files_never_reported_stop_counting_and_read_ahead_goes_on():
         return hits / opens   # the last pass
     assert share(None) > 0.5      # 0.72 here
     assert share(10 ** 9) < 0.15  # 0.04 here
+
+
+def test_a_shuffled_first_pass_fills_in_the_listings_order_and_an_ordered_one_does_not():
+    """``fill``: after ``fill_after`` first opens that follow no order, the files never opened nor
+    handed out, in the listing's order, each once (again after ``not_filled``). Control: a scan in
+    the listing's order, or a second pass, is never taken for a shuffled first pass."""
+    opens = np.random.default_rng(0).permutation(N)
+    ra = Readahead(N)
+    for f in opens[:ra.fill_after - 1]:
+        ra.opened(int(f))
+    assert not ra.shuffled and ra.fill(8) == []   # not enough evidence yet
+    ra.opened(int(opens[ra.fill_after - 1]))
+    assert ra.shuffled
+    first = ra.fill(8)
+    seen = set(opens[:ra.fill_after].tolist())
+    want = [f for f in range(N) if f not in seen][:8]
+    assert first == want
+    ra.not_filled(first[4:])                            # no slot for the last four
+    again = ra.fill(8)
+    assert again[:4] == first[4:] and not set(again) & set(first[:4])
+    handed = first[:4] + again
+    while True:                                         # each file once, none opened ever handed out
+        more = ra.fill(64)
+        if not more:
+            break
+        handed += more
+    assert len(handed) == len(set(handed)) and sorted(handed) == sorted(set(range(N)) - seen)
+    ordered = Readahead(N)                              # control: a scan in the listing's order
+    for f in range(N // 2):
+        ordered.opened(f)
+    assert not ordered.shuffled and ordered.fill(8) == []
+    again_pass = Readahead(N)                           # control: a second shuffled pass fills nothing new
+    for f in opens:
+        again_pass.opened(int(f))
+    assert again_pass.fill(8) == []

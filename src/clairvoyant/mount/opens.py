@@ -7,6 +7,9 @@ opened. A read heard while every staging slot is taken waits in a backlog (its h
 and is taken up as slots free; the events thread never waits for the stager. And where the opens
 follow the listing's order or repeat an earlier pass's, the files that come next are staged ahead
 of the opens, and in a full tier the files opened last give way: plan/readahead.py decides both.
+Where the opens follow no order and look like a shuffled first pass over the data set, the files
+not opened yet are staged in the listing's order at the stager's concurrency (``fill``), while the
+tier has room: nothing gives way for them.
 Once a sampler publishes an order, all of this stands down (``stand_down``): the plan knows.
 
 In a cluster of mounts (``cluster``, mount/cluster/node.py) a node keeps only its home files, as
@@ -28,6 +31,8 @@ from .copies import BACKLOG, Copies
 from .counters import Counters
 from .orders import WATCH_EVERY
 
+FILL_EACH = 64   # files the fill hands out at an open at most (as many as staging slots are free are staged)
+
 
 class Opens:
     """The read-through and read-ahead of one mount process while ``sampler`` is not set.
@@ -47,6 +52,7 @@ class Opens:
         self._readahead = Readahead(len(copies.manifest), max_window=min(64, half),
                                     max_outstanding=min(1024, half), busy=min(16, max(1, fit // 4)))
         self._giving_way = threading.Lock()   # held while read-ahead evicts; a plan starts after that
+        self._full = False   # the fill met a full tier: it stops for good (it never makes room)
 
     @property
     def waiting(self) -> bool:
@@ -81,6 +87,7 @@ class Opens:
                 self._counters.add(not_staged=1)
         if not self._sampler.is_set() and cluster is None:   # no order: guess the next files from the opens
             self._read_ahead(f)
+            self._fill()
 
     def _read_ahead(self, f: int) -> None:
         ahead = self._readahead.opened(f)
@@ -106,6 +113,28 @@ class Opens:
         if n < len(ahead):
             self._readahead.not_staged(ahead[n:])   # asked again at a later open
         self._counters.add(read_ahead=n)
+
+    def _fill(self) -> None:
+        """A shuffled first pass: stage the files not opened yet, as many as slots are free now, while
+        the tier has room (plan/readahead.py ``fill``)."""
+        if self._full:
+            return
+        ra, copies = self._readahead, self._copies
+        files = ra.fill(FILL_EACH)
+        room, n = copies.tiers.local_capacity - copies.used(), 0
+        for g in files:
+            need = entry_size(int(copies.sizes[g]))
+            if room < need:
+                self._full = True   # the data set does not fit: what is staged stays, nothing more
+                break
+            if self._sampler.is_set() or not copies.take_slot(wait=False):
+                break
+            copies.submit(g, slot=True)
+            room -= need
+            n += 1
+        ra.not_filled(files[n:])
+        if n:
+            self._counters.add(filled=n)
 
     def give_way(self, nbytes: int) -> int:
         """Evict files opened last (plan/readahead.py) until ``nbytes`` are free; the bytes freed."""

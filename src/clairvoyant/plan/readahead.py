@@ -18,7 +18,15 @@ halves at a miss, up to ``max_window`` (the kernel's page read-ahead does the sa
 64 files keep the stager's threads busy against a store's latency, and bound what a scan that
 stops reads for nothing.
 A shuffled order hits about as often as ``recent`` / number of files, too rarely to stage anything
-much.
+much. A **shuffled first pass** is told by that: once ``fill_after`` files have been opened for the
+first time and at most a quarter of the last 32 first opens hit either order, the program is taken
+to read the data set whole in an order of its own (a training epoch, MLPerf Storage's DLIO), and
+:meth:`Readahead.fill` hands out the files never opened nor handed out, in the listing's order,
+for the stager to read at the store's concurrency instead of the program's (whose few readers
+each wait out a whole request). The mechanism stages them while the tier has room and never makes
+room for them; each file is read from the store once either way. A pass that reads only part of
+the data set may so read more of it than it opens (at most what the tier holds): ``fill_after``
+waits for evidence of a whole pass first.
 
 At most ``max_outstanding`` files handed out in the last ``horizon`` opens are not yet opened,
 however many readers run (each has its window). A file handed out earlier and never opened (the
@@ -48,8 +56,14 @@ class Readahead:
     files to stage now, in the order they will be wanted."""
 
     def __init__(self, num_files: int, min_window: int = 8, max_window: int = 64,
-                 recent: int | None = None, max_outstanding: int | None = None, busy: int = 16) -> None:
+                 recent: int | None = None, max_outstanding: int | None = None, busy: int = 16,
+                 fill_after: int | None = None) -> None:
         self.n = int(num_files)
+        # first opens before a shuffled first pass may start the fill: 1% of the files, at least 32
+        self.fill_after = int(fill_after) if fill_after is not None else max(32, self.n // 100)
+        self._firsts: deque[bool] = deque(maxlen=32)   # the last first opens: whether each hit an order
+        self._fill_at = 0                               # the fill's cursor: files before it were looked at
+        self.filled = np.zeros(self.n, dtype=bool)      # handed out by the fill (apart from ``asked``)
         self.max_window = max(1, int(max_window))
         self.min_window = max(1, min(int(min_window), self.max_window))
         # files handed out and not opened yet, at most: however many readers run, read-ahead never
@@ -120,9 +134,11 @@ class Readahead:
             self.record[self.recorded] = f
             self.recorded += 1
         out: list[int] = []
+        first_hit = False
         for order in ("listing", "record"):
             hits = self._hits[order]
             hit = self._hit(order, f, prev_open)
+            first_hit = first_hit or hit
             hits.append(hit)
             del hits[:-4]
             if not hit:   # a run broke (or another reader's started): shrink, as the kernel does
@@ -141,6 +157,8 @@ class Readahead:
             q.extend((self.count, g) for g in fresh.tolist())
             out.extend(fresh.tolist())
             self.window[order] = min(2 * self.window[order], self.max_window)
+        if prev_open == NEVER:
+            self._firsts.append(first_hit)
         self.last_open[f] = self.count
         self.count += 1
         self.staged += len(out)
@@ -148,6 +166,38 @@ class Readahead:
         if self.count % max(64, self.n // 4) == 0:
             self._expire()
         return out
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether the opens look like a shuffled first pass over the whole data set (module notes)."""
+        firsts = self._firsts
+        return self.recorded >= self.fill_after and len(firsts) == firsts.maxlen and sum(firsts) <= 8
+
+    def fill(self, k: int) -> list[int]:
+        """Up to ``k`` files to stage in a shuffled first pass (:attr:`shuffled`): never opened nor
+        handed out, in the listing's order; [] otherwise. Each is handed out once (again after
+        ``not_filled``)."""
+        if k <= 0 or not self.shuffled:
+            return []
+        out: list[int] = []
+        i = self._fill_at
+        while i < self.n and len(out) < k:
+            j = min(self.n, i + 4 * k)
+            free = np.flatnonzero((self.last_open[i:j] == NEVER) & (self.asked[i:j] == NEVER)
+                                  & ~self.filled[i:j])[:k - len(out)] + i
+            out += free.tolist()
+            i = j if len(out) < k else int(free[-1]) + 1
+        self._fill_at = i
+        self.filled[out] = True
+        self.staged += len(out)
+        return out
+
+    def not_filled(self, files) -> None:
+        """``files``, handed out by :meth:`fill`, were not staged (no slot free): hand them out again."""
+        idx = np.asarray(list(files), dtype=np.int64)
+        if len(idx):
+            self.filled[idx] = False
+            self._fill_at = min(self._fill_at, int(idx.min()))
 
     def _counted(self, asked, last_open):
         """Whether a file (or each of an array) counts as outstanding: handed out since its last
