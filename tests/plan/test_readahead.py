@@ -186,3 +186,32 @@ def test_a_shuffled_first_pass_fills_in_the_listings_order_and_an_ordered_one_do
     for f in opens:
         again_pass.opened(int(f))
     assert again_pass.fill(8) == []
+
+
+def test_the_fill_doubles_while_the_program_keeps_its_pace_and_stops_when_it_slows():
+    """The fill keeps 8 files in flight at first; every 16 first opens it compares the program's
+    pace with its pace before the fill: kept (or faster: the fill's files are hits), the limit
+    doubles; slower than 0.8 of it (the store's bandwidth binds and the fill took it), the fill
+    stops for good. Control: the same opens at the same pace double the limit."""
+    opens = [int(f) for f in np.random.default_rng(3).permutation(N)]
+
+    def run_at(slowdown: float) -> list[int]:
+        ra, t, limits = Readahead(N), 0.0, []
+        for i, f in enumerate(opens[:ra.fill_after + 3 * 16]):
+            filling = ra._pace0 > 0
+            t += (1 / 100) * (slowdown if filling else 1.0)   # 100 first opens a second before the fill
+            ra.opened(f, t)
+            if ra.shuffled:
+                ra.fill(ra.fill_limit)
+                limits.append(ra.fill_limit)
+        return limits
+
+    kept = run_at(1.0)
+    assert kept[0] == 8 and kept[-1] == 64, kept   # doubled each window: 8, 16, 32, 64
+    slowed = run_at(2.0)                            # half the pace once the fill began
+    assert slowed[-1] == 0 and 0 < slowed[0], slowed
+    ra = Readahead(N)
+    ra.fill_limit = 0
+    for f in opens[:ra.fill_after + 1]:
+        ra.opened(f)
+    assert ra.fill(8) == []   # stopped: nothing handed out

@@ -53,6 +53,7 @@ class Opens:
                                     max_outstanding=min(1024, half), busy=min(16, max(1, fit // 4)))
         self._giving_way = threading.Lock()   # held while read-ahead evicts; a plan starts after that
         self._full = False   # the fill met a full tier: it stops for good (it never makes room)
+        self._filling: set[int] = set()   # the fill's files whose copies may still be under way
 
     @property
     def waiting(self) -> bool:
@@ -90,7 +91,7 @@ class Opens:
             self._fill()
 
     def _read_ahead(self, f: int) -> None:
-        ahead = self._readahead.opened(f)
+        ahead = self._readahead.opened(f, time.monotonic())
         if not ahead:
             return
         copies = self._copies
@@ -115,12 +116,13 @@ class Opens:
         self._counters.add(read_ahead=n)
 
     def _fill(self) -> None:
-        """A shuffled first pass: stage the files not opened yet, as many as slots are free now, while
-        the tier has room (plan/readahead.py ``fill``)."""
+        """A shuffled first pass: stage the files not opened yet, as many as the fill's limit and the
+        free slots allow now, while the tier has room (plan/readahead.py ``fill``)."""
         if self._full:
             return
         ra, copies = self._readahead, self._copies
-        files = ra.fill(FILL_EACH)
+        self._filling = {g for g in self._filling if copies.in_flight(g)}
+        files = ra.fill(min(FILL_EACH, ra.fill_limit - len(self._filling)))
         room, n = copies.tiers.local_capacity - copies.used(), 0
         for g in files:
             need = entry_size(int(copies.sizes[g]))
@@ -130,6 +132,7 @@ class Opens:
             if self._sampler.is_set() or not copies.take_slot(wait=False):
                 break
             copies.submit(g, slot=True)
+            self._filling.add(g)
             room -= need
             n += 1
         ra.not_filled(files[n:])
