@@ -90,10 +90,7 @@ def test_a_node_whose_link_cannot_start_fails_every_node_at_once(monkeypatch):
     resolve): every node raises within seconds, by the one rule of the exchange (as the Loader's
     ranks do): node 0 its own error, node 1 a ConfigError naming node 0; every group is closed.
     Control: the lookup works: both links start."""
-    from clairvoyant.cluster.secret import SECRET_VAR
-    from clairvoyant.mount.cluster.links import ServiceLink
-    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
-    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    ServiceLink = _job_links(monkeypatch)
     real = job.peer_host
     for fail in (True, False):
         def host(g):
@@ -130,15 +127,34 @@ def test_a_rank_whose_service_did_not_start_fails_every_rank_at_the_exchange():
     assert got == [["tcp://h0:1", "tcp://h1:1"]] * 2
 
 
+def _job_links(monkeypatch):
+    """ServiceLink, with the job's secret set and the peers on the loopback address."""
+    from clairvoyant.cluster.secret import SECRET_VAR
+    from clairvoyant.mount.cluster.links import ServiceLink
+    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
+    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    return ServiceLink
+
+
+def _started(g, serve, state=None):
+    """Node ``g.rank``'s link formed over ``g`` (the files agreed), serving ``serve`` (and ``state``)."""
+    from clairvoyant.mount.cluster.links import ServiceLink
+    link = ServiceLink.of_group(g)
+    try:
+        link.agree(bytes(32), "the files")
+        link.start(serve, state)
+    except BaseException:
+        link.close()
+        raise
+    return link
+
+
 def test_the_ranks_of_a_job_form_a_cluster_of_mounts_and_read_from_each_other(monkeypatch):
     """ServiceLink.of_group: two ranks (one host) form their links over the group: the nodes'
     fingerprints agree, the addresses are exchanged, and node 1 reads a file of node 0's over
     ZeroMQ, authenticated with the job's secret; closing the link closes the group. Control: the
     fingerprints differ: a ConfigError on both nodes, and nothing was formed."""
-    from clairvoyant.cluster.secret import SECRET_VAR
-    from clairvoyant.mount.cluster.links import ServiceLink
-    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
-    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    ServiceLink = _job_links(monkeypatch)
     for differ in (False, True):
         group = ThreadGroup(2)
 
@@ -168,17 +184,12 @@ def test_the_ranks_mounts_find_a_lost_node_the_one_way(monkeypatch):
     again (a fetch returns None at once). Control: the first probe."""
     import time
 
-    from clairvoyant.cluster.secret import SECRET_VAR
-    from clairvoyant.mount.cluster.links import ServiceLink
-    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
-    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    _job_links(monkeypatch)
     barrier = threading.Barrier(2)
 
     def rank(g):
-        link = ServiceLink.of_group(g)
+        link = _started(g, lambda n: b"x")
         try:
-            link.agree(bytes(32), "the files")
-            link.start(lambda n: b"x")
             barrier.wait(10)
             before = link.probe([1], timeout=1.0) if link.node == 0 else None
             barrier.wait(30)
@@ -205,17 +216,12 @@ def test_a_draining_node_serves_on_but_its_peers_plan_without_it(monkeypatch):
     files, but offers no state (orders, homes) and answers a probe ``DRAINING``: its peer's probe
     counts it lost, and says why. Control: before the drain, the same probe finds nothing and the
     state is offered."""
-    from clairvoyant.cluster.secret import SECRET_VAR
-    from clairvoyant.mount.cluster.links import ServiceLink
-    monkeypatch.setenv(SECRET_VAR, "a test job's secret, long enough")
-    monkeypatch.setenv(wire_zmq.ADDR_VAR, "127.0.0.1")
+    _job_links(monkeypatch)
     barrier = threading.Barrier(2)
 
     def rank(g):
-        link = ServiceLink.of_group(g)
+        link = _started(g, lambda n: b"file", lambda n: b"orders")
         try:
-            link.agree(bytes(32), "the files")
-            link.start(lambda n: b"file", lambda n: b"orders")
             seen = []
             for step in ("before", "after"):
                 barrier.wait(30)

@@ -711,6 +711,17 @@ def test_without_a_sampler_a_scan_is_read_ahead(tmp_path, order):
             assert local >= n - 18 and m.staging()["read_ahead"] >= n - 18, (local, m.staging())
 
 
+def _random_files(tmp_path, n: int, size: int):
+    """``n`` files of ``size`` random bytes in ``tmp_path``/src/a, and an empty mount point."""
+    raw = tmp_path / "src"
+    (raw / "a").mkdir(parents=True)
+    for i in range(n):
+        (raw / "a" / f"{i:03d}.bin").write_bytes(os.urandom(size))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    return raw, mnt
+
+
 @pytest.mark.parametrize("fill", [True, False])
 def test_a_shuffled_first_pass_is_filled_at_the_stagers_concurrency(tmp_path, monkeypatch, fill):
     """A program reading the files one at a time in a shuffled order no read-ahead guesses: once
@@ -742,12 +753,7 @@ def test_the_fill_never_makes_room(tmp_path):
     from clairvoyant.testing import FuseStore
 
     n, size = 256, 32 << 10   # (the tier holds 64: the first 32 opens, read through, fill half of it)
-    raw = tmp_path / "src"
-    (raw / "a").mkdir(parents=True)
-    for i in range(n):
-        (raw / "a" / f"{i:03d}.bin").write_bytes(os.urandom(size))
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
+    raw, mnt = _random_files(tmp_path, n, size)
     with FuseStore(str(raw), open_latency=0.01, read_latency=0.0) as store, \
             Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=4,
                   local_capacity="25%") as m:
@@ -774,12 +780,7 @@ def test_a_scan_larger_than_the_tier_is_read_ahead_through_it(tmp_path, monkeypa
     if not give_way:
         monkeypatch.setattr(Controller, "_give_way", lambda self, nbytes: 0)
     n, size = 48, 256 << 10
-    raw = tmp_path / "src"
-    (raw / "a").mkdir(parents=True)
-    for i in range(n):
-        (raw / "a" / f"{i:03d}.bin").write_bytes(os.urandom(size))
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
+    raw, mnt = _random_files(tmp_path, n, size)
     with FuseStore(str(raw), open_latency=0.004, read_latency=0.0) as store, \
             Mount(store.path, str(mnt), local_dir=str(tmp_path / "local"), stage_threads=4,
                   local_capacity="25%") as m:

