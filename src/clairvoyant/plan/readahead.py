@@ -184,16 +184,19 @@ class Readahead:
 
     def _pace(self, now: float) -> None:
         """A first open at ``now``: the fill's window ends every ``FILL_WINDOW`` of them."""
-        times = self._times
-        times.append(now)
+        self._times.append(now)
         if not self._pace0 or self.fill_limit == 0 or self.recorded - self._window_from < FILL_WINDOW:
             return
         self._window_from = self.recorded
-        pace = (len(times) - 1) / max(times[-1] - times[0], 1e-9)
-        if pace < FILL_SLOWER * self._pace0:
+        if self._first_opens_per_s() < FILL_SLOWER * self._pace0:
             self.fill_limit = 0   # the program slowed: the fill takes what it needs (module notes)
         else:
             self.fill_limit = min(2 * self.fill_limit, max(self.max_outstanding, FILL_START))
+
+    def _first_opens_per_s(self) -> float:
+        """The program's pace over the last first opens timed (inf: fewer than two)."""
+        times = self._times
+        return (len(times) - 1) / max(times[-1] - times[0], 1e-9) if len(times) > 1 else float("inf")
 
     @property
     def shuffled(self) -> bool:
@@ -208,9 +211,8 @@ class Readahead:
         k = min(k, self.fill_limit)
         if k <= 0 or not self.shuffled:
             return []
-        if not self._pace0:   # the fill begins: the program's pace before it, over the last first opens
-            times = self._times
-            self._pace0 = (len(times) - 1) / max(times[-1] - times[0], 1e-9) if len(times) > 1 else float("inf")
+        if not self._pace0:   # the fill begins: the program's pace before it
+            self._pace0 = self._first_opens_per_s()
             self._window_from = self.recorded
         out: list[int] = []
         i = self._fill_at
