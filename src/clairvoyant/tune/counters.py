@@ -75,7 +75,7 @@ NAMES: dict[str, str] = {
     "mount.handed_over": "files handed over to their home",
     "mount.read_ahead": "files read ahead of their opens",
     "mount.ahead_no_room": "read-aheads given up for room",
-    "mount.filled": "files staged ahead of a shuffled first pass (no order known: the listing's, while the tier has room)",
+    "mount.filled": "files handed to staging ahead of a shuffled first pass (no order known: the listing's, while the tier has room)",
     "mount.kept_reads": "files kept after a read the staging heard late",
     "mount.evicted_unread": "evicted files never read",
     "mount.not_home": "reads of files whose home is another node",
