@@ -123,6 +123,8 @@ class Opens:
         ra, copies = self._readahead, self._copies
         self._filling = {g for g in self._filling if copies.in_flight(g)}
         files = ra.fill(min(FILL_EACH, ra.fill_limit - len(self._filling)))
+        if not files:   # (most opens: no shuffled pass, or nothing left; the tier's ledger is not read)
+            return
         room, n = copies.tiers.local_capacity - copies.used(), 0
         for g in files:
             need = entry_size(int(copies.sizes[g]))
