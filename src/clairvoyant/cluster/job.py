@@ -34,7 +34,7 @@ from ..plan import membership
 from ..plan.layout import NodeLayout
 from .group import Group, agree, allgather_int64, node_names
 from .mpi import available
-from .peers import PeerService
+from .peers import ENTERED, PeerService
 from .topology import node_name, spans_nodes
 from .timeouts import PEER_TIMEOUT
 
@@ -174,14 +174,17 @@ def fingerprint(**fields: object) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
-def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> Group:
+def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None,
+               behind: Callable[[int], list[int]] | None = None) -> Group:
     """The job's ranks as a group, by the launcher (:func:`backend`; ``comm``: over this MPI
-    communicator): MPI's collectives, or torchrun's store. ``dead()``: ranks met dead (MPI's watch)."""
+    communicator): MPI's collectives, or torchrun's store. ``dead()``: ranks met dead (MPI's watch);
+    ``behind(entered)``: the ranks that did not enter a gather that timed out (MPI's collectives
+    cannot say; the store's keys do)."""
     got = "mpi" if comm is not None else backend()
     if got == "mpi":
         from mpi4py import MPI   # imported here: clairvoyant runs without it
         from .mpi import MPIGroup
-        return MPIGroup(comm if comm is not None else MPI.COMM_WORLD, dead=dead)
+        return MPIGroup(comm if comm is not None else MPI.COMM_WORLD, dead=dead, behind=behind)
     if got != "store":
         raise ConfigError(f"the cluster needs MPI or torchrun's rendezvous: {got}")
     from .store import StoreGroup, job_store
@@ -245,10 +248,11 @@ def bound_wire(group: Group) -> tuple[Any, list[str]]:
         raise
 
 
-def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None) -> tuple[Group, Any]:
+def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None,
+              behind: Callable[[int], list[int]] | None = None) -> tuple[Group, Any]:
     """The job's group (:func:`rendezvous`) and what its peer service runs on: the MPI communicator
     under MPI, else a ZeroMQ backend connected to every rank (:func:`bound_wire`)."""
-    group = rendezvous(comm, dead)
+    group = rendezvous(comm, dead, behind)
     if group.name == "MPI":   # the service on the communicator itself, the collectives on their duplicate
         if comm is None:
             from mpi4py import MPI
@@ -279,7 +283,7 @@ class Cluster:
         """Join the job's cluster (collective: every rank of the job makes its Loader alike)."""
         self._service: PeerService | None = None
         try:
-            self.group, self._on = transport(dead=self._dead)
+            self.group, self._on = transport(dead=self._dead, behind=self._behind)
         except ConfigError as e:
             raise ConfigError(f"{e}; or pass cluster=False") from None
         g = self.group
@@ -304,11 +308,20 @@ class Cluster:
     def _dead(self) -> set[int]:
         return set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()
 
+    def _behind(self, entered: int) -> list[int]:
+        """The ranks that did not enter this rank's ``entered``-th gather, by the one probe asking each
+        for its count (no answer: behind too); [] before the peer service starts (unknown)."""
+        if self._service is None:
+            return []
+        peers = [r for r in range(self.group.size) if r != self.group.rank]
+        got = self._service.probe(peers, piece=ENTERED)
+        return [r for r in peers if got.get(r) is None or int.from_bytes(got[r], "little") < entered]
+
     def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
         caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
         self.capacities = tuple(int(caps[g[0]]) for g in self.layout.nodes)
-        self._service = PeerService(self._on, serve)
+        self._service = PeerService(self._on, serve, entered=lambda: self.group.entered)
         self._service.start()
 
     def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:

@@ -1,6 +1,8 @@
 """MECHANISM: MPI for a job's nodes (cluster/job.py): whether MPI can carry the cluster here
 (:func:`available`), and the job's ranks as a group (cluster/group.py) over a communicator
-(:class:`MPIGroup`: non-blocking collectives watched for lost ranks).
+(:class:`MPIGroup`: non-blocking collectives watched for lost ranks and bounded by the same
+``GATHER_TIMEOUT`` as the torch store's gathers, so that a rank that is alive but stuck ends
+every other rank's collective with a ``PeerLost`` naming it, never a hang).
 
 mpi4py is imported only inside the functions that need it, so clairvoyant imports without it.
 """
@@ -15,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import PeerLost
+from .timeouts import GATHER_TIMEOUT
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
 
@@ -66,31 +69,42 @@ def failed_ranks(comm: Any) -> set[int]:
 class MPIGroup:
     """The ranks of ``comm`` as a group (cluster/group.py), on a duplicate of it (``dup``) so that its
     gathers never mix with the caller's. ``dead()``: ranks known to be gone from elsewhere (the
-    peer service met them)."""
+    peer service met them). A gather not complete within ``timeout`` seconds (``GATHER_TIMEOUT``)
+    is abandoned: ``behind(entered)`` names the ranks that did not enter it (the one probe, asked
+    for each rank's count of gathers entered: cluster/job.py; none given: the ranks are unknown)
+    and every rank raises ``PeerLost``. ``entered``: the gathers this rank has entered."""
 
     name = "MPI"
 
-    def __init__(self, comm: Any, dup: bool = True, dead: Callable[[], set[int]] | None = None) -> None:
+    def __init__(self, comm: Any, dup: bool = True, dead: Callable[[], set[int]] | None = None, *,
+                 timeout: float | None = None, behind: Callable[[int], list[int]] | None = None) -> None:
         self.comm = comm.Dup() if dup else comm
         self._own = dup
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.dead = dead or set
+        self.timeout = GATHER_TIMEOUT if timeout is None else float(timeout)
+        self.behind = behind or (lambda entered: [])
+        self.entered = 0
+        self.abandoned = False   # a collective was left unfinished: the communicator is not freed
 
     def allgather(self, blob: bytes, what: str) -> list[bytes]:
         from mpi4py import MPI
+        self.entered += 1
+        deadline = time.monotonic() + self.timeout   # (the whole gather: its two collectives)
         counts = np.zeros(self.size, np.int64)
-        self._collective(what, "Iallgather", np.array([len(blob)], np.int64), counts)
+        self._collective(what, deadline, "Iallgather", np.array([len(blob)], np.int64), counts)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         out = np.zeros(int(counts.sum()), np.uint8)
-        self._collective(what, "Iallgatherv", np.frombuffer(bytes(blob), np.uint8), [out, counts, displs, MPI.BYTE])
+        self._collective(what, deadline, "Iallgatherv", np.frombuffer(bytes(blob), np.uint8), [out, counts, displs, MPI.BYTE])
         return [out[d:d + c].tobytes() for d, c in zip(displs.tolist(), counts.tolist())]
 
-    def _collective(self, what: str, name: str, *args: object) -> None:
+    def _collective(self, what: str, deadline: float, name: str, *args: object) -> None:
         """A non-blocking MPI collective, waited for while watching for lost ranks: a rank that
         knows of one (its peer service met the death, or MPI's failure detector did) revokes the
         communicator, so that every rank's collective ends at once instead of hanging (ULFM,
         ``mpirun --with-ft ulfm``; plain MPI ends the job), and each raises ``PeerLost`` saying
-        what to do."""
+        what to do. Past ``deadline`` the collective is abandoned (revoked where ULFM is there) and
+        the ranks that did not enter it are named (``behind``)."""
         from mpi4py import MPI
         revoked_at = None
         dead = self.known_dead()
@@ -105,12 +119,19 @@ class MPIGroup:
                     revoked_at = time.monotonic()
                 elif revoked_at is not None and time.monotonic() - revoked_at > 10.0:
                     break            # abandoned: MPI never ended it
+                elif revoked_at is None and time.monotonic() > deadline:
+                    self.abandoned = True   # (the request stays with the communicator, which is not freed)
+                    self._revoke()
+                    absent = sorted(set(self.behind(self.entered)) | set(self.known_dead()))
+                    raise self._lost(what, absent, f"not complete within {self.timeout:.0f} s")
                 time.sleep(pause)
                 pause = min(pause * 2, 0.02)
         except MPI.Exception as e:
             self._revoke()
-            raise self._lost(what, self.known_dead(), e.Get_error_string().strip()) from e
+            self.abandoned = True
+            raise self._lost(what, self.known_dead(), f"MPI: {e.Get_error_string().strip()}") from e
         if revoked_at is not None:
+            self.abandoned = True
             raise self._lost(what, self.known_dead(), "")
 
     def known_dead(self) -> list[int]:
@@ -130,14 +151,14 @@ class MPIGroup:
 
     def _lost(self, what: str, dead: list[int], detail: str) -> PeerLost:
         return PeerLost.of_gather(dead, self.size, f"can no longer take part in {what} on rank {self.rank}"
-                                  f"{f' (MPI: {detail})' if detail else ''}", ". End this process with os._exit() or "
+                                  f"{f' ({detail})' if detail else ''}", ". End this process with os._exit() or "
                                   "comm.Abort(): Open MPI's MPI_Finalize can wait forever for a dead rank")
 
     def close(self) -> None:
         if not self._own or self.comm is None:
             return
         try:
-            if not self.known_dead():
+            if not self.abandoned and not self.known_dead():
                 self.comm.Free()
         except Exception:   # noqa: BLE001 - MPI finalized, or the communicator revoked
             pass

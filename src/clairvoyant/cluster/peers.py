@@ -50,7 +50,10 @@ that is planning's. What it does decide:
 - **One probe of who answers** (:meth:`~PeerService.probe`): a request for the piece ``ALIVE``
   of a peer's state, sent even to a peer passed over, twice to one that does not answer the first;
   what its ``alive`` callback says (``SERVING`` by default). Whether a node is lost is
-  plan/membership.py's decision from the answers, for the Loader and the mounts alike.
+  plan/membership.py's decision from the answers, for the Loader and the mounts alike. The same
+  probe may ask for the piece ``ENTERED`` instead: how many of the job's gathers the rank has
+  entered (its ``entered`` callback), by which a gather that timed out names the ranks that did
+  not come to it (cluster/mpi.py).
 - **Closing never waits on a peer.** :meth:`~PeerService.close` stops the
   thread, lets replies in flight leave for up to :data:`LINGER` seconds, then
   abandons what is left (the backend's ``shut_down``). No collective is called.
@@ -102,6 +105,7 @@ PASS_OVER = 5.0     # a peer that let a fetch time out is not asked for this man
 CORRUPT_ON_SEND: set[int] = set()   # test hook: these indices' payloads get a bit flipped after the checksum
 DELAY_REPLIES = 0.0   # test hook: seconds this rank's replies are held back (a slow peer; the thread goes on)
 ALIVE = 1 << 62       # the piece of a node's state a probe asks for (a mount's orders and homes are below it)
+ENTERED = ALIVE + 1   # the piece that says how many gathers the rank has entered (8 bytes, little-endian)
 
 _LATE_KEPT = 4096     # ids of requests whose callers gave up, so a late reply is told from garbage
 _LIVE: weakref.WeakSet[PeerService] = weakref.WeakSet()
@@ -128,14 +132,14 @@ class PeerService(ServiceThread):
     verified bytes, or None for a miss; it runs in the service thread. ``latency`` (seconds) and
     ``bandwidth`` (bytes/s, 0: unlimited) emulate an interconnect (see the module's notes); None
     takes them from the environment (:func:`emulated_link`). ``alive()`` answers a probe (None:
-    ``SERVING``).
+    ``SERVING``). ``entered()`` answers a probe for the piece ``ENTERED`` (None: not answered).
     """
 
     def __init__(self, comm: Any, serve: Callable[[int], bytes | None], *,
                  state: Callable[[int], bytes | None] | None = None, max_inflight: int = 32,
                  max_bytes: int = 64 << 20, tag_base: int = 7000, latency: float | None = None,
                  bandwidth: float | None = None, serve_threads: int = 0, idle_max: float = 1.6e-3,
-                 alive: Callable[[], bytes] | None = None) -> None:
+                 alive: Callable[[], bytes] | None = None, entered: Callable[[], int] | None = None) -> None:
         if max_inflight < 1 or max_bytes < 1:
             raise ConfigError(f"max_inflight={max_inflight} and max_bytes={max_bytes} must be >= 1")
         if serve_threads < 0:
@@ -156,6 +160,7 @@ class PeerService(ServiceThread):
         self._serve = serve
         self._state = state   # answers requests for this node's state (a kind of message of its own); None: misses
         self._alive = alive or (lambda: SERVING)   # answers a probe (the piece ``ALIVE`` of the state)
+        self._entered = entered                    # answers a probe for the piece ``ENTERED``
         self._serve_failed = False   # a failing serve callback is logged once as a warning
         # serve_threads > 0: ``serve`` may block (a home reading the store for a peer, the mount's
         # cluster cache): it runs in a pool of that many threads, and the service thread sends each
@@ -265,17 +270,19 @@ class PeerService(ServiceThread):
                 return None
         return f.result
 
-    def probe(self, peers: list[int], timeout: float = PROBE_WAIT) -> dict[int, bytes | None]:
+    def probe(self, peers: list[int], timeout: float = PROBE_WAIT, piece: int = ALIVE) -> dict[int, bytes | None]:
         """Ask ``peers`` at once whether they serve, passed over or not, and again those that did not
         answer within ``timeout`` seconds: each one's answer (``alive``'s), None where neither came.
-        plan/membership.py ``probed`` decides from them which are lost."""
+        plan/membership.py ``probed`` decides from them which are lost. ``piece``: ``ENTERED``
+        asks each for its count of gathers entered instead (8 bytes)."""
+        size = 8 if piece == ENTERED else 1
         got: dict[int, bytes | None] = {}
         for _ in range(2):
             ask = [p for p in peers if got.get(p) is None]
             if not ask or self._thread is None:
                 break
             with concurrent.futures.ThreadPoolExecutor(len(ask), thread_name_prefix="clairvoyant-probe") as pool:
-                answers = pool.map(lambda p: self.fetch(p, ALIVE, 1, timeout, state=True, urgent=True), ask)
+                answers = pool.map(lambda p: self.fetch(p, piece, size, timeout, state=True, urgent=True), ask)
                 got.update(zip(ask, answers))
         return got
 
@@ -404,6 +411,8 @@ class PeerService(ServiceThread):
             if state:
                 if index == ALIVE:
                     return self._alive()
+                if index == ENTERED:
+                    return None if self._entered is None else int(self._entered()).to_bytes(8, "little")
                 return None if self._state is None else self._state(index)
             return self._serve(index)
         except Exception as e:   # the caller's tier failed: a miss for the peer, not our end

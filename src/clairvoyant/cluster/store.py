@@ -75,10 +75,10 @@ class StoreGroup:
         formed = (int(base.add(f"formed/{self.size}", 1)) - 1) // self.size   # this round of a group this size
         self.store = dist.PrefixStore(f"{self.size}.{formed}", base)
         self.timeout = GATHER_TIMEOUT if timeout is None else float(timeout)
-        self._seq = 0
+        self.entered = 0   # the gathers this rank has entered (the n-th gathers under key n - 1)
 
     def allgather(self, blob: bytes, what: str) -> list[bytes]:
-        seq, self._seq = self._seq, self._seq + 1
+        seq, self.entered = self.entered, self.entered + 1
         keys = [f"{seq}/{r}" for r in range(self.size)]
         store = self.store
         store.set(keys[self.rank], bytes(blob))

@@ -187,6 +187,27 @@ def _spawn(args: argparse.Namespace, src: str, mnt: str, local_dir: str | None, 
     return _Service(proc.pid, control, log, proc)
 
 
+def _ready(svc: _Service, told: SignalFlag) -> dict | None:
+    """The service's hello once it has listed its files (its fingerprint), or None: it ended, it
+    was not ready within ``GATHER_TIMEOUT``, or the launcher ended the member meanwhile."""
+    deadline = time.monotonic() + GATHER_TIMEOUT
+    while svc.alive() and time.monotonic() < deadline and not told.is_set():
+        svc.relay(sys.stderr)
+        hello = ask(svc.control, {"op": "hello"}, 1.0) if os.path.exists(svc.control) else None
+        if hello is not None and hello.get("fingerprint"):
+            svc.relay(sys.stderr)
+            return hello
+        time.sleep(0.1)
+    svc.relay(sys.stderr)
+    return None
+
+
+def _stop_spawned(svc: _Service | None) -> None:
+    """End a service this member started and that serves nothing yet (the cluster did not form)."""
+    if svc is not None and svc.proc is not None and svc.proc.poll() is None:
+        svc.proc.terminate()
+
+
 def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
     ``group``: the launcher's rendezvous (cluster/job.py)."""
@@ -201,53 +222,44 @@ def run_member(args: argparse.Namespace, group) -> int:
     told.install(membership.SIGNALS)
 
     svc: _Service | None = None
-
-    def fail(why: str) -> int:   # before the nodes agreed: the others wait for this one; end the job
-        print(f"clairvoyant: node {node}'s mount did not start ({why}); ending the job, whose other nodes would "
-              "wait for it", file=sys.stderr, flush=True)
-        if svc is not None and svc.proc is not None and svc.proc.poll() is None:
-            svc.proc.terminate()   # (started by this member, not joined: nothing of it serves yet)
-        comm = getattr(group, "comm", None)
-        if comm is not None:
-            comm.Abort(1)
-        return 1
-
     try:
-        host = peer_host(group)      # (collective) the one address rule (cluster/job.py)
-        secret = job_secret(group)   # (collective) the services' keys come from it (cluster/secret.py)
-        svc = _adopt(mnt, node, nodes, src, local_dir, secret)
+        secret = job_secret(group)   # (collective; every rank raises alike) the services' keys (cluster/secret.py)
     except ConfigError as e:
-        return fail(str(e))
-    adopted = svc is not None
-    if svc is None:
-        svc = _spawn(args, src, mnt, local_dir, node, nodes, host, secret)
-    hello = None
-    deadline = time.monotonic() + GATHER_TIMEOUT
-    while svc.alive() and time.monotonic() < deadline and not told.is_set():
-        svc.relay(sys.stderr)
-        hello = ask(svc.control, {"op": "hello"}, 1.0) if os.path.exists(svc.control) else None
-        if hello is not None and hello.get("fingerprint"):
-            break
-        time.sleep(0.1)
-    svc.relay(sys.stderr)
-    if told.is_set() and (hello is None or not hello.get("fingerprint")):   # the launcher ends the job
-        if svc.proc is not None and svc.proc.poll() is None:                 # (another node's failure)
-            svc.proc.terminate()
+        print(f"clairvoyant: node {node}'s mount did not start ({e})", file=sys.stderr, flush=True)
+        return 1
+    hello: dict | None = None
+    error: BaseException | None = None
+    adopted = False
+    try:   # (a failure here is said to every member at the exchange below: none waits for this node)
+        host = peer_host(group)      # (collective) the one address rule (cluster/job.py)
+        svc = _adopt(mnt, node, nodes, src, local_dir, secret)
+        adopted = svc is not None
+        if svc is None:
+            svc = _spawn(args, src, mnt, local_dir, node, nodes, host, secret)
+        hello = _ready(svc, told)
+    except ConfigError as e:
+        error = e
+    if told.is_set() and hello is None:   # the launcher ends the job (another node's failure)
+        _stop_spawned(svc)
         print(f"clairvoyant: node {node}: ended by the launcher before the cluster formed", file=sys.stderr,
               flush=True)
         return 1
-    if hello is None or not hello.get("fingerprint"):
-        return fail("its mount service ended" if not svc.alive() else f"not ready within {GATHER_TIMEOUT:.0f} s")
-    error = None
-    try:
+    if hello is None and error is None:
+        error = ConfigError(f"node {node}'s mount service {'ended' if not svc.alive() else 'was not ready within'}"
+                            f"{'' if not svc.alive() else f' {GATHER_TIMEOUT:.0f} s'} (its log: {svc.log})")
+    try:   # the one formation rule (cluster/job.py ``exchange_addresses``, as for the Loader's ranks): where a
+        # node's service cannot start, every node raises, that node its own error, the others naming it
+        addresses = exchange_addresses(group, None if error is not None else hello["address"], error)
         agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
-        addresses = exchange_addresses(group, hello["address"])
     except ClairvoyantError as e:   # (a PeerLost too: a node gone before the cluster formed)
-        error, addresses = str(e), None
-    ask(svc.control, {"op": "join", "addresses": addresses, "error": error, "member": os.getpid()})
-    if error is not None:
-        print(f"clairvoyant: {error}", file=sys.stderr, flush=True)
+        if svc is not None and hello is not None:   # (a service waiting to join: its start fails with this)
+            ask(svc.control, {"op": "join", "addresses": None, "error": str(e), "member": os.getpid()})
+        if not adopted:
+            _stop_spawned(svc)
+        print(f"clairvoyant: node {node}'s mount did not start ({e}); every node of the job stops alike, none "
+              "waits for it", file=sys.stderr, flush=True)
         return 1
+    ask(svc.control, {"op": "join", "addresses": addresses, "error": None, "member": os.getpid()})
     while svc.alive() and not told.is_set():   # until it is mounted
         hello = ask(svc.control, {"op": "hello"}, 1.0)
         if hello is not None and hello.get("mounted"):
