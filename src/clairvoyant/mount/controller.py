@@ -244,8 +244,7 @@ class Controller:
                 walk.run()
             elif walk.current and not self._stop.is_set():   # not every node's orders: recency, reads ahead
                 why = (f"node(s) {sorted(walk.missing)} offered no orders of it in time (their samplers not "
-                       "started yet, or on another epoch)" if walk.missing else "the cluster's homes could not be "
-                       "had from the peer that planned them")
+                       "started yet, or on another epoch)" if walk.missing else walk.why)
                 log.warning("clairvoyant mount: epoch %d runs without the cluster plan: %s; this node keeps its "
                             "files by recency this epoch", walk.epoch, why)
                 self.m.cluster.withdraw(walk.epoch)   # a node that gathers later must not plan with this one

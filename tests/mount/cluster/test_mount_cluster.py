@@ -460,10 +460,11 @@ def test_a_node_that_cannot_mount_ends_the_job_instead_of_hanging_it(tmp_path, t
 
 
 def _epochs_with_samplers(ms: list[Mount], files: dict, epochs: int, seed: int = 0, planned: bool = True,
-                          first: int = 0) -> list[str]:
+                          first: int = 0, only: list[int] | None = None) -> list[str]:
     """Every node's sampler (rank n of len(ms)) publishes its share of each shuffled epoch, with
     the next, and its node reads it in order, reporting progress; the kernel's pages dropped after
-    each epoch. The keys whose bytes differ."""
+    each epoch. ``only``: these nodes alone run (the others' shares are not read). The keys whose
+    bytes differ."""
     import threading
 
     from clairvoyant.mount.orders import publish_order, publish_progress
@@ -484,17 +485,18 @@ def _epochs_with_samplers(ms: list[Mount], files: dict, epochs: int, seed: int =
                 publish_progress(m.orders_dir, n, e, i + 1)
         publish_progress(m.orders_dir, n, e, len(share(e, n)))
 
+    run = list(range(nodes)) if only is None else list(only)
     before = [m.cluster.counters().get("plans", 0) for m in ms]
     for e in range(first, epochs):
-        for n, m in enumerate(ms):
-            publish_order(m.orders_dir, rank=n, world_size=nodes, epoch=e, seed=seed, groups=share(e, n),
+        for n in run:
+            publish_order(ms[n].orders_dir, rank=n, world_size=nodes, epoch=e, seed=seed, groups=share(e, n),
                           following=share(e + 1, n))
         if planned:   # every node planned the epoch before its reads begin
-            assert wait_until(lambda: all(m.cluster.counters().get("plans", 0) - b > e - first
-                                          for m, b in zip(ms, before)), 20)
+            assert wait_until(lambda: all(ms[n].cluster.counters().get("plans", 0) - before[n] > e - first
+                                          for n in run), 20)
         else:
             time.sleep(0.5)
-        threads = [threading.Thread(target=read, args=(e, n)) for n in range(nodes)]
+        threads = [threading.Thread(target=read, args=(e, n)) for n in run]
         for t in threads:
             t.start()
         for t in threads:
@@ -987,3 +989,75 @@ def test_a_gather_finds_a_silent_node_lost_by_a_probe(monkeypatch):
             assert got is None and time.monotonic() - t0 >= 1.5   # control
         else:
             assert [o.node for o in got] == expect and time.monotonic() - t0 < 1.0
+
+
+def _served(m: Mount) -> int:
+    c = m.cluster.counters()
+    return c.get("served_from_tier", 0) + c.get("served_from_store", 0)
+
+
+def test_a_node_back_after_a_loss_is_asked_for_its_files_even_without_a_plan(tmp_path, tree):
+    """Issue 51's defect, made deterministic: 3 nodes plan epoch 0 together; node 2 is lost and nodes
+    0 and 1 plan epoch 1 without it (its files homed among them); the cluster forms again (a
+    launcher's join), but node 2's answer with the job's homes never comes in time (a delayed homes
+    exchange on a loaded machine), so the next epochs run without the plan. Node 2 is asked for its
+    files all the same: the homes of the whole cluster are taken again when every node is back, not
+    left to a plan that may not come (before, the survivors' homes stood and node 2 served nothing
+    in 3 epochs). Controls: node 2 served nothing while lost; the survivors' homes named no file of
+    it."""
+    from clairvoyant.mount.cluster.orders import HOMES
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 3, capacity="60%")
+    hub = ms[0].cluster.link.hub
+    try:
+        assert _epochs_with_samplers(ms, files, 1) == []   # epoch 0: planned by the three
+        whole = ms[0].cluster.homes.copy()
+        assert ms[0].cluster.basis == 0 and (whole == 2).any()
+        hub["silent"] = {2}
+        for m in ms[:2]:
+            m.cluster.link.mark_lost([2])   # (a launcher's teardown found it gone)
+        served = _served(ms[2])
+        assert _epochs_with_samplers(ms, files, 2, first=1, only=[0, 1]) == []
+        assert _served(ms[2]) == served   # control: while lost it was not asked
+        assert not (ms[0].cluster.homes == 2).any()   # control: its files homed among the others
+        hub["silent"], hub["withheld"] = set(), {(2, HOMES)}
+        for m in ms[:2]:
+            m.cluster.link.rejoin()
+        assert _epochs_with_samplers(ms, files, 5, first=2, planned=False) == []
+        assert _served(ms[2]) > served, [m.cluster.counters() for m in ms]
+        assert (ms[0].cluster.homes == whole).all() and (ms[1].cluster.homes == whole).all()
+    finally:
+        for m in ms:
+            m.close()
+
+
+def test_a_node_found_lost_that_answers_again_is_taken_back_at_the_next_plan(tmp_path, tree):
+    """A node found lost by the cluster's own probe (too loaded to answer in time, stopped and
+    resumed) is asked again at each plan (``recheck_lost``); once it answers it is taken back at
+    the next plan's start and the homes of the whole cluster stand again. Control: while it does
+    not answer, it stays lost and the survivors' homes stand."""
+    import numpy as np
+
+    src, files = tree
+    ms = _mounts(tmp_path, src, 2, capacity="60%")
+    hub, cl = ms[0].cluster.link.hub, ms[0].cluster
+    try:
+        hashed = cl.homes.copy()
+        hub["silent"] = {1}
+        cl.link.mark_lost([1])
+        cl.use_homes(np.zeros(len(hashed), np.int32), 0, whole=False)   # (the survivor's plan)
+        for _ in range(2):   # control: no answer, still lost
+            cl.whole_again()
+            cl.recheck_lost()
+            assert wait_until(lambda: not cl._rechecking, 10)
+        cl.whole_again()
+        assert cl.link.lost == {1} and not cl.homes.any()
+        hub["silent"] = set()
+        cl.recheck_lost()
+        assert wait_until(lambda: not cl._rechecking, 10)
+        cl.whole_again()
+        assert cl.link.lost == frozenset() and (cl.homes == hashed).all() and cl.basis == -1
+    finally:
+        for m in ms:
+            m.close()

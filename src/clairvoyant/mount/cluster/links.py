@@ -48,6 +48,8 @@ class ClusterLink(Protocol):
 
     def mark_lost(self, peers: list[int]) -> None: ...
 
+    def readmit(self, peers: list[int]) -> None: ...
+
     def counters(self) -> dict: ...
 
     def close(self) -> None: ...
@@ -239,6 +241,15 @@ class ServiceLink:
         with self._state_lock:
             self.lost = self.lost | frozenset(peers)
             self.was_lost = True
+
+    def readmit(self, peers: list[int]) -> None:
+        """``peers`` found lost answer a probe again (mount/cluster/node.py ``recheck_lost``): asked
+        again from now on, and planned with (``was_lost`` stays: the homes of the whole cluster
+        are taken again)."""
+        with self._state_lock:
+            self.lost = self.lost - frozenset(peers)
+            if self._service is not None:
+                self._service.forgive(set(peers))
 
     def drain(self) -> None:
         """This node is to be taken back (a preemption notice): it serves on until it goes, but

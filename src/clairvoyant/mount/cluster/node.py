@@ -70,6 +70,9 @@ class MountCluster:
         if kept is not None:   # planned by an earlier session of this job's mounts: its tier holds by them
             self.homes, self.basis = kept
             tell_daemon(mount, self.homes)
+        # the homes planned with every node (kept beside the tier): those of now, unless a node is lost
+        # (then its files are homed among the others until it is back: ``use_homes(whole=False)``)
+        self.whole: tuple[np.ndarray, int] = (self.homes, self.basis)
         self.entry_sizes = self.sizes + entry_size(0)
         # with samplers: this node's part of the epoch's cluster plan (None: recency, as without one)
         self._duty = None
@@ -92,6 +95,8 @@ class MountCluster:
         self.peer_files = PeerFiles(mount.handoff, lambda: self._c.add("peer_misses"))   # mount/cluster/handoff.py
         self._c = Counters(["cluster"]).space("cluster")   # tune/counters.py's cluster.*
         self._closed = False
+        self._rechecking = False   # a probe of the nodes found lost is under way (``recheck_lost``)
+        self._back: list[int] = []   # nodes found lost that answered it: taken back at the next plan
         self._adopt()   # the policy (the nodes agreed on the files before mounting: Mount)
         link.start(self.serve, self._state)
 
@@ -374,16 +379,48 @@ class MountCluster:
         return blob if body else length_answer(blob)
 
     def whole_again(self) -> None:
-        """A node was lost and the cluster formed again with every node (it rejoined): the homes
-        are planned anew at the next plan (this node offers none), so that the node back is a home
-        again, of what its tier kept if it kept its homes file (the earliest basis offered)."""
+        """A node was lost and every node is back (a launcher formed the cluster again, or a node
+        found lost answers again: ``recheck_lost``): the homes planned with every node are taken
+        again at once, before any plan (they are what the node back holds by, from its homes file),
+        so that it is asked for its files even in an epoch the nodes run without a plan."""
         link = self.link
+        back, self._back = self._back, []
+        if back:   # (taken back here, between two plans: never in the middle of a gather)
+            link.readmit(back)
+            log.warning("clairvoyant: node %d: node(s) %s found lost answer again: planned with from this epoch",
+                        self.node, back)
         if link.was_lost and not link.lost:
             link.was_lost = False
+            homes, basis = self.whole
+            if homes is not self.homes:
+                tell_daemon(self.mount, homes)
             with self._lock:
-                self.basis = -1
-            log.warning("clairvoyant: node %d: every node is back: the homes are planned anew at the next epoch",
-                        self.node)
+                self.homes, self.basis = homes, basis
+            log.warning("clairvoyant: node %d: every node is back: the homes of the whole cluster (%s) again",
+                        self.node, "hashed" if basis < 0 else f"planned from epoch {basis}")
+
+    def recheck_lost(self) -> None:
+        """Ask the peers found lost (``link.lost``) again, in the background: one that answers a
+        probe as serving was not gone (a node too loaded to answer in time, a stop and a resume) and
+        is taken back (``link.readmit``) at the next plan's start (``whole_again``). A node truly
+        gone costs one unanswered probe per epoch, on a thread of its own."""
+        lost = sorted(self.link.lost)
+        if not lost or self._rechecking:
+            return
+        self._rechecking = True
+
+        def again() -> None:
+            try:
+                found = self.link.probe(lost)
+                self._back = sorted(set(lost) - set(found.lost))
+            except Exception as e:   # noqa: BLE001 - asked again at the next epoch
+                log.debug("clairvoyant: asking the lost nodes again failed: %s", e)
+            finally:
+                self._rechecking = False
+        try:
+            self._ahead_pool.submit(again)
+        except RuntimeError:   # closing
+            self._rechecking = False
 
     def check_lost(self, peers: set[int]) -> None:
         """``peers`` offer no orders yet (a gather's ``on_absent``): those that do not answer two
@@ -427,20 +464,25 @@ class MountCluster:
             return got
         return np.asarray(compute(), np.int32), int(orders[0].epoch)
 
-    def use_homes(self, homes: np.ndarray, basis: int) -> None:
-        """Plan with ``homes`` from now on; the daemon asks by them too (its homes file, mapped),
-        and a mount started again later finds them beside its tier (``HOMES_FILE``)."""
+    def use_homes(self, homes: np.ndarray, basis: int, whole: bool = True) -> None:
+        """Plan with ``homes`` from now on; the daemon asks by them too (its homes file, mapped).
+        ``whole``: planned with every node: the job's homes (``self.whole``), which a mount started
+        again later finds beside its tier (``HOMES_FILE``); else those of the nodes there while one
+        is lost, until it is back (``whole_again``)."""
         homes = np.ascontiguousarray(homes, np.int32)
         if basis == self.basis and homes is self.homes:
             return
         tell_daemon(self.mount, homes)
-        try:
-            save_homes(self._homes_file(), homes, basis, self.nodes)
-        except OSError as e:
-            log.warning("clairvoyant: cannot keep the cluster's homes beside the tier (%s); a restarted mount "
-                        "takes them from a peer", e)
+        if whole:
+            try:
+                save_homes(self._homes_file(), homes, basis, self.nodes)
+            except OSError as e:
+                log.warning("clairvoyant: cannot keep the cluster's homes beside the tier (%s); a restarted mount "
+                            "takes them from a peer", e)
         with self._lock:
             self.homes, self.basis = homes, int(basis)
+            if whole:
+                self.whole = (homes, int(basis))
             self._c.set_many(homes_from_epoch=int(basis))
 
     def homes_digest(self) -> int:

@@ -67,6 +67,7 @@ class ClusterWalk(Following):
         self._me = 0      # this node's index in the plan (its number, unless a node was lost before it)
         self.handed = 0   # the slowest rank's progress at the last look
         self.missing: set[int] = set()   # the nodes whose orders did not come (make_plan False)
+        self.why = ""   # why make_plan gave False with every node's orders there
 
     def make_plan(self, wait: float | None = None) -> bool:
         """Offer this node's orders, gather every node's, fix the homes if none are, and plan."""
@@ -74,7 +75,8 @@ class ClusterWalk(Following):
         m = cl.mount
         sizes = cl.entry_sizes
         stamps = {r: int(self._cur[r].stamp) for r in self._ranks}
-        cl.whole_again()
+        cl.whole_again()    # (every node back: the whole cluster's homes again)
+        cl.recheck_lost()   # (a node found lost that answers again is taken back at the next plan)
         held = cl.residents_for(self._epoch, stamps, lambda: residents(m.manifest, m.tiers.local.entries(), sizes))
         self._snapshot = held
         mine = NodeOrders(cl.node, self._epoch, self._world, int(m.tiers.local_capacity), self._numbers, held,
@@ -92,6 +94,10 @@ class ClusterWalk(Following):
                 cl.silent = missing   # (the next epoch waits less for them, if they still offer nothing)
             return False
         cl.silent = set()
+        if cl.link.was_lost and not cl.link.lost:   # a node came back during the gather: the orders offered
+            self.why = ("a node came back while its orders were gathered (they offered the homes of the nodes "
+                        "that were there); the next epoch is planned with every node")
+            return False
         if len(orders) == cl.nodes:
             cl.node_ranks = {o.node: len(o.ranks) for o in orders}
         # a node lost: the plan is of the nodes there, numbered densely, the lost one's files homed
@@ -100,6 +106,7 @@ class ClusterWalk(Following):
         homes = cl.settle_homes(orders, lambda: nodes_of[plan_homes(dense, dense_homes(
             cl.hashed_homes, nodes_of, cl.nodes, dense))])
         if homes is None:
+            self.why = "the cluster's homes could not be had from the peer that planned them"
             return False
         home = dense_homes(homes[0], nodes_of, cl.nodes, dense)
         self.plan = cluster_plan(dense, home, sizes)   # (a ConfigError leaves the homes as they were)
@@ -108,7 +115,7 @@ class ClusterWalk(Following):
             log.warning("clairvoyant: node %d plans epoch %d with the %d nodes there (node(s) %s lost): their files "
                         "homed among these", cl.node, self._epoch, len(nodes_of),
                         sorted(set(range(cl.nodes)) - set(nodes_of.tolist())))
-            cl.use_homes(nodes_of[home], homes[1])
+            cl.use_homes(nodes_of[home], homes[1], whole=False)
         else:
             cl.use_homes(*homes)
         return True
