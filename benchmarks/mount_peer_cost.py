@@ -52,7 +52,7 @@ def _timed(paths: list[str]) -> tuple[float, float, int]:
 
 def node_main(work: str) -> None:
     from clairvoyant.mount import Mount
-    from clairvoyant.cluster.job import rendezvous
+    from clairvoyant.cluster.members import rendezvous
     from clairvoyant.mount.cluster.links import ServiceLink
 
     link = ServiceLink.of_group(rendezvous())   # formed by mpirun's MPI or torchrun's store; reads over ZeroMQ

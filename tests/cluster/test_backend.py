@@ -183,6 +183,7 @@ def test_a_rank_absent_from_an_exchange_is_named_lost_or_stuck_by_the_one_probe(
 
     from clairvoyant.cluster import store as store_mod
     from clairvoyant.cluster.job import Cluster
+    from clairvoyant.cluster.members import Members
     from clairvoyant.cluster.store import StoreGroup
     from clairvoyant.errors import PeerLost
     from test_wire_zmq import _services
@@ -192,8 +193,9 @@ def test_a_rank_absent_from_an_exchange_is_named_lost_or_stuck_by_the_one_probe(
     store, env = dist.HashStore(), {"TORCHELASTIC_RUN_ID": "j"}
 
     def cluster(rank: int, timeout: float) -> Cluster:
-        c = object.__new__(Cluster)   # (its transport is a store and a service of this process)
-        c.group, c._service = StoreGroup(store, rank, 2, timeout=timeout, env=env), services[rank]
+        c = object.__new__(Cluster)   # (its members: a store's group and a service of this process)
+        c.members = Members(rank, 2, None, StoreGroup(store, rank, 2, timeout=timeout, env=env))
+        c.members.service, c.group = services[rank], c.members.group
         return c
     try:
         both = [cluster(r, 20) for r in range(2)]

@@ -1,5 +1,5 @@
 """How the nodes of a cluster form it, the one way for the Loader's peers and the mounts': the
-address each rank is reached by (cluster/job.py ``peer_host``), the exchange of the services'
+address each rank is reached by (cluster/formation.py ``peer_host``), the exchange of the services'
 addresses (``exchange_addresses``), and a cluster of mounts formed by a job's own ranks over a
 launcher's group (mount/cluster/links.py ``ServiceLink.of_group``). Ranks are threads
 of this process (tests/cluster/thread_group.py). Each check has a control."""
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from clairvoyant.cluster import job
+from clairvoyant.cluster import members as formation
 from clairvoyant.cluster import wire_zmq
 from clairvoyant.errors import ConfigError
 from thread_group import ThreadGroup
@@ -22,7 +22,7 @@ pytest.importorskip("zmq")
 def _hosts(monkeypatch, names: list[str]):
     """Rank r (the thread named rank-r's group's) runs on host ``names[r]``."""
     where = threading.local()
-    monkeypatch.setattr(job.socket, "gethostname", lambda: where.name)
+    monkeypatch.setattr(formation.socket, "gethostname", lambda: where.name)
 
     def on(r: int) -> None:
         where.name = names[r]
@@ -41,7 +41,7 @@ def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monk
 
         def rank(g):
             on(g.rank)
-            return job.peer_host(g)
+            return formation.peer_host(g)
         got = ThreadGroup(2).run(rank)
         if loopback_ok:
             assert got == ["127.0.0.1", "127.0.0.1"], got
@@ -53,7 +53,7 @@ def test_a_loopback_address_is_refused_where_the_ranks_are_on_several_hosts(monk
 
     def rank(g):
         on(g.rank)
-        return job.peer_host(g)
+        return formation.peer_host(g)
     assert ThreadGroup(2).run(rank) == ["10.1.2.3", "10.1.2.3"]
 
 
@@ -73,7 +73,7 @@ def test_the_route_toward_the_rendezvous_or_another_host_is_taken(monkeypatch):
 
     def rank(g):
         on(g.rank)
-        return job.peer_host(g)
+        return formation.peer_host(g)
     for master in (None, "localhost"):
         if master is None:
             monkeypatch.delenv("MASTER_ADDR", raising=False)
@@ -91,14 +91,14 @@ def test_a_node_whose_link_cannot_start_fails_every_node_at_once(monkeypatch):
     ranks do): node 0 its own error, node 1 a ConfigError naming node 0; every group is closed.
     Control: the lookup works: both links start."""
     ServiceLink = _job_links(monkeypatch)
-    real = job.peer_host
+    real = formation.peer_host
     for fail in (True, False):
         def host(g):
             if fail and g.rank == 0:
                 g.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")   # (then the error)
                 raise OSError("Name or service not known")
             return real(g)
-        monkeypatch.setattr(job, "peer_host", host)
+        monkeypatch.setattr(formation, "peer_host", host)
         group = ThreadGroup(2)
 
         def rank(g):
@@ -119,11 +119,11 @@ def test_a_rank_whose_service_did_not_start_fails_every_rank_at_the_exchange():
     error, rank 1 a ConfigError naming rank 0; neither waits. Control: both started: the
     addresses, by rank, on both."""
     boom = OSError("address in use")
-    got = ThreadGroup(2).run(lambda g: job.exchange_addresses(g, None if g.rank == 0 else "tcp://b:1",
+    got = ThreadGroup(2).run(lambda g: formation.exchange_addresses(g, None if g.rank == 0 else "tcp://b:1",
                                                               boom if g.rank == 0 else None))
     assert got[0] is boom
     assert isinstance(got[1], ConfigError) and "rank(s) [0]" in str(got[1]), got
-    got = ThreadGroup(2).run(lambda g: job.exchange_addresses(g, f"tcp://h{g.rank}:1"))
+    got = ThreadGroup(2).run(lambda g: formation.exchange_addresses(g, f"tcp://h{g.rank}:1"))
     assert got == [["tcp://h0:1", "tcp://h1:1"]] * 2
 
 

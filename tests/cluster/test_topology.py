@@ -115,7 +115,8 @@ def test_a_loader_follows_a_group_started_after_it(dataset, tmp_path, monkeypatc
 _EXCHANGE = """
 import json, os, sys
 import torch.distributed as dist
-from clairvoyant.cluster.topology import NodeLayout, digest63, gather_over_group
+from clairvoyant.cluster.members import gather_over_group
+from clairvoyant.cluster.topology import NodeLayout, digest63
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 4), rank=rank, world_size=4)
 rows = gather_over_group([digest63(sys.argv[3 + rank].encode())])
@@ -160,8 +161,8 @@ import torch.distributed as dist
 from clairvoyant import ConfigError, Loader
 rank, store, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
-from clairvoyant.cluster import topology
-topology.GATHER_TIMEOUT = 3.0
+from clairvoyant.cluster import members
+members.GATHER_TIMEOUT = 3.0
 src = sys.argv[4 + rank] if mode == "differ" else sys.argv[4]
 if mode == "alone" and rank == 1:   # makes no Loader: rank 0 must not hang
     time.sleep(6)

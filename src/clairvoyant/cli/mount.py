@@ -107,7 +107,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return run_service(args)
     src, mnt, local_dir = args.paths[0], args.paths[1], args.local_dir
     if args.cluster:
-        from ..cluster.job import rendezvous
+        from ..cluster.members import rendezvous
         from ..errors import ConfigError
         if args.no_stage:
             raise ConfigError("a mount in a cluster stages (its home files): --no-stage does not go with --cluster")

@@ -24,17 +24,15 @@ import hashlib
 import importlib.util
 import logging
 import os
-import socket
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from ..errors import ConfigError, PeerLost
 from ..plan import membership
 from ..plan.layout import NodeLayout
-from .group import Group, agree, allgather_int64, node_names
-from .mpi import available
-from .peers import ENTERED, PeerService
+from .group import agree, allgather_int64, node_names
+from .members import Members, backend
 from .topology import node_name, spans_nodes
 from .timeouts import PEER_TIMEOUT
 
@@ -54,19 +52,6 @@ def multi_node(env: Mapping[str, str] | None = None) -> bool:
         return int(env.get("SLURM_NNODES", "1")) > 1
     except ValueError:
         return False
-
-
-def backend(env: Mapping[str, str] | None = None) -> str:
-    """"mpi" (started by an MPI launcher, mpi4py there), "store" (torch.distributed initialised, or
-    started by torchrun: its store, pyzmq there), or one line saying why neither is."""
-    env = os.environ if env is None else env
-    why_mpi = available()
-    if why_mpi is None:
-        return "mpi"
-    why = _store_missing(env)
-    if why is None:
-        return "store"
-    return f"{why_mpi}; and without MPI, {why}"
 
 
 def _torch_later() -> bool:
@@ -92,21 +77,6 @@ def formed_late(fingerprint: bytes, insist: bool = False) -> "Cluster | None":
                     "init_process_group(), or launch with torchrun), or pass cluster=False to silence this")
         return None
     return Cluster(plan_fingerprint=fingerprint)
-
-
-def _store_missing(env: Mapping[str, str]) -> str | None:
-    if importlib.util.find_spec("zmq") is None:
-        return "pyzmq is not installed (pip install pyzmq)"
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return "torch is not installed"
-    if dist.is_available() and dist.is_initialized():
-        return None
-    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" and "MASTER_ADDR" in env:
-        return None
-    return ("the process was not started by torchrun (or Lightning, Accelerate) and torch.distributed is not "
-            "initialised: call torch.distributed.init_process_group() before making the Loader")
 
 
 def wanted(cluster: bool | str) -> bool | str:
@@ -174,120 +144,18 @@ def fingerprint(**fields: object) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
-def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None,
-               behind: Callable[[int], list[int]] | None = None) -> Group:
-    """The job's ranks as a group, by the launcher (:func:`backend`; ``comm``: over this MPI
-    communicator): MPI's collectives, or torchrun's store. ``dead()``: ranks met dead (MPI's watch);
-    ``behind(entered)``: the ranks that did not enter a gather that timed out (MPI's collectives
-    cannot say; the store's keys do)."""
-    got = "mpi" if comm is not None else backend()
-    if got == "mpi":
-        from mpi4py import MPI   # imported here: clairvoyant runs without it
-        from .mpi import MPIGroup
-        return MPIGroup(comm if comm is not None else MPI.COMM_WORLD, dead=dead, behind=behind)
-    if got != "store":
-        raise ConfigError(f"the cluster needs MPI or torchrun's rendezvous: {got}")
-    from .store import StoreGroup, job_store
-    found = job_store()
-    if isinstance(found, str):
-        raise ConfigError(f"the cluster cannot start: {found}")
-    return StoreGroup(*found)
-
-
-def peer_host(group: Group) -> str:
-    """The address the other ranks of ``group`` reach this rank's peer service by, the one rule for
-    the Loader's cluster and the mounts' (collective: the ranks' host names are gathered):
-    ``CLAIRVOYANT_PEER_ADDR`` if set, else that of the interface routing toward the rendezvous host
-    (``MASTER_ADDR``, torchrun's) or another rank's host, the first that is not a loopback
-    address. A loopback address while the ranks are on several hosts is a ConfigError (raised
-    after the gather: every rank takes part in it)."""
-    from .wire_zmq import ADDR_VAR, reachable_address
-    hosts = [b.decode() for b in group.allgather(socket.gethostname().encode(), "the exchange of the nodes' hosts")]
-    others = [h for h in hosts if h != hosts[group.rank]]
-    master = os.environ.get("MASTER_ADDR")
-    host = reachable_address(master or (others[0] if others else None))
-    if master and others and host.startswith("127."):   # (a loopback name, or unresolvable here)
-        host = reachable_address(others[0])
-    if others and host.startswith("127."):
-        raise ConfigError(f"the address the other nodes would reach this one's peer service by is {host}, a "
-                          f"loopback address, while the ranks are on several hosts: set {ADDR_VAR} to this node's "
-                          "address on the network the nodes share")
-    return host
-
-
-def exchange_addresses(group: Group, address: str | None, error: BaseException | None = None) -> list[str]:
-    """Every rank's peer-service address, by rank (collective). A rank whose service could not
-    start gives None with its ``error``: every rank then raises (that rank its own error), so that
-    none waits for it."""
-    got = group.allgather(b"" if address is None else address.encode(), "the exchange of the peer services' addresses")
-    failed = [r for r, b in enumerate(got) if not b]
-    if failed:
-        if error is not None:
-            raise error
-        raise ConfigError(f"rank(s) {failed} could not start their peer service (their error says why)")
-    return [b.decode() for b in got]
-
-
-def bound_wire(group: Group) -> tuple[Any, list[str]]:
-    """A ZeroMQ backend of rank ``group.rank`` bound on :func:`peer_host`'s address, its peers
-    authenticated with the job's secret (cluster/secret.py), and every rank's address, by rank
-    (collective: where one rank's cannot start, every rank raises, :func:`exchange_addresses`).
-    The one start of a wire, for the Loader's peers and for a job's own mounts."""
-    from .secret import job_secret
-    from .wire_zmq import ZmqWire
-    secret = job_secret(group)
-    try:
-        wire, error = ZmqWire(group.rank, group.size, peer_host(group), secret=secret), None
-    except Exception as e:   # said on every rank after the exchange: none waits for this one
-        wire, error = None, e
-    try:
-        return wire, exchange_addresses(group, None if wire is None else wire.address, error)
-    except BaseException:
-        if wire is not None:
-            wire.shut_down(0.0, set())
-        raise
-
-
-def transport(comm: Any = None, dead: Callable[[], set[int]] | None = None,
-              behind: Callable[[int], list[int]] | None = None) -> tuple[Group, Any]:
-    """The job's group (:func:`rendezvous`) and what its peer service runs on: the MPI communicator
-    under MPI, else a ZeroMQ backend connected to every rank (:func:`bound_wire`)."""
-    group = rendezvous(comm, dead, behind)
-    if group.name == "MPI":   # the service on the communicator itself, the collectives on their duplicate
-        if comm is None:
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
-        return group, comm
-    try:
-        wire, addresses = bound_wire(group)
-    except BaseException:
-        group.close()
-        raise
-    wire.connect(addresses)   # (ZeroMQ connects in the background: nothing here waits for a peer)
-    return group, wire
-
-
-def close_transport(group: Group, on: Any, service: PeerService | None) -> None:
-    """Close what ``transport`` gave and the peer service started on it (if it was)."""
-    if service is not None:
-        service.close()
-    elif hasattr(on, "shut_down"):   # a ZeroMQ backend no service took
-        on.shut_down(0.0, set())
-    group.close()
-
-
 class Cluster:
-    """This rank in the job's cluster: node layout (``layout``), capacities, and the peer service."""
+    """The Loader's ranks in the job's cluster: node layout (``layout``), capacities, and the one
+    membership object (``members``, cluster/members.py: group, wire, peer service, probe, close)."""
 
     def __init__(self, *, plan_fingerprint: bytes, timeout: float = PEER_TIMEOUT) -> None:
         """Join the job's cluster (collective: every rank of the job makes its Loader alike)."""
-        self._service: PeerService | None = None
         try:
-            self.group, self._on = transport(dead=self._dead, behind=self._behind)
+            self.members = Members.form()
         except ConfigError as e:
             raise ConfigError(f"{e}; or pass cluster=False") from None
-        g = self.group
-        self.rank, self.world_size = g.rank, g.size
+        self.group = self.members.group
+        self.rank, self.world_size = self.members.rank, self.members.size
         self.timeout = timeout
         self.capacities: tuple[int, ...] = ()
         try:
@@ -305,39 +173,26 @@ class Cluster:
             advice="launch with the ranks of each node numbered consecutively (Open MPI's default --map-by slot, "
                    "not --map-by node), or pass cluster=False")
 
-    def _dead(self) -> set[int]:
-        return set(self._service.counters().get("dead_peers", [])) if self._service is not None else set()
-
-    def _behind(self, entered: int) -> list[int]:
-        """The ranks that did not enter this rank's ``entered``-th gather, by the one probe asking each
-        for its count (no answer: behind too); [] before the peer service starts (unknown)."""
-        if self._service is None:
-            return []
-        peers = [r for r in range(self.group.size) if r != self.group.rank]
-        got = self._service.probe(peers, piece=ENTERED)
-        return [r for r in peers if got.get(r) is None or int.from_bytes(got[r], "little") < entered]
-
     def start(self, capacity: int, serve: Callable[[int], bytes | None]) -> None:
         """Exchange the nodes' local-tier capacities (collective) and start serving this node's tier."""
         caps = self._allgather_int(int(capacity), "the exchange of tier capacities")
         self.capacities = tuple(int(caps[g[0]]) for g in self.layout.nodes)
-        self._service = PeerService(self._on, serve, entered=lambda: self.group.entered)
-        self._service.start()
+        self.members.start(serve, entered=lambda: self.group.entered)
 
     def _allgather_int(self, value: int, what: str = "the start of an epoch") -> np.ndarray:
         return np.concatenate(self._exchange(np.array([value], np.int64), what))
 
     def _exchange(self, values: np.ndarray, what: str) -> list[np.ndarray]:
         """Every rank's ``values`` (collective); a ``PeerLost`` naming ranks that did not take part
-        says why, from the one probe of them (cluster/peers.py): lost, or alive and stuck
+        says why, from the one probe of them (cluster/members.py): lost, or alive and stuck
         (plan/membership.py decides, as it decides for the mounts)."""
         try:
             return allgather_int64(self.group, values, what)
         except PeerLost as e:
-            if self._service is None or not e.ranks:
+            if self.members.service is None or not e.ranks:
                 raise
             missing = list(e.ranks)
-            found = membership.probed(missing, self._service.probe(missing))
+            found = self.members.probe(missing)
             raise PeerLost(f"{e}. A probe of them: {membership.why_absent(missing, found)}.", e.ranks) from e
 
     def all_true(self, flag: bool) -> bool:
@@ -362,13 +217,11 @@ class Cluster:
         """Sample ``index`` from node ``node``'s tier (verified), or None: ask the rank of that node
         with this rank's position within its own node, so the node's ranks share the serving."""
         g = self.layout.nodes[node]
-        if self._service is None:
-            return None
-        return self._service.fetch(g[self.layout.local_rank % len(g)], index, size, self.timeout)
+        return self.members.fetch(g[self.layout.local_rank % len(g)], index, size, self.timeout)
 
     def counters(self) -> dict:
-        out = self._service.counters() if self._service is not None else {}
-        return dict(out, transport=f"{self.group.name}, peers over {getattr(self._on, 'name', 'MPI')}")
+        return dict(self.members.counters(),
+                    transport=f"{self.group.name}, peers over {getattr(self.members.wire, 'name', 'MPI')}")
 
     def close(self) -> None:
-        close_transport(self.group, self._on, self._service)
+        self.members.close()

@@ -71,7 +71,7 @@ class MPIGroup:
     gathers never mix with the caller's. ``dead()``: ranks known to be gone from elsewhere (the
     peer service met them). A gather not complete within ``timeout`` seconds (``GATHER_TIMEOUT``)
     is abandoned: ``behind(entered)`` names the ranks that did not enter it (the one probe, asked
-    for each rank's count of gathers entered: cluster/job.py; none given: the ranks are unknown)
+    for each rank's count of gathers entered: cluster/members.py; none given: the ranks are unknown)
     and every rank raises ``PeerLost``. ``entered``: the gathers this rank has entered."""
 
     name = "MPI"

@@ -21,7 +21,6 @@ from typing import Mapping
 
 from ..errors import ConfigError
 from ..plan.layout import NodeLayout
-from .timeouts import FIRST_PASS_CAP, GATHER_TIMEOUT
 
 
 # (rank, world size, local rank, ranks on this node) variables, most specific launcher first.
@@ -92,7 +91,7 @@ def resolve(env: Mapping[str, str] | None = None) -> NodeLayout:
     """This process's place in the job, from the process group if one is initialised (checked
     against the launcher's variables), else from the variables (``detect``). Never a collective
     call: under a group without the node's variables the layout is this rank alone until
-    ``gather_over_group`` (the Loader's first pass) says otherwise."""
+    ``cluster/members.gather_over_group`` (the Loader's first pass) says otherwise."""
     env = os.environ if env is None else env
     group = process_group()
     if group is None:
@@ -154,43 +153,6 @@ def digest63(data: bytes) -> int:
     """A non-negative int64 digest of ``data``, for exchanging names and fingerprints as tensors."""
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") >> 1
 
-
-def gather_over_group(values: list[int], timeout: float | None = None) -> list[list[int]]:
-    """Every rank's ``values`` (int64s), by rank, over the default process group: through its store
-    (cluster/store.py: the cluster's one gather; nothing pickled, no device tensors under NCCL), or
-    MPI's communicator under torch's MPI backend (whose store does nothing). Waited for at most
-    ``timeout`` seconds (``GATHER_TIMEOUT``, at most ``FIRST_PASS_CAP``): a rank that never joins
-    is a ``ConfigError`` saying so, not a hang."""
-    import numpy as np
-    import torch.distributed as dist
-
-    from .group import allgather_int64, as_group
-    from .store import StoreGroup, job_store
-
-    timeout = min(GATHER_TIMEOUT, FIRST_PASS_CAP) if timeout is None else timeout
-    rank, size = dist.get_rank(), dist.get_world_size()
-    group = None
-    try:
-        if dist.get_backend() == "mpi":
-            from mpi4py import MPI
-            group = as_group(MPI.COMM_WORLD)
-        else:
-            got = job_store()
-            if isinstance(got, str):
-                raise ConfigError(f"the Loader's first pass cannot exchange the ranks' node names: {got}")
-            group = StoreGroup(*got, timeout=timeout)
-        rows = allgather_int64(group, np.asarray(values, np.int64), "the exchange of node names and manifests")
-    except ConfigError:
-        raise
-    except Exception as e:   # a PeerLost (a rank that never came), or the store itself gone
-        raise ConfigError(
-            f"rank {rank} of {size} did not hear from every other rank at the Loader's first pass (they exchange "
-            f"node names and manifests once; waited up to {timeout:.0f} s): make the Loader and iterate it on "
-            f"every rank, or pass rank= and world_size= to a Loader used on some ranks only ({e})") from e
-    finally:
-        if group is not None:
-            group.close()
-    return [r.tolist() for r in rows]
 
 def validate(rank: int, world_size: int, local_rank: int = 0, local_world_size: int = 1, *,
              origin: str = "given") -> NodeLayout:

@@ -26,8 +26,8 @@ from ..cache.extents import read_entry
 from ..cache.node import open_tiers, residents
 from ..cache.tiers import Tiers
 from ..cluster.job import Cluster
-from ..cluster.topology import (digest63, gather_over_group, local_from_env, node_name, process_group,
-                             resolve, validate)
+from ..cluster.members import gather_over_group
+from ..cluster.topology import digest63, local_from_env, node_name, process_group, resolve, validate
 from ..errors import ConfigError, CorruptEntry
 from ..manifest import Manifest
 from ..plan.layout import NodeLayout

@@ -442,7 +442,7 @@ def test_mount_cluster_under_a_launcher(tmp_path, tree, launcher, auth):
 def test_a_node_that_cannot_mount_ends_the_job_instead_of_hanging_it(tmp_path, tree):
     """``mpirun -n 2 clairvoyant mount --cluster``, node 1's mount point not empty (its mount fails
     before the nodes agree): the job ends within seconds by the one formation rule of the Loader's
-    ranks too (cluster/job.py ``exchange_addresses``, issue 51): node 1 with its own error, node 0
+    ranks too (cluster/members.py ``exchange_addresses``, issue 51): node 1 with its own error, node 0
     with one naming node 1 (none waits for it; before, node 1 aborted the job and node 0 said
     nothing), and leaves no process behind; node 0 waited for node 1 in the start's collectives and
     hung the job before that. Control: node 0's mount point was fine (the failure is node 1's)."""

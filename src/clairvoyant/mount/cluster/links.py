@@ -2,12 +2,14 @@
 
 A link is a :class:`ClusterLink`: the node's number, the peers found lost, ``agree``, ``start``,
 ``fetch`` (a file, or a piece of a node's state: its orders, its homes), ``probe``, ``mark_lost``,
-``counters`` and ``close``. :class:`ServiceLink` joins the nodes over ZeroMQ, formed the one way
-over a launcher's group (the nodes exchange their services' addresses, cluster/job.py
-``exchange_addresses``, and agree that they number the same files alike, by their manifests'
-fingerprint, cluster/group.py ``agree``): in the member process a launcher runs, for a node's mount
-service that outlives it (mount/cluster/member.py), or in the ranks of a job that mount the data
-themselves (``ServiceLink.of_group``, ``node_leaders``).
+``readmit``, ``counters`` and ``close``. :class:`ServiceLink` is the mount's door on the job's one
+membership object (cluster/members.py ``Members``: the wire, the peer service over ZeroMQ, the lost
+set, the probe, close), formed the one way over a launcher's group (the nodes exchange their
+services' addresses, cluster/members.py ``exchange_addresses``, and agree that they number the same
+files alike, by their manifests' fingerprint, cluster/group.py ``agree``): in the member process a
+launcher runs, for a node's mount service that outlives it (mount/cluster/member.py; the service's
+control socket, by which its member hands it each formation, is the link's own part), or in the
+ranks of a job that mount the data themselves (``ServiceLink.of_group``, ``node_leaders``).
 :class:`clairvoyant.testing.LoopbackLink` joins mounts of one process (tests).
 """
 
@@ -23,7 +25,7 @@ from typing import Any, Callable, Protocol
 
 from ...errors import ConfigError
 from ...nodeio.fileio import process_alive
-from ...plan.membership import DRAIN, DRAINING, LEAVE, ORPHANED, SERVING, UNMOUNT, Probed, probed
+from ...plan.membership import DRAIN, DRAINING, LEAVE, ORPHANED, SERVING, UNMOUNT, Probed
 from ...cluster.timeouts import GATHER_TIMEOUT, PROBE_WAIT
 
 log = logging.getLogger("clairvoyant")
@@ -56,31 +58,28 @@ class ClusterLink(Protocol):
 
 
 class ServiceLink:
-    """Node ``node`` of ``nodes`` of a cluster of mounts, its peer reads over ``wire`` (a ZeroMQ
-    backend, cluster/wire_zmq.py, authenticated with the job's secret). Formed one way (module
-    docstring), in one of two places:
+    """A node of a cluster of mounts on the job's one membership object (``members``,
+    cluster/members.py: the wire, the peer service, the lost set, the probe, close), with what a
+    mount adds: the files agreed, the probe's answer (serving, orphaned, draining), and, for a
+    node's mount service, its control socket. Formed one way (module docstring), in one of two
+    places:
 
     - a mount service's (``control``: the path of its control socket): the member process a
       launcher runs (mount/cluster/member.py, pid ``member_pid``) forms the cluster and gives the
       peers' addresses over that socket, each time a launcher forms it; nothing of the launcher's
       is used here, so the mount goes on serving when its launcher, or a peer, is gone;
-    - a job's own ranks' (``group``: the launcher's group of one rank per node,
+    - a job's own ranks' (``members.group``: the launcher's group of one rank per node,
       :meth:`of_group`, :meth:`node_leaders`): formed over that group in process (the wire started
-      and the addresses exchanged in ``of_group``, the files agreed in ``agree``).
+      and the addresses exchanged by ``Members.of_group``, the files agreed in ``agree``).
     """
 
-    def __init__(self, node: int, nodes: int, wire, *, secret_id: str | None = None, control: str | None = None,
-                 member_pid: int | None = None, group=None, peers: list[str] | None = None) -> None:
-        import zmq
-        self.node, self.nodes = int(node), int(nodes)
+    def __init__(self, members, *, secret_id: str | None = None, control: str | None = None,
+                 member_pid: int | None = None) -> None:
+        self.members = members
+        self.node, self.nodes = members.rank, members.size
         self.member = os.getpid() if member_pid is None else int(member_pid)
-        self._group = group
-        self._wire = wire   # (this link shuts it down)
         self._secret_id = secret_id   # (the member checks it is its job's: cluster/secret.py ``key_id``)
-        self._service = None
         self._fingerprint: bytes | None = None
-        self._addresses: list[str] = []
-        self._peers = peers or []   # the addresses exchanged over a job's group (``of_group``)
         self._joined = threading.Event()
         self._join_error: str | None = None
         self.joins = 0
@@ -88,17 +87,16 @@ class ServiceLink:
         self.asked_event = threading.Event()
         self.described: dict = {}         # the mount's description, once mounted (the member's hello)
         self.serving_on = False           # it went on serving after its launcher ended it (a node was lost)
-        self.lost: frozenset[int] = frozenset()   # peers found lost (not asked until the cluster forms again)
-        self.was_lost = False            # a node was lost since the homes were last planned whole
         self.draining = False            # told to drain: serving until it goes, planned without by its peers
-        self._state_lock = threading.Lock()   # what the member asked, the joins, the lost: the control
-                                              # thread and the service's loop both change them
+        self._state_lock = threading.Lock()   # what the member asked, the joins: the control thread and the
+                                              # service's loop both change them
         self.control = control
         self.info = {"control": control} if control else {}   # (in the mount's description: a member
         self._stop = threading.Event()                           # started later finds it)
         self._thread: threading.Thread | None = None
         if control is None:
             return
+        import zmq
         self._ctx = zmq.Context(io_threads=1)
         self._rep = self._ctx.socket(zmq.REP)
         self._rep.setsockopt(zmq.LINGER, 0)
@@ -107,25 +105,31 @@ class ServiceLink:
             os.chmod(control, 0o600)   # the control socket: this user's alone (it hands the service joins)
         except BaseException:
             self._ctx.destroy(linger=0)
-            self._wire.shut_down(0.0, set())
+            self.members.close()
             raise
         self._thread = threading.Thread(target=self._answer, name="clairvoyant-member", daemon=True)
         self._thread.start()
 
+    @property
+    def lost(self) -> frozenset[int]:
+        return self.members.lost
+
+    @property
+    def was_lost(self) -> bool:
+        return self.members.was_lost
+
+    @was_lost.setter
+    def was_lost(self, value: bool) -> None:
+        self.members.was_lost = bool(value)
+
     @classmethod
     def of_group(cls, group) -> "ServiceLink":
         """The link of a job's ranks that are one node each (collective over ``group``: the
-        launcher's, cluster/job.py ``rendezvous``): the wire started and the addresses exchanged
-        now, the Loader's way (cluster/job.py ``bound_wire``: where a node's cannot start, every
-        node raises, none waits), the files agreed by the mount's ``agree``. The link closes
-        ``group``."""
-        from ...cluster.job import bound_wire
-        try:
-            wire, peers = bound_wire(group)
-        except BaseException:
-            group.close()
-            raise
-        return cls(group.rank, group.size, wire, group=group, peers=peers)   # (no control socket: nothing fails)
+        launcher's, cluster/members.py ``rendezvous``): the members formed now, the Loader's way
+        (cluster/members.py ``Members.of_group``: where a node's wire cannot start, every node raises,
+        none waits), the files agreed by the mount's ``agree``. The link closes ``group``."""
+        from ...cluster.members import Members
+        return cls(Members.of_group(group))   # (no control socket: nothing fails)
 
     @classmethod
     def node_leaders(cls, comm: Any = None) -> "ServiceLink | None":
@@ -136,7 +140,7 @@ class ServiceLink:
         from mpi4py import MPI
 
         from ...cluster.group import node_groups
-        from ...cluster.mpi import MPIGroup
+        from ...cluster.members import rendezvous
         from ...cluster.topology import node_name
         comm = comm if comm is not None else MPI.COMM_WORLD
         rank = comm.Get_rank()
@@ -144,7 +148,7 @@ class ServiceLink:
         sub = comm.Split(0 if leader else MPI.UNDEFINED, rank)
         if not leader:
             return None
-        group = MPIGroup(sub)   # (its own duplicate of ``sub``)
+        group = rendezvous(sub)   # (the one group constructor: MPI's, on its own duplicate of ``sub``)
         sub.Free()
         return cls.of_group(group)
 
@@ -168,7 +172,7 @@ class ServiceLink:
     def _handle(self, msg: dict) -> dict:
         op = msg.get("op")
         if op == "hello":
-            return {"node": self.node, "nodes": self.nodes, "pid": os.getpid(), "address": self._wire.address,
+            return {"node": self.node, "nodes": self.nodes, "pid": os.getpid(), "address": self.members.wire.address,
                     "fingerprint": self._fingerprint.hex() if self._fingerprint else None,
                     "mounted": self.described or None, "joins": self.joins, "serving_on": self.serving_on,
                     "member": self.member, "secret": self._secret_id}
@@ -196,17 +200,13 @@ class ServiceLink:
 
     def _join(self, addresses: list[str], member: int) -> None:
         """The cluster formed (again): connect to the peers at ``addresses``; nothing is lost now."""
-        changed = {p for p, a in enumerate(addresses) if p < len(self._addresses) and a != self._addresses[p]}
         with self._state_lock:
             self.member = member
-            self._addresses = list(addresses)
-            self._wire.connect(self._addresses)
-            if self._service is not None:
-                self._service.forgive(changed)
+            changed = self.members.join(addresses)
             self.joins += 1
             if self.asked != UNMOUNT:
                 self.asked = None
-            self.serving_on, self.lost = False, frozenset()
+            self.serving_on = False
             if self.joins > 1:
                 print(f"clairvoyant: node {self.node} rejoined a cluster of {self.nodes} mounts (formed again "
                       f"by a launcher; {len(changed)} node(s) at new addresses)", flush=True)
@@ -232,24 +232,18 @@ class ServiceLink:
             if self.joins != joins or self.asked == UNMOUNT:
                 return False
             self.asked, self.serving_on = None, True
-            self.lost = self.lost | frozenset(lost)
-            self.was_lost = self.was_lost or bool(lost)
+            self.members.mark_lost(lost)
             return True
 
     def mark_lost(self, peers: list[int]) -> None:
         """``peers`` found lost by the cluster itself (no orders, no answer to two probes)."""
-        with self._state_lock:
-            self.lost = self.lost | frozenset(peers)
-            self.was_lost = True
+        self.members.mark_lost(peers)
 
     def readmit(self, peers: list[int]) -> None:
         """``peers`` found lost answer a probe again (mount/cluster/node.py ``recheck_lost``): asked
         again from now on, and planned with (``was_lost`` stays: the homes of the whole cluster
         are taken again)."""
-        with self._state_lock:
-            self.lost = self.lost - frozenset(peers)
-            if self._service is not None:
-                self._service.forgive(set(peers))
+        self.members.readmit(peers)
 
     def drain(self) -> None:
         """This node is to be taken back (a preemption notice): it serves on until it goes, but
@@ -275,10 +269,11 @@ class ServiceLink:
         ``fingerprint`` and wait for its word: every node's was the same (the peers' addresses), or
         not (a ConfigError on every node saying which differ)."""
         self._fingerprint = bytes(fingerprint)
-        if self._group is not None:
+        group = self.members.group
+        if group is not None:
             from ...cluster.group import agree
-            agree(self._group, self._fingerprint, what)
-            self._join(self._peers, self.member)
+            agree(group, self._fingerprint, what)
+            self._join(self.members.peers, self.member)
             return
         deadline = time.monotonic() + GATHER_TIMEOUT
         while not self._joined.wait(0.2):
@@ -290,38 +285,27 @@ class ServiceLink:
             raise ConfigError(self._join_error)
 
     def start(self, serve: Callable[[int], bytes | None], state: Callable[[int], bytes | None] | None = None) -> None:
-        from ...cluster.peers import PeerService
         offered = None if state is None else (lambda n: None if self.draining else state(n))   # (none draining)
-        self._service = PeerService(self._wire, serve, state=offered, serve_threads=8, idle_max=2e-4,
-                                    alive=self._alive_answer)
-        self._service.start()
+        self.members.start(serve, state=offered, serve_threads=8, idle_max=2e-4, alive=self._alive_answer)
 
     def fetch(self, peer: int, number: int, size: int, timeout: float, state: bool = False) -> bytes | None:
-        if self._service is None or peer in self.lost:
-            return None
-        got = self._service.fetch(peer, number, size, timeout, state=state)
+        got = self.members.fetch(peer, number, size, timeout, state=state)
         return got if got is not None and len(got) == size else None
 
     def probe(self, peers: list[int] | None = None, timeout: float = PROBE_WAIT) -> Probed:
-        """A probe of ``peers`` (default: every other node, lost ones too: cluster/peers.py
-        ``PeerService.probe``) and plan/membership.py's decision from it: (those lost, those whose
-        member ended without a word while their mount serves on)."""
-        peers = [p for p in range(self.nodes) if p != self.node] if peers is None else list(peers)
-        return probed(peers, {} if self._service is None else self._service.probe(peers, timeout))
+        """plan/membership.py's decision from the one probe of ``peers`` (default: every other node,
+        lost ones too: cluster/peers.py ``PeerService.probe``): those lost, those whose member ended
+        without a word while their mount serves on, those draining."""
+        return self.members.probe(peers, timeout)
 
     def counters(self) -> dict:
-        return {} if self._service is None else self._service.counters()
+        return self.members.counters()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        if self._service is not None:
-            self._service.close()
-        else:
-            self._wire.shut_down(0.0, set())
-        if self._group is not None:
-            self._group.close()
+        self.members.close()
         if self.control is None:
             return
         self._rep.close(0)

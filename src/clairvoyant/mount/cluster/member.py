@@ -4,7 +4,7 @@ and the node's mount service that the member starts (or finds) and that outlives
 Gang launchers (``mpirun``, torchrun's agents, ``srun``) end every process of a job when one of
 them fails; a mount is a per-node service that programs on the node depend on. So the process the
 launcher starts (``clairvoyant mount --cluster SRC MNT``: :func:`run_member`) only forms the
-cluster: it joins the launcher's rendezvous (cluster/job.py ``rendezvous``: MPI's collectives, or
+cluster: it joins the launcher's rendezvous (cluster/members.py ``rendezvous``: MPI's collectives, or
 torchrun's store), starts the node's mount service in a session of its own (``--serve-node``:
 :func:`run_service`, the ``Mount`` with a ``ServiceLink``), or finds the one already serving
 ``MNT`` (a launcher that restarted its workers, a new job around running mounts), checks with the
@@ -210,9 +210,9 @@ def _stop_spawned(svc: _Service | None) -> None:
 
 def run_member(args: argparse.Namespace, group) -> int:
     """``clairvoyant mount --cluster SRC MNT`` under a launcher: this node's member (module docstring);
-    ``group``: the launcher's rendezvous (cluster/job.py)."""
+    ``group``: the launcher's rendezvous (cluster/members.py)."""
     from ...cluster.group import agree
-    from ...cluster.job import exchange_addresses, peer_host
+    from ...cluster.members import exchange_addresses, peer_host
     from ...cluster.secret import job_secret
     node, nodes = group.rank, group.size
     src, mnt, local_dir = args.paths[0], args.paths[1].replace("{node}", str(node)), args.local_dir
@@ -231,7 +231,7 @@ def run_member(args: argparse.Namespace, group) -> int:
     error: BaseException | None = None
     adopted = False
     try:   # (a failure here is said to every member at the exchange below: none waits for this node)
-        host = peer_host(group)      # (collective) the one address rule (cluster/job.py)
+        host = peer_host(group)      # (collective) the one address rule (cluster/members.py)
         svc = _adopt(mnt, node, nodes, src, local_dir, secret)
         adopted = svc is not None
         if svc is None:
@@ -247,7 +247,7 @@ def run_member(args: argparse.Namespace, group) -> int:
     if hello is None and error is None:
         error = ConfigError(f"node {node}'s mount service {'ended' if not svc.alive() else 'was not ready within'}"
                             f"{'' if not svc.alive() else f' {GATHER_TIMEOUT:.0f} s'} (its log: {svc.log})")
-    try:   # the one formation rule (cluster/job.py ``exchange_addresses``, as for the Loader's ranks): where a
+    try:   # the one formation rule (cluster/members.py ``exchange_addresses``, as for the Loader's ranks): where a
         # node's service cannot start, every node raises, that node its own error, the others naming it
         addresses = exchange_addresses(group, None if error is not None else hello["address"], error)
         agree(group, bytes.fromhex(hello["fingerprint"]), "the mounted source's files (names and sizes)")
@@ -318,6 +318,7 @@ def service_secret():
 def run_service(args: argparse.Namespace) -> int:
     """``clairvoyant mount SRC MNT --serve-node N/NODES ...`` (started by a member): the node's mount
     with a ServiceLink until unmounted (module docstring)."""
+    from ...cluster.members import Members
     from ...cluster.secret import key_id
     from ...cluster.wire_zmq import ZmqWire
     from .links import ServiceLink
@@ -328,8 +329,8 @@ def run_service(args: argparse.Namespace) -> int:
     log_path, control = _paths(os.getpid())
     try:
         secret = service_secret()
-        link = ServiceLink(node, nodes, ZmqWire(node, nodes, args.peer_host, secret=secret), secret_id=key_id(secret),
-                           control=control, member_pid=int(args.member))
+        members = Members(node, nodes, ZmqWire(node, nodes, args.peer_host, secret=secret))   # (joined by its member)
+        link = ServiceLink(members, secret_id=key_id(secret), control=control, member_pid=int(args.member))
     except ConfigError as e:
         print(f"clairvoyant: node {node}'s mount did not start: {e}", flush=True)
         return 1
