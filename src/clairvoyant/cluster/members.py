@@ -62,13 +62,15 @@ def _store_missing(env: Mapping[str, str]) -> str | None:
 
 
 def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None,
-               behind: Callable[[int], list[int]] | None = None, timeout: float | None = None) -> Group:
+               behind: Callable[[int], list[int]] | None = None, timeout: float | None = None,
+               store: bool = False) -> Group:
     """The job's ranks as a group, by the launcher (:func:`backend`; ``comm``: over this MPI
-    communicator): MPI's collectives, or torchrun's store; the one group constructor, for the
-    cluster's members and the Loader's first pass alike. ``dead()``: ranks met dead (MPI's watch);
-    ``behind(entered)``: the ranks that did not enter a gather that timed out (MPI's collectives
-    cannot say; the store's keys do); ``timeout``: a gather's (``GATHER_TIMEOUT``)."""
-    got = "mpi" if comm is not None else backend()
+    communicator; ``store``: over the process group's store, whatever started the job): MPI's
+    collectives, or torchrun's store; the one group constructor, for the cluster's members and the
+    Loader's first pass alike. ``dead()``: ranks met dead (MPI's watch); ``behind(entered)``: the
+    ranks that did not enter a gather that timed out (MPI's collectives cannot say; the store's
+    keys do); ``timeout``: a gather's (``GATHER_TIMEOUT``)."""
+    got = "mpi" if comm is not None else "store" if store else backend()
     if got == "mpi":
         from mpi4py import MPI   # imported here: clairvoyant runs without it
         from .mpi import MPIGroup
@@ -83,9 +85,9 @@ def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None,
 
 
 def gather_over_group(values: list[int], timeout: float | None = None) -> list[list[int]]:
-    """Every rank's ``values`` (int64s), by rank, over the job's group (:func:`rendezvous`: MPI's
-    communicator under an MPI launcher or torch's MPI backend, else the process group's store,
-    cluster/store.py; nothing pickled, no device tensors under NCCL), for the Loader's first pass.
+    """Every rank's ``values`` (int64s), by rank, over the default process group (:func:`rendezvous`:
+    its store, cluster/store.py, or MPI's communicator under torch's MPI backend, whose store does
+    nothing; nothing pickled, no device tensors under NCCL), for the Loader's first pass.
     Waited for at most ``timeout`` seconds (``GATHER_TIMEOUT``, at most ``FIRST_PASS_CAP``): a rank
     that never joins is a ``ConfigError`` saying so, not a hang."""
     import numpy as np
@@ -98,10 +100,12 @@ def gather_over_group(values: list[int], timeout: float | None = None) -> list[l
     group = None
     try:
         comm = None
-        if dist.get_backend() == "mpi":
+        if dist.get_backend() == "mpi":   # (its store does nothing)
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
-        group = rendezvous(comm, timeout=timeout)
+        # the process group's own ranks: its store (a library may have started MPI in each rank as a
+        # world of one: Lightning's MPI detection does)
+        group = rendezvous(comm, timeout=timeout, store=comm is None)
         rows = allgather_int64(group, np.asarray(values, np.int64), "the exchange of node names and manifests")
     except ConfigError as e:
         raise ConfigError(f"the Loader's first pass cannot exchange the ranks' node names: {e}") from None

@@ -94,6 +94,8 @@ class _Service:
     def __init__(self, pid: int, control: str, log: str, proc: subprocess.Popen | None) -> None:
         self.pid, self.control, self.log, self.proc = pid, control, log, proc
         self._at = 0
+        self._file = None   # the log, held open once read: a service that ends cleanly removes its log,
+                            # and what it wrote last (why it unmounted) is still read from here
 
     def alive(self) -> bool:
         if self.proc is not None:
@@ -105,15 +107,21 @@ class _Service:
         """Print what the service logged since the last call (on the member's own output)."""
         out = out or sys.stdout
         try:
-            with open(self.log, "rb") as f:
-                f.seek(self._at)
-                text = f.read()
+            if self._file is None:
+                self._file = open(self.log, "rb")
+                self._file.seek(self._at)
+            text = self._file.read()
         except OSError:
             return
         self._at += len(text)
         if text:
             out.write(text.decode(errors="replace"))
             out.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _adopt(mnt: str, node: int, nodes: int, source: str, local_dir: str | None, secret) -> _Service | None:
@@ -284,8 +292,10 @@ def run_member(args: argparse.Namespace, group) -> int:
                 break
             time.sleep(0.1)
         svc.relay(sys.stderr)
+        svc.close()
         return 0
     svc.relay(sys.stderr)
+    svc.close()
     for path in (svc.log, svc.control):   # (a service killed cleans nothing up: its member does)
         with contextlib.suppress(OSError):
             os.unlink(path)
