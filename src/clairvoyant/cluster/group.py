@@ -2,7 +2,8 @@
 
 A group is any object with ``rank``, ``size``, ``name``, ``entered`` (the gathers this rank has
 entered) and ``allgather(blob, what)`` (every rank's bytes, by rank: collective, each rank calls
-the same gathers in the same order, bounded by ``GATHER_TIMEOUT``), and ``close()``: :class:`~clairvoyant.cluster.mpi.MPIGroup` over an MPI communicator (``mpirun``,
+the same gathers in the same order, bounded by ``GATHER_TIMEOUT``), and ``close()``:
+:class:`~clairvoyant.cluster.mpi.MPIGroup` over an MPI communicator (``mpirun``,
 ``srun``), :class:`~clairvoyant.cluster.store.StoreGroup` over torch.distributed's key-value store
 (torchrun, Lightning, Accelerate, a Kubernetes PyTorchJob). Both raise ``PeerLost`` naming
 ``what`` when a rank can no longer take part. What the cluster exchanges is built on it here:

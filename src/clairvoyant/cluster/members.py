@@ -61,20 +61,17 @@ def _store_missing(env: Mapping[str, str]) -> str | None:
             "initialised: call torch.distributed.init_process_group() before making the Loader")
 
 
-def rendezvous(comm: Any = None, dead: Callable[[], set[int]] | None = None,
-               behind: Callable[[int], list[int]] | None = None, timeout: float | None = None,
-               store: bool = False) -> Group:
+def rendezvous(comm: Any = None, timeout: float | None = None, store: bool = False) -> Group:
     """The job's ranks as a group, by the launcher (:func:`backend`; ``comm``: over this MPI
     communicator; ``store``: over the process group's store, whatever started the job): MPI's
     collectives, or torchrun's store; the one group constructor, for the cluster's members and the
-    Loader's first pass alike. ``dead()``: ranks met dead (MPI's watch); ``behind(entered)``: the
-    ranks that did not enter a gather that timed out (MPI's collectives cannot say; the store's
-    keys do); ``timeout``: a gather's (``GATHER_TIMEOUT``)."""
+    Loader's first pass alike. ``timeout``: a gather's (``GATHER_TIMEOUT``). (An MPI group learns
+    who is dead and who did not enter a gather from its members: ``Members.form``.)"""
     got = "mpi" if comm is not None else "store" if store else backend()
     if got == "mpi":
         from mpi4py import MPI   # imported here: clairvoyant runs without it
         from .mpi import MPIGroup
-        return MPIGroup(comm if comm is not None else MPI.COMM_WORLD, dead=dead, behind=behind, timeout=timeout)
+        return MPIGroup(comm if comm is not None else MPI.COMM_WORLD, timeout=timeout)
     if got != "store":
         raise ConfigError(f"the cluster needs MPI or torchrun's rendezvous: {got}")
     from .store import StoreGroup, job_store
@@ -194,17 +191,15 @@ class Members:
         """The job's members by its launcher (collective): MPI's group and communicator under an MPI
         launcher (``comm``: over this communicator), else torchrun's store and a ZeroMQ wire
         connected to every member (``rendezvous``, ``bound_wire``)."""
-        holder: list[Members] = []
-        group = rendezvous(comm, dead=lambda: holder[0].dead() if holder else set(),
-                           behind=lambda entered: holder[0].behind(entered) if holder else [])
-        if group.name == "MPI":   # the service on the communicator itself, the gathers on their duplicate
-            if comm is None:
-                from mpi4py import MPI
-                comm = MPI.COMM_WORLD
-            holder.append(cls(group.rank, group.size, comm, group))
-            return holder[0]
-        holder.append(cls.of_group(group))
-        return holder[0]
+        group = rendezvous(comm)
+        if group.name != "MPI":
+            return cls.of_group(group)
+        if comm is None:   # the service on the communicator itself, the gathers on their duplicate
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        members = cls(group.rank, group.size, comm, group)
+        group.dead, group.behind = members.dead, members.behind   # (MPI's gathers ask these members)
+        return members
 
     @classmethod
     def of_group(cls, group: Group) -> "Members":

@@ -68,22 +68,22 @@ def failed_ranks(comm: Any) -> set[int]:
 
 class MPIGroup:
     """The ranks of ``comm`` as a group (cluster/group.py), on a duplicate of it (``dup``) so that its
-    gathers never mix with the caller's. ``dead()``: ranks known to be gone from elsewhere (the
-    peer service met them). A gather not complete within ``timeout`` seconds (``GATHER_TIMEOUT``)
-    is abandoned: ``behind(entered)`` names the ranks that did not enter it (the one probe, asked
-    for each rank's count of gathers entered: cluster/members.py; none given: the ranks are unknown)
-    and every rank raises ``PeerLost``. ``entered``: the gathers this rank has entered."""
+    gathers never mix with the caller's. A gather not complete within ``timeout`` seconds
+    (``GATHER_TIMEOUT``) is abandoned and every rank raises ``PeerLost``. Set by the members
+    formed over it (cluster/members.py ``Members.form``): ``dead()``, the ranks known to be gone
+    from elsewhere (the peer service met them), and ``behind(entered)``, the ranks that did not
+    enter a gather (the one probe, asked for each rank's count of gathers entered); unset, none is
+    known. ``entered``: the gathers this rank has entered."""
 
     name = "MPI"
 
-    def __init__(self, comm: Any, dup: bool = True, dead: Callable[[], set[int]] | None = None, *,
-                 timeout: float | None = None, behind: Callable[[int], list[int]] | None = None) -> None:
+    def __init__(self, comm: Any, dup: bool = True, *, timeout: float | None = None) -> None:
         self.comm = comm.Dup() if dup else comm
         self._own = dup
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.dead = dead or set
+        self.dead: Callable[[], set[int]] = set
+        self.behind: Callable[[int], list[int]] = lambda entered: []
         self.timeout = GATHER_TIMEOUT if timeout is None else float(timeout)
-        self.behind = behind or (lambda entered: [])
         self.entered = 0
         self.abandoned = False   # a collective was left unfinished: the communicator is not freed
 

@@ -253,8 +253,8 @@ def run_member(args: argparse.Namespace, group) -> int:
               flush=True)
         return 1
     if hello is None and error is None:
-        error = ConfigError(f"node {node}'s mount service {'ended' if not svc.alive() else 'was not ready within'}"
-                            f"{'' if not svc.alive() else f' {GATHER_TIMEOUT:.0f} s'} (its log: {svc.log})")
+        why = f"was not ready within {GATHER_TIMEOUT:.0f} s" if svc.alive() else "ended"
+        error = ConfigError(f"its mount service {why} (its log: {svc.log})")
     try:   # the one formation rule (cluster/members.py ``exchange_addresses``, as for the Loader's ranks): where a
         # node's service cannot start, every node raises, that node its own error, the others naming it
         addresses = exchange_addresses(group, None if error is not None else hello["address"], error)
