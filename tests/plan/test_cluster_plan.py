@@ -548,18 +548,43 @@ def test_the_plan_holds_no_copy_of_the_order_per_rank():
 
 
 def test_a_runs_homes_keep_what_the_tiers_hold():
-    """homes_held: a sample a node's tier holds is homed there (the lowest such node); any other at
-    its first reader, as home_nodes. Control: without residents it is home_nodes exactly, and the
-    held samples' first readers are mostly other nodes."""
+    """homes_held: a sample a node's tier holds is homed there (the lowest such node) where no node
+    below its share reads it first; any other at its first reader, as home_nodes. Control: without
+    residents it is home_nodes exactly, and the held samples' first readers are mostly other nodes."""
     from clairvoyant.plan.cluster import home_nodes, homes_held
 
     layout = NodeLayout(((0,), (1,), (2,)))
-    kw = dict(seed=3, batch_size=4, layout=layout)
-    base = home_nodes(90, **kw)
-    held = {s: 10 for s in range(0, 90, 3)}   # node 1 holds every third sample
-    home = homes_held(90, residents=[{}, held, {5: 10}], **kw)
-    assert all(home[s] == 1 for s in held) and home[5] == 2
-    rest = [s for s in range(90) if s not in held and s != 5]
+    kw = dict(seed=3, batch_size=4, layout=layout, sizes=np.full(90, 10), capacities=[100, 1000, 100])
+    base = home_nodes(90, seed=3, batch_size=4, layout=layout)
+    held = {s: 10 for s in range(0, 90, 3)}   # node 1 holds every third sample (its share: most)
+    assert base[7] == 0                        # node 2 holds sample 7, which node 0 reads first
+    home = homes_held(90, residents=[{}, held, {7: 10}], **kw)
+    assert all(home[s] == 1 for s in held) and home[7] == 2
+    rest = [s for s in range(90) if s not in held and s != 7]
     assert (home[rest] == base[rest]).all()
     assert (homes_held(90, residents=[{}, {}, {}], **kw) == base).all()   # control
     assert (base[list(held)] != 1).sum() > 10                               # control: they moved
+
+
+def test_a_node_whose_tier_is_empty_homes_its_share_of_what_the_others_hold():
+    """keep_held, the case of a node back after a loss (issue 51): nodes 0-2 kept every sample
+    while node 3 was away (each a third), node 3's tier is empty. Node 3 homes its fair share (a
+    quarter, within 20%), taken from the samples it reads first, and no node homes more than 20%
+    over its share; a sample held by its first reader stays there, as does every sample a holder
+    keeps. Control: with node 3's capacity 0 (no share) it homes nothing."""
+    from clairvoyant.plan.cluster import keep_held
+
+    n, rng = 1200, np.random.default_rng(5)
+    sizes = rng.integers(900, 1100, n)
+    first = rng.integers(0, 4, n).astype(np.int32)   # the first readers of the epoch planned
+    residents = [{int(s): int(sizes[s]) for s in range(k, n, 3)} for k in range(3)] + [{}]
+    home = keep_held(first.copy(), residents, sizes, [10**6] * 4)
+    fair = sizes.sum() / 4
+    homed = np.bincount(home, weights=sizes, minlength=4)
+    assert 0.8 * fair <= homed[3] <= 1.2 * fair and (homed <= 1.2 * fair).all(), homed / fair
+    assert (first[home == 3] == 3).all()   # node 3 reads each of its homes in the epoch planned
+    holder = np.arange(n) % 3
+    assert (home[first == holder] == holder[first == holder]).all()   # held by its first reader: stays
+    assert ((home == holder) | (home == first)).all()                  # else its holder's or first reader's
+    assert (keep_held(first.copy(), residents, sizes, [10**6] * 4) == home).all()   # the same on every node
+    assert not (keep_held(first.copy(), residents, sizes, [10**6] * 3 + [0]) == 3).any()   # control

@@ -118,9 +118,9 @@ def test_homes_keep_what_a_tier_holds_and_give_the_rest_to_its_first_reader():
     the epoch; a file nobody reads keeps its fallback. Control: without residents, the first reader."""
     orders = [_orders(0, [0, 1, 2], {3: 10}), _orders(1, [2, 3, 0], {})]
     fallback = np.array([1, 1, 0, 0, 1], np.int32)
-    homes = plan_homes(orders, fallback)
+    homes = plan_homes(orders, fallback, np.full(5, 10))
     assert homes.tolist() == [0, 0, 1, 0, 1]   # 2: node 1 reads it at step 0, node 0 at step 2; 3: held by 0
-    plain = plan_homes([_orders(0, [0, 1, 2], {}), _orders(1, [2, 3, 0], {})], fallback)
+    plain = plan_homes([_orders(0, [0, 1, 2], {}), _orders(1, [2, 3, 0], {})], fallback, np.full(5, 10))
     assert plain[3] == 1 and plain[2] == 1 and plain[4] == 1
 
 
@@ -131,7 +131,7 @@ def test_a_nodes_duty_follows_the_plan():
     rng = np.random.default_rng(0)
     n, sizes = 40, np.full(40, 100, np.int64)
     orders = [_orders(k, rng.permutation(n).tolist(), {}, capacity=1500) for k in range(2)]
-    homes = plan_homes(orders, np.zeros(n, np.int32))
+    homes = plan_homes(orders, np.zeros(n, np.int32), sizes)
     plan = cluster_plan(orders, homes, sizes)
     for node in (0, 1):
         v = plan.for_node(node)

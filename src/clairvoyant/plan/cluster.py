@@ -67,25 +67,82 @@ def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
     return home
 
 
+SHARE_SLACK = 0.05   # keep_held: a node this far below its share (a part of it) is near enough
+
+
 def homes_held(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout,
-               residents: Sequence[Mapping[int, int]], shuffle: bool = True, drop_last: bool = False,
-               first_epoch: int = 0) -> np.ndarray:
+               residents: Sequence[Mapping[int, int]], sizes: np.ndarray, capacities: int | Sequence[int],
+               shuffle: bool = True, drop_last: bool = False, first_epoch: int = 0) -> np.ndarray:
     """The homes of a run that starts from tiers filled before it (a job restarted on fewer nodes,
-    or another layout): a sample a node's tier holds stays there (the lowest such node), any other
-    goes to its first reader (``home_nodes``). Where the tiers hold only what their homes kept,
-    these are the job's homes as they were; after a restart on other nodes, the survivors' tiers
-    are reused instead of dropped. Every rank computes the same from the exchanged residents."""
+    or another layout): a sample a node's tier holds stays there within the node's fair share
+    (``keep_held``), any other goes to its first reader (``home_nodes``) while that node has room
+    in its share. Where the tiers hold only what their homes kept, these are the job's homes as
+    they were; after a restart on other nodes, the survivors' tiers are reused instead of dropped,
+    and a node new to the job homes its share. Every rank computes the same from the exchanged
+    residents."""
     return keep_held(np.array(_homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last)),
-                     residents)
+                     residents, sizes, capacities)
 
 
-def keep_held(home: np.ndarray, residents: Sequence[Mapping[int, int]]) -> np.ndarray:
-    """``home`` (changed in place and returned) with each sample node n's tier holds (``residents[n]``)
-    homed at n; a sample two tiers hold, at the lower node. The Loader's run (``homes_held``) and
-    the mounts' first plan together (plan/cluster_walk.py ``plan_homes``) both keep what is held."""
-    for n in range(len(residents) - 1, -1, -1):
-        held = np.fromiter(residents[n], np.int64, len(residents[n]))
-        home[held[(held >= 0) & (held < len(home))]] = n
+def keep_held(home: np.ndarray, residents: Sequence[Mapping[int, int]], sizes: np.ndarray,
+              capacities: int | Sequence[int]) -> np.ndarray:
+    """``home`` (changed in place and returned: per sample, the node that reads it first in the
+    epoch planned, which can keep it at that read) with what the tiers hold (``residents[n]``)
+    kept where it is, and each node brought to its **fair share** of the data set's bytes (its
+    capacity's part of every tier's; equal parts where no tier has any) where the holdings allow:
+
+    - a sample held by its first reader stays there; one no tier holds goes to its first reader
+      (it is read from the store once either way);
+    - a sample held elsewhere stays with its holder (the lower node, where two hold it), except
+      that a node below its share takes the samples it reads first from the holders over theirs,
+      those most over first, down to their shares; then, still more than ``SHARE_SLACK`` below
+      (its share is whole samples, spread over holders that are not all over theirs), from any
+      holder, until it reaches its share (each one store read, at the read that keeps it there). So a node whose tier is empty (one back after a loss, while the others
+      kept its files; one new to a restarted job) homes its share rather than nothing; a holder
+      over its share with no one to give to keeps what it holds.
+
+    The Loader's run (``homes_held``) and the mounts' first plan together (plan/cluster_walk.py
+    ``plan_homes``) both keep what is held by this rule; every node computes the same."""
+    nodes = len(residents)
+    n = len(home)
+    if nodes == 0 or n == 0:
+        return home
+    sizes = np.asarray(sizes, np.int64)
+    caps = np.maximum(np.broadcast_to(np.asarray(capacities, np.float64), (nodes,)), 0.0)
+    share = (caps / caps.sum() if caps.sum() > 0 else np.full(nodes, 1.0 / nodes)) * float(sizes.sum())
+    holder = np.full(n, -1, np.int64)   # the lowest node whose tier holds the sample
+    at_reader = np.zeros(n, bool)       # held by its first reader
+    for node in range(nodes - 1, -1, -1):
+        held = np.fromiter(residents[node], np.int64, len(residents[node]))
+        held = held[(held >= 0) & (held < n)]
+        holder[held] = node
+        at_reader[held[home[held] == node]] = True
+    cand = np.flatnonzero(~at_reader & (holder >= 0))   # held, not by its first reader
+    if not len(cand):
+        return home
+    cand = cand[np.lexsort((cand, home[cand], holder[cand]))]
+    key = holder[cand] * nodes + home[cand]          # (holder, first reader), grouped in that order
+    load = np.bincount(home, weights=sizes, minlength=nodes)
+    load += np.bincount(holder[cand], weights=sizes[cand], minlength=nodes)
+    load -= np.bincount(home[cand], weights=sizes[cand], minlength=nodes)
+    home[cand] = holder[cand]                        # kept by their holders, unless taken below
+    slack = SHARE_SLACK * share
+    for bounded in (True, False):   # from holders over their shares, down to them; then from any
+        for f in np.argsort(share - load)[::-1]:     # the node furthest below its share first
+            if share[f] - load[f] <= (0.0 if bounded else slack[f]):
+                break   # (the rest are nearer their shares)
+            for h in np.argsort(load - share)[::-1]:   # from the holders furthest over theirs
+                want = min(share[f] - load[f], load[h] - share[h]) if bounded else share[f] - load[f]
+                if want <= 0:
+                    break
+                lo, hi = np.searchsorted(key, [h * nodes + f, h * nodes + f + 1])
+                group = cand[lo:hi][home[cand[lo:hi]] == h]   # (not taken already)
+                run = sizes[group]
+                take = group[np.cumsum(run) - run / 2 < want]   # (whole samples: the last, if half fits)
+                home[take] = f
+                moved = float(sizes[take].sum())
+                load[f] += moved
+                load[h] -= moved
     return home
 
 

@@ -4,9 +4,9 @@ the nodes' orders, asks these and carries out what they say).
 The plan of the nodes' published orders (:func:`cluster_plan`: the cluster sequence is every
 rank's order interleaved index by index, ranks by their global number; the next epoch's too where
 every rank sent one; ``plan_cluster_sequence`` over it) and the homes the nodes fix at their first
-plan together (:func:`plan_homes`: a file a tier holds already stays there, read before that plan
-because the nodes' samplers start at different times; any other, its first reader; the fallback,
-hashed homes, for the rest). The orders are any objects with ``node``, ``epoch``, ``capacity``,
+plan together (:func:`plan_homes`: a file a tier holds already stays there within the node's fair
+share, read before that plan because the nodes' samplers start at different times; any other, its
+first reader; the fallback, hashed homes, for the rest). The orders are any objects with ``node``, ``epoch``, ``capacity``,
 ``residents`` and ``ranks`` (global rank -> its ``files``, ``counts``, ``next_files``,
 ``next_counts``), as mount/cluster/orders.py decodes them.
 
@@ -66,12 +66,14 @@ def cluster_plan(orders: Sequence[Any], homes: np.ndarray, sizes: np.ndarray) ->
                                  sizes=sizes, residents=[o.residents for o in orders], epoch=orders[0].epoch)
 
 
-def plan_homes(orders: Sequence[Any], fallback: np.ndarray) -> np.ndarray:
+def plan_homes(orders: Sequence[Any], fallback: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The homes the nodes fix from these orders: a file a tier holds already stays there (read
-    before the nodes first planned together: kept by its hashed home, or read by the node itself);
-    any other, its first reader in the epoch; ``fallback`` for the rest."""
+    before the nodes first planned together: kept by its hashed home, or read by the node itself;
+    kept by the others while a node was lost) within the node's fair share (``keep_held``); any
+    other, its first reader in the epoch; ``fallback`` for the rest."""
     _, _, layout, seq = _cluster_sequence(orders)
-    return keep_held(first_readers(seq, layout, fallback), [o.residents for o in orders])   # (orders in node order)
+    return keep_held(first_readers(seq, layout, fallback), [o.residents for o in orders], sizes,
+                     [o.capacity for o in orders])   # (orders in node order)
 
 
 def survivors(orders: Sequence[Any]) -> tuple[list[Any], np.ndarray]:

@@ -151,7 +151,8 @@ def _plan_in_cluster(entry_sizes: np.ndarray, c: PlanConfig, t: NodeLayout, epoc
     home = cluster.home
     if home is None:   # a run's first plan: what the tiers hold stays where it is (a restarted job's too)
         home = homes_held(c.num_samples, seed=c.seed, batch_size=c.batch_size, layout=cluster.layout,
-                          residents=cluster.residents, shuffle=c.shuffle, drop_last=c.drop_last)
+                          residents=cluster.residents, sizes=entry_sizes, capacities=cluster.capacities,
+                          shuffle=c.shuffle, drop_last=c.drop_last)
     plan = plan_cluster_epoch(c.num_samples, seed=c.seed, epoch=epoch, batch_size=c.batch_size,
                               layout=cluster.layout, capacities=cluster.capacities, sizes=entry_sizes,
                               shuffle=c.shuffle, drop_last=c.drop_last, position=position,

@@ -336,7 +336,8 @@ class ClusterPolicy(Policy):
             layout = j.at(e).layout
             if residents is not None and len(residents) > t.nodes:   # a node lost: the job restarted on the others,
                 residents = residents[:t.nodes]                       # whose tiers stay as they are (the Loader's
-                home = homes_held(self.num_samples, layout=layout, residents=residents, **self._kw())   # run)
+                home = homes_held(self.num_samples, layout=layout, residents=residents, sizes=self.entry_sizes,
+                                  capacities=hw.local_capacity, **self._kw())   # run)
             plan = plan_cluster_epoch(self.num_samples, epoch=e, layout=layout, capacities=hw.local_capacity,
                                       sizes=self.entry_sizes, residents=residents, home=home, **self._kw())
             residents, home = list(plan.residents_after), plan.home

@@ -104,7 +104,7 @@ class ClusterWalk(Following):
         # among them (plan/cluster_walk.py survivors, dense_homes); else the nodes as they are
         dense, nodes_of = survivors(orders)
         homes = cl.settle_homes(orders, lambda: nodes_of[plan_homes(dense, dense_homes(
-            cl.hashed_homes, nodes_of, cl.nodes, dense))])
+            cl.hashed_homes, nodes_of, cl.nodes, dense), sizes)])
         if homes is None:
             self.why = "the cluster's homes could not be had from the peer that planned them"
             return False
