@@ -160,24 +160,45 @@ def test_staging_threads_start_as_work_waits_for_them(dataset, tmp_path, monkeyp
 
 def test_a_kept_miss_already_in_the_tier_is_not_read_from_the_store_again(dataset, tmp_path):
     """A job beside this one (a sweep sharing the node's local_dir) staged samples after this job
-    planned them as misses: the native route gives them back to the Python threads, which find the
-    entry under the key's lock, instead of reading the store again (issue 52). Control: the same
-    items on a tier that holds nothing all go to the native threads, which stage them."""
+    planned them as misses: the native threads find each entry in the index once they hold its
+    lock and do not read the source (the files are gone from it here: a read would fail); the
+    Python threads then take the entry (``fallback``) as a hit (issue 52). Control: the same items
+    on a tier that holds nothing are read from the source and staged by the native threads."""
     from clairvoyant.stage.native import Item
 
+    data = str(tmp_path / "data")
+    shutil.copytree(dataset, data)
     items = [Item(0, j, s, False, True, -1, False) for j, s in enumerate(range(6))]
-    with Loader(dataset, batch_size=8, local_dir=str(tmp_path / "shared"), seed=4, num_workers=1) as a, \
-            Loader(dataset, batch_size=8, local_dir=str(tmp_path / "empty"), seed=4, num_workers=1) as b:
+    with Loader(data, batch_size=8, local_dir=str(tmp_path / "shared"), seed=4, num_workers=1) as a, \
+            Loader(data, batch_size=8, local_dir=str(tmp_path / "empty"), seed=4, num_workers=1) as b:
         list(a)   # the job beside: every sample staged into the shared tier
-        for loader, want in ((a, items), (b, [])):
-            done: list = []
-            route = native_mod.NativeRoute(loader.tiers, loader.manifest, loader.source.root, 2,
-                                           lambda *x: done.append(x), lambda it: None, lambda e: None)
+        keys = [a.manifest.keys[it.sample] for it in items]
+        told: list = []
+
+        class Told(native_mod.NativeRoute):
+            def _done(self, d):   # what the native threads said of each job
+                told.append(d)
+                super()._done(d)
+        for loader, there in ((a, True), (b, False)):
+            done, back, failed = [], [], []
+            told.clear()
+            route = Told(loader.tiers, loader.manifest, loader.source.root, 2, lambda *x: done.append(x), back.append,
+                         failed.append)
+            if there:
+                for k in keys:
+                    os.rename(os.path.join(data, k), os.path.join(data, k + ".gone"))
             try:
-                assert route.submit(items) == want
+                assert route.submit(items) == []   # every one taken by the native threads
                 deadline = time.monotonic() + 30
-                while len(done) < len(items) - len(want) and time.monotonic() < deadline:
+                while len(done) + len(back) < len(items) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                assert len(done) == len(items) - len(want)   # (the control's: staged by the native threads)
+                if there:   # found in the index: present, not a failed read of a file that is gone
+                    assert back == items and done == [] and failed == []
+                    assert all(d.present and "meanwhile" in d.error for d in told), told
+                else:   # control: read from the source and staged
+                    assert len(done) == len(items) and back == [] and failed == []
             finally:
                 route.close()
+                if there:
+                    for k in keys:
+                        os.rename(os.path.join(data, k + ".gone"), os.path.join(data, k))

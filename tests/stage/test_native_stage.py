@@ -136,12 +136,17 @@ def _hold(root: str, offset: int, publish: tuple | None, ready, go) -> None:
     os.close(fd)
 
 
-@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("check", ["index", "publish", "none"])
 def test_a_job_waits_for_the_lock_and_leaves_alone_what_another_process_staged(tree, monkeypatch, check):
     """Another process of the node has staged the file and holds its lock: the job waits for the
     lock (a second submit of it is refused as in flight), then finds the entry there and leaves
-    it. Control (the check after the lock skipped): the job replaces that entry."""
-    if not check:
+    it: the C thread looks the key up in the index once it holds the lock, and does not read the
+    source at all (the source file is gone by then here: a read would fail); without that lookup
+    (no digest given), the check before publishing finds it after the read. Control (both checks
+    skipped): the job replaces that entry."""
+    if check != "index":
+        monkeypatch.setattr(native_stage, "key_digest", lambda key: 0)   # (0: no lookup in C)
+    if check == "none":
         monkeypatch.setattr(native_stage.NativeStager, "_published_meanwhile", lambda self, key, n: False)
     src, files, local = tree
     run = Run(src, local)
@@ -160,10 +165,12 @@ def test_a_job_waits_for_the_lock_and_leaves_alone_what_another_process_staged(t
         time.sleep(0.3)
         assert 7 not in run.done                               # waiting for the lock
         assert run.stager.submit(7, k, len(files[k])) is None  # one job per file
+        if check == "index":
+            os.rename(os.path.join(src, k), os.path.join(src, k + ".gone"))   # a read of it would fail now
         go.set()
         run.wait(1)
         d = run.done[7]
-        if check:
+        if check != "none":
             assert d.loc is None and d.present and "meanwhile" in d.error and run.store.find(k) == theirs
             assert run.store.ledger.read()[0] == entry_size(len(files[k]))
         else:
@@ -210,7 +217,7 @@ def test_a_job_that_fails_to_finish_leaves_the_rest_of_its_batch_whole(tree, mon
     bad_unlock, bad_report = keys[3], 5
     raised = []
     real_engine = native_stage._Engine
-    monkeypatch.setattr(native_stage, "_Engine", lambda *a: OneBatch(real_engine(*a), len(keys)))
+    monkeypatch.setattr(native_stage, "_Engine", lambda *a, **kw: OneBatch(real_engine(*a, **kw), len(keys)))
     run = Run(src, local)
     engine = run.stager._engine
     real_unlock, real_done = run.store.unlock, run._on_done

@@ -4,7 +4,10 @@
  * Python reserves each entry's place (ledger bytes, an extent and an offset) and publishes it in
  * the tier's index once written; this engine does what lies between, per file:
  *   1. take the node-wide lock of the file's key (a byte-range lock of the tier's locks file; the
- *      mount daemon waits on it instead of reading the source a second time);
+ *      mount daemon waits on it instead of reading the source a second time), then look the key
+ *      up in the tier's index (given its digest): an entry of this session published meanwhile
+ *      by another process of the node (a job beside this one) ends the job with EEXIST, the
+ *      source unread;
  *   2. take the bytes from the handoff directory if a reader's open already read them from the
  *      source (``<token>``: the bytes, then the source's mtime in ns), else read the source file
  *      (openat, fstat, read, close) and check its size is the listed one, or, for a sample packed
@@ -17,13 +20,13 @@
  * (docs/benchmarks.md: about 250 us of CPU per file on 2 cores); here it is one submit and a
  * share of one collect.
  *
- *   Stager(src_dir, lock_fd, handoff_dir or None, threads)
+ *   Stager(src_dir, lock_fd, handoff_dir or None, threads[, index, session])
  *              up to ``threads`` threads, started as jobs wait for them (one at once): an engine
  *              given few files (a tar shard's pass, where whole reads take most) starts few
  *   .limit(n)  at most n of the threads carry a job at once from now on (the choice of requests in
  *              flight: tune/inflight.py); all of them at the start
  *   .load() -> (jobs done, seconds they took in all, jobs running now, jobs queued now)
- *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]), ...])
+ *   .submit_many([(token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime, digest]), ...])
  *              src_offset: the sample is ``size`` bytes at this offset of the file (a tar shard's
  *              member), whose mtime must still be src_mtime (-1: not checked); -1 or none: the
  *              whole file, whose size must be ``size``
@@ -60,6 +63,7 @@ struct job {
     int64_t offset, lock_offset;
     int64_t src_offset;   /* where the bytes lie in the source file; -1: the whole file is the sample */
     int64_t src_mtime;    /* the packing file's mtime when it was indexed (-1: not checked) */
+    uint64_t digest;      /* the key's index digest (0: not looked up before the read) */
     int err, handed, locked;
     int64_t mtime;
 };
@@ -70,6 +74,8 @@ typedef struct {
     pthread_cond_t work, done;
     struct job *queue, *queue_tail, *finished, *finished_tail;
     int src_fd, lock_fd, handoff_fd;
+    struct tier_index index;           /* the tier's index: an entry there already is not read again */
+    uint32_t session;                  /* the tier's session: an entry stamped with it is current */
     int nthreads, most, idle;          /* threads started, at most, and carrying no job now */
     int stopping, drained;             /* drained: stopped, and every job is on the finished list */
     int active, running;               /* jobs carried at once at most (limit), and now */
@@ -216,6 +222,16 @@ static void run(Stager *s, struct job *j) {
     int err = lock_key(s->lock_fd, j->lock_offset);
     if (err) { j->err = err; return; }
     j->locked = 1;
+    if (j->digest && s->index.fd >= 0) {   /* another process of the node published it meanwhile (a job
+                                            * beside this one): its entry is there, the source is not read */
+        uint32_t extent, length, stamp, seq;
+        uint64_t offset;
+        if (tier_index_lookup(&s->index, j->digest, &extent, &offset, &length, &stamp, &seq) &&
+            length == j->size + TRAILER && stamp == s->session) {
+            j->err = EEXIST;
+            return;
+        }
+    }
     uint64_t n = j->size + TRAILER;
     char *buf = malloc(n ? n : 1);
     if (!buf) { j->err = ENOMEM; return; }
@@ -329,14 +345,24 @@ static int open_dir(PyObject *path) {
 }
 
 static int Stager_init(Stager *s, PyObject *args, PyObject *kw) {
-    static char *names[] = {"src_dir", "lock_fd", "handoff_dir", "threads", NULL};
-    PyObject *src, *handoff;
+    static char *names[] = {"src_dir", "lock_fd", "handoff_dir", "threads", "index", "session", NULL};
+    PyObject *src, *handoff, *index = Py_None;
     int lock_fd, threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OiOi", names, &src, &lock_fd, &handoff, &threads)) return -1;
+    unsigned int session = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OiOi|OI", names, &src, &lock_fd, &handoff, &threads, &index,
+                                     &session))
+        return -1;
     if (s->nthreads || s->stopping) { PyErr_SetString(PyExc_RuntimeError, "Stager already started"); return -1; }
     if ((s->src_fd = open_dir(src)) < 0) return -1;
     if (handoff != Py_None && (s->handoff_fd = open_dir(handoff)) < 0) return -1;   /* src_fd: dealloc */
     s->lock_fd = lock_fd;
+    if (index != Py_None) {   /* absent or unreadable: every job reads its source (publish checks again) */
+        PyObject *b;
+        if (!PyUnicode_FSConverter(index, &b)) return -1;
+        s->index.fd = open(PyBytes_AS_STRING(b), O_RDONLY | O_CLOEXEC);
+        Py_DECREF(b);
+    }
+    s->session = session;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     s->active = s->most = threads;
@@ -362,18 +388,20 @@ static PyObject *Stager_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->done, NULL);
     s->src_fd = s->lock_fd = s->handoff_fd = -1;
+    s->index.fd = -1;
+    pthread_rwlock_init(&s->index.lock, NULL);
     return (PyObject *)s;
 }
 
-/* A job from its tuple (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]), parsed with
- * ``fmt``; NULL with the Python error set. */
+/* A job from its tuple (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime, digest]),
+ * parsed with ``fmt``; NULL with the Python error set. */
 static struct job *parse_job(PyObject *t, const char *fmt) {
     long long token, offset, lock_offset, src_offset = -1, src_mtime = -1;
     PyObject *path;
-    unsigned long long size;
+    unsigned long long size, digest = 0;
     int out_fd;
     if (!PyArg_ParseTuple(t, fmt, &token, PyUnicode_FSConverter, &path, &size, &out_fd, &offset, &lock_offset,
-                          &src_offset, &src_mtime))
+                          &src_offset, &src_mtime, &digest))
         return NULL;
     struct job *j = calloc(1, sizeof *j);
     char *p = j ? strdup(PyBytes_AS_STRING(path)) : NULL;
@@ -387,6 +415,7 @@ static struct job *parse_job(PyObject *t, const char *fmt) {
     j->lock_offset = lock_offset;
     j->src_offset = src_offset;
     j->src_mtime = src_mtime;
+    j->digest = digest;
     return j;
 }
 
@@ -424,7 +453,7 @@ static PyObject *Stager_submit_many(Stager *s, PyObject *arg) {
     struct job *head = NULL, *tail = NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
         struct job *j = parse_job(PySequence_Fast_GET_ITEM(seq, k),
-                                  "LO&KiLL|LL;a job is (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime])");
+                                  "LO&KiLL|LLK;a job is (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime, digest])");
         if (!j) {
             Py_DECREF(seq);
             free_list(head);
@@ -503,6 +532,8 @@ static void Stager_dealloc(Stager *s) {
     Py_END_ALLOW_THREADS
     if (s->src_fd >= 0) close(s->src_fd);
     if (s->handoff_fd >= 0) close(s->handoff_fd);
+    tier_index_close(&s->index);
+    pthread_rwlock_destroy(&s->index.lock);
     free_list(s->finished);   /* stop() emptied the queue */
     close_packs(s);
     pthread_mutex_destroy(&s->packs_mu);
@@ -515,7 +546,7 @@ static void Stager_dealloc(Stager *s) {
 
 static PyMethodDef Stager_methods[] = {
     {"submit_many", (PyCFunction)Stager_submit_many, METH_O,
-     "submit_many(jobs): files to stage, (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime]) each, queued at once"},
+     "submit_many(jobs): files to stage, (token, path, size, out_fd, offset, lock_offset[, src_offset, src_mtime, digest]) each, queued at once"},
     {"collect", (PyCFunction)Stager_collect, METH_VARARGS,
      "collect(timeout) -> [(token, errno, mtime_ns, handed_over, locked)] of the jobs finished so far"},
     {"limit", (PyCFunction)Stager_limit, METH_VARARGS, "limit(n): at most n jobs carried at once from now on"},

@@ -111,11 +111,8 @@ static uint8_t *checked;   /* per file: its entry of an earlier session matched 
 static uint64_t total_bytes;
 
 static int src_fd = -1;
-static int index_fd = -1;
+static struct tier_index tindex = TIER_INDEX_INIT;
 static int locks_fd = -1;   /* the tier's byte-range locks: a locked key is being staged now */
-static const uint8_t *index_map;  /* read-only */
-static size_t index_len;
-static pthread_rwlock_t index_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 static char *info_bytes;
 static size_t info_len;
@@ -170,68 +167,6 @@ static int64_t find(const char *p, int64_t *dir) {
 
 /* -- the local tier's index ------------------------------------------------------------------ */
 
-static size_t index_bytes(uint32_t bits) {
-    return INDEX_HEADER + ((size_t)4 + sizeof(struct slot)) * ((size_t)1 << bits);
-}
-
-/* Map (or map again: a new session may have grown the table) the index; under the write lock. */
-static int index_remap(void) {
-    struct stat st;
-    if (index_fd < 0 || fstat(index_fd, &st) < 0 || (size_t)st.st_size < INDEX_HEADER) return -1;
-    if (index_map) munmap((void *)index_map, index_len);
-    index_map = NULL;
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, index_fd, 0);
-    if (m == MAP_FAILED) return -1;
-    index_map = m;
-    index_len = (size_t)st.st_size;
-    return 0;
-}
-
-/* The index's present entry of ``digest``: 1 and (extent, offset, length, the session it was written
- * or checked in, the slot's sequence number: it changes with every write of the slot), or 0. */
-static int index_lookup(uint64_t digest, uint32_t *extent, uint64_t *offset, uint32_t *length, uint32_t *stamp,
-                        uint32_t *seq) {
-    int found = 0;
-    pthread_rwlock_rdlock(&index_lock);
-    uint32_t bits = 0;
-    if (index_map) memcpy(&bits, index_map + 12, 4);
-    if (!index_map || memcmp(index_map, INDEX_MAGIC, 8) != 0 || bits > 40 || index_bytes(bits) != index_len) {
-        pthread_rwlock_unlock(&index_lock);
-        pthread_rwlock_wrlock(&index_lock);
-        index_remap();
-        if (index_map) memcpy(&bits, index_map + 12, 4);
-        int ok = index_map && memcmp(index_map, INDEX_MAGIC, 8) == 0 && bits <= 40 && index_bytes(bits) <= index_len;
-        pthread_rwlock_unlock(&index_lock);
-        if (!ok) return 0;
-        pthread_rwlock_rdlock(&index_lock);
-        if (!index_map) { pthread_rwlock_unlock(&index_lock); return 0; }
-        memcpy(&bits, index_map + 12, 4);
-        if (bits > 40 || index_bytes(bits) > index_len) { pthread_rwlock_unlock(&index_lock); return 0; }
-    }
-    uint64_t n = (uint64_t)1 << bits, mask = n - 1, i = digest & mask;
-    struct slot *slots = (struct slot *)(index_map + INDEX_HEADER + 4 * n);
-    for (uint64_t step = 0; step < n; step++, i = (i + 1) & mask) {
-        uint64_t d = __atomic_load_n(&slots[i].digest, __ATOMIC_ACQUIRE);
-        if (d == 0) break;
-        if (d != digest) continue;
-        for (int tries = 0; tries < 1000; tries++) {   /* the slot's seqlock */
-            uint32_t s1 = __atomic_load_n(&slots[i].seq, __ATOMIC_ACQUIRE);
-            if (s1 & 1) continue;
-            uint32_t e = __atomic_load_n(&slots[i].extent, __ATOMIC_RELAXED);
-            uint64_t o = __atomic_load_n(&slots[i].offset, __ATOMIC_RELAXED);
-            uint32_t l = __atomic_load_n(&slots[i].length, __ATOMIC_RELAXED);
-            uint32_t t = __atomic_load_n(&slots[i].stamp, __ATOMIC_RELAXED);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
-            if (__atomic_load_n(&slots[i].seq, __ATOMIC_RELAXED) != s1) continue;
-            if (l) { *extent = e; *offset = o; *length = l; *stamp = t; *seq = s1; found = 1; }
-            break;
-        }
-        break;
-    }
-    pthread_rwlock_unlock(&index_lock);
-    return found;
-}
-
 /* Read up to ``n`` bytes at ``at`` (fewer only at the end of the file): the count, or -errno if
  * reading failed before any byte. */
 static ssize_t pread_all(int fd, char *buf, size_t n, off_t at) {
@@ -283,7 +218,7 @@ static int open_extent(uint32_t extent) {
 static char *read_local(const struct lfile *f, int *stale) {
     uint32_t extent, length, stamp, seq;
     uint64_t offset;
-    if (!index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq)) return NULL;
+    if (!tier_index_lookup(&tindex, f->digest, &extent, &offset, &length, &stamp, &seq)) return NULL;
     if ((uint64_t)length != f->size + TRAILER) return NULL;   /* another size: stale, not ours */
     int fd = open_extent(extent);
     if (fd < 0) return NULL;   /* evicted meanwhile */
@@ -319,7 +254,7 @@ bad:
 static int read_local_part(const struct lfile *f, uint64_t *base, uint64_t *pub) {
     uint32_t extent, length, stamp, seq;
     uint64_t offset;
-    if (!index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq)) return -1;
+    if (!tier_index_lookup(&tindex, f->digest, &extent, &offset, &length, &stamp, &seq)) return -1;
     *pub = publication(extent, offset, seq);
     if ((uint64_t)length != f->size + TRAILER || __atomic_load_n(&verified[f - files], __ATOMIC_RELAXED) != *pub)
         return -1;
@@ -334,7 +269,7 @@ static int read_local_part(const struct lfile *f, uint64_t *base, uint64_t *pub)
 static int still_published(const struct lfile *f, uint64_t pub) {
     uint32_t extent, length, stamp, seq;
     uint64_t offset;
-    return index_lookup(f->digest, &extent, &offset, &length, &stamp, &seq) &&
+    return tier_index_lookup(&tindex, f->digest, &extent, &offset, &length, &stamp, &seq) &&
            publication(extent, offset, seq) == pub;
 }
 
@@ -1023,8 +958,8 @@ int main(int argc, char *argv[]) {
     clock_gettime(CLOCK_REALTIME, &started);
     src_fd = open(opt.source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (src_fd < 0) return die("cannot open the source directory", opt.source);
-    index_fd = open(opt.index, O_RDONLY | O_CLOEXEC);
-    if (index_fd < 0) return die("cannot open the index", opt.index);
+    tindex.fd = open(opt.index, O_RDONLY | O_CLOEXEC);
+    if (tindex.fd < 0) return die("cannot open the index", opt.index);
     {
         char locks[PATH_MAX];
         snprintf(locks, sizeof locks, "%s", opt.index);
@@ -1034,7 +969,7 @@ int main(int argc, char *argv[]) {
             locks_fd = open(locks, O_RDWR | O_CLOEXEC);   /* absent: no waiting, reads go to the source */
         }
     }
-    index_remap();
+    tier_index_remap(&tindex);
     int rc = load_listing(opt.listing);
     if (!rc && opt.homes) rc = load_homes(opt.homes);
     if (!rc) rc = load_info(opt.info);

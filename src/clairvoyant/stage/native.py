@@ -27,7 +27,6 @@ from typing import Callable, NamedTuple
 from .engines import native_applies
 from .native_files import Done, NativeStager
 from ..cache.tiers import LOCAL, Placement, Tiers
-from ..cache.entry import entry_size
 from ..tune.inflight import Counts
 from ..manifest import Manifest
 
@@ -73,20 +72,11 @@ class NativeRoute:
         self._engine = NativeStager(tiers.local, room, root, None, threads, self._done, most=most, span=span)
 
     def submit(self, items: list[Item]) -> list[Item]:
-        """Stage ``items`` (each a kept miss); returns those the engine did not take: no room (the
-        Python threads place them, in the RAM window if need be), or an entry of the sample is in
-        the tier already (another process of the node, a job beside this one, staged it since the
-        plan was made: the Python threads find it under the key's lock instead of reading the
-        store again)."""
+        """Stage ``items`` (each a kept miss); returns those the engine did not take (no room: the
+        Python threads place them, in the RAM window if need be)."""
         if not items:
             return []
         keys, sizes = self._manifest.keys, self._manifest.sizes
-        local = self._tiers.local
-        there = [_entry_there(local, keys[it.sample], int(sizes[it.sample])) for it in items]
-        back = [it for it, t in zip(items, there) if t]
-        items = [it for it, t in zip(items, there) if not t]
-        if not items:
-            return back
         with self._lock:
             first = self._token
             self._token += len(items)
@@ -99,6 +89,7 @@ class NativeRoute:
             outcomes = self._engine.submit_many(jobs)
         except Exception:   # none of them went
             outcomes = [False] * len(items)
+        back = []
         for (token, _, _), it, out in zip(jobs, items, outcomes):
             if out is not True:
                 self._forget(token)
@@ -153,10 +144,3 @@ class NativeRoute:
         """Stop: jobs not started are given up (their places given back); idempotent."""
         self._closed = True
         self._engine.close()
-
-
-def _entry_there(local, key: str, size: int) -> bool:
-    """Whether the tier's index names an entry of ``key`` of a ``size``-byte sample's length (a
-    lookup in the node's shared index; the Python threads check the entry as they use it)."""
-    got = local.find(key)
-    return got is not None and got.length == entry_size(size)

@@ -22,7 +22,7 @@ import threading
 from typing import Callable, NamedTuple, Union
 
 from ..cache.entry import entry_size
-from ..cache.extents import Loc
+from ..cache.extents import Loc, key_digest
 from ..cache.local import LocalStore
 from ..tune.inflight import Counts
 
@@ -72,6 +72,7 @@ class Job(NamedTuple):
     lock_offset: int     # the key's node-wide lock byte (cache/tier_format.h)
     src_offset: int = -1   # where the bytes lie in the file at ``path`` (a tar shard's member); -1: all of it
     src_mtime: int = -1    # that file's mtime when it was indexed, checked before the read (-1: not)
+    digest: int = 0        # the key's index digest: an entry there once the lock is held is not read again
 
 
 class Done(NamedTuple):
@@ -102,7 +103,8 @@ class NativeStager:
         # None where they are not the listed size there (Source.native_span): such a file is refused
         self._span = span or (lambda key, size: (key, -1, -1))
         # ``most`` threads, of which ``threads`` carry a file at once until ``limit`` says otherwise
-        self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(most or threads)))
+        self._engine = _Engine(src_root, store.lock_fd, handoff, max(1, int(most or threads)),
+                               index=store.index.path, session=store.session)
         self._engine.limit(max(1, int(threads)))
         self._jobs: dict[int, tuple] = {}   # token -> (key, extent, offset, entry bytes)
         self._lock = threading.Lock()
@@ -173,7 +175,7 @@ class NativeStager:
             raise
         try:
             self._engine.submit_many([Job(t, where[k][0], items[k][2], ext.fd, offset, store.lock_offset(key),
-                                          *where[k][1:])
+                                          *where[k][1:], key_digest(key))
                                       for t, k, (key, ext, offset, _) in zip(tokens, mine, jobs)])
         except BaseException:
             self._unclaim(tokens, jobs, give_back=True)
@@ -241,7 +243,7 @@ class NativeStager:
         outcome: dict[int, tuple] = {}   # token -> (loc, error, staged meanwhile by another process)
         written = []
         for token, (key, ext, offset, n), err, _, _ in jobs:
-            present = err == 0 and self._published_meanwhile(key, n)
+            present = err == errno.EEXIST or (err == 0 and self._published_meanwhile(key, n))
             if err == 0 and not present:
                 written.append((token, key, ext, offset, n))
                 continue
