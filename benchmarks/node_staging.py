@@ -14,7 +14,7 @@ requests in service at once; nothing decoded (``decode=len``), defaults otherwis
   (b) sweep: ``--jobs`` jobs of one rank each (seeds 0, 1, ...) started together on the node,
       sharing one ``local_dir`` that can hold the whole data set, ``--sweep-epochs`` epochs each;
       prints the store's opens per file over all jobs (one shared cache: 1.00; islands: the
-      number of jobs).
+      number of jobs), beside the same jobs with a ``local_dir`` each (the reference run).
 
 The store's counters are reset once every rank has made its Loader (the listing is not
 counted), and the clock starts there, ``import torch`` done before.
@@ -107,8 +107,9 @@ def _free_port() -> int:
 
 def _run_processes(fs: FuseStore, cmds: list[list[str]], sync: str, names: list[str]) -> tuple[list[dict], float, dict]:
     """Start ``cmds``, reset the store once every ``ready<name>`` is there, say go, wait for them:
-    each one's output, the wall seconds from the go, the store's counters."""
-    procs = [subprocess.Popen(c) for c in cmds]
+    each one's output, the wall seconds from the go, the store's counters. (Their temporary files
+    go under ``sync``: torchrun's agents leave theirs behind.)"""
+    procs = [subprocess.Popen(c, env={**os.environ, "TMPDIR": sync}) for c in cmds]
     try:
         _wait_for([os.path.join(sync, f"ready{n}") for n in names], procs, "every Loader")
         fs.reset()
@@ -142,15 +143,18 @@ def lockstep(data: str, store: dict, work: str, ranks: int, batch: int) -> dict:
             "store": counters, "staging": outs[0].get("staging")}
 
 
-def sweep(data: str, store: dict, work: str, jobs: int, epochs: int, batch: int) -> dict:
+def sweep(data: str, store: dict, work: str, jobs: int, epochs: int, batch: int, islands: bool = False) -> dict:
+    """``jobs`` jobs of one rank, seeds 0.., on one ``local_dir`` (``islands``: each its own, the
+    reference: every job reads the store for itself)."""
     sync = tempfile.mkdtemp(dir=work, prefix="sweep-")
     with FuseStore(data, **store) as fs:
-        cmds = [[sys.executable, HERE, "--worker", "--store", fs.path, "--local-dir", os.path.join(sync, "local"),
-                 "--sync", sync, "--batch", str(batch), "--epochs", str(epochs), "--seed", str(j)]
+        cmds = [[sys.executable, HERE, "--worker", "--store", fs.path, "--local-dir",
+                 os.path.join(sync, f"local{j}" if islands else "local"), "--sync", sync, "--batch", str(batch),
+                 "--epochs", str(epochs), "--seed", str(j)]
                 for j in range(jobs)]
         outs, wall, counters = _run_processes(fs, cmds, sync, [str(j) for j in range(jobs)])
-    return {"jobs": jobs, "epochs": epochs, "seconds": wall, "samples": [o["samples"] for o in outs],
-            "store": counters}
+    return {"jobs": jobs, "epochs": epochs, "islands": islands, "seconds": wall,
+            "samples": [o["samples"] for o in outs], "store": counters}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -174,10 +178,14 @@ def run(args: argparse.Namespace) -> dict:
                     rows.append(r)
             out["lockstep"] = rows
         if "sweep" in args.cases:
-            print(f"node_staging: sweep, {args.jobs} jobs", flush=True)
-            r = sweep(data, store, work, args.jobs, args.sweep_epochs, args.batch)
-            r["opens_per_file"] = r["store"]["opens"] / (len(sizes) * 1.0)
-            out["sweep"] = r
+            rows = []
+            for islands in (False, True):   # one local_dir, then the reference: one each
+                print(f"node_staging: sweep, {args.jobs} jobs, {'a local_dir each' if islands else 'one local_dir'}",
+                      flush=True)
+                r = sweep(data, store, work, args.jobs, args.sweep_epochs, args.batch, islands)
+                r["opens_per_file"] = r["store"]["opens"] / len(sizes)
+                rows.append(r)
+            out["sweep"] = rows
     return out
 
 
@@ -193,9 +201,9 @@ def format_table(s: dict) -> str:
             waited = "/".join(f"{w:.0%}" for w in r["waited"])
             lines.append(f"{r['ranks']:5d} {r['files_per_s']:8,.0f} {r['ratio']:6.2f} {waited:>24} "
                          f"{r['stage_threads']:8d} {r['store']['peak_inflight']:5d}")
-    if "sweep" in s:
-        r = s["sweep"]
-        lines.append(f"sweep: {r['jobs']} jobs x {r['epochs']} epochs on one local_dir: the store opened "
+    for r in s.get("sweep", []):
+        where = "a local_dir each (the reference)" if r["islands"] else "one local_dir"
+        lines.append(f"sweep: {r['jobs']} jobs x {r['epochs']} epochs on {where}: the store opened "
                      f"{r['opens_per_file']:.2f} times per file (one shared cache: 1.00; islands: {r['jobs']:.2f})")
     return "\n".join(lines)
 

@@ -282,3 +282,26 @@ def test_dlio_tiny(tmp_path):
     assert set(rows) == {"store", "clairvoyant", "local"}
     assert all(len(r["au"]) == 2 and all(0 < a <= 100 for a in r["au"]) for r in rows.values()), rows
     assert 0.99 <= rows["clairvoyant"]["store_bytes"] / s["params"]["data_bytes"] <= 1.05, s
+
+
+def test_node_staging_tiny(tmp_path):
+    """benchmarks/node_staging.py (issue 52) at a smoke size: each lockstep run serves every file
+    once over its ranks; two jobs of a sweep on one local_dir open the store at most 1.1 times per
+    file. Control: the same jobs with a local_dir each open it about twice per file."""
+    import json
+
+    import pytest
+
+    from clairvoyant.testing import fuse_available
+    ok, why = fuse_available()
+    if not ok:
+        pytest.skip(f"FUSE store unavailable: {why}")
+    run("node_staging.py", "--tiny", "--out", str(tmp_path))
+    res = json.loads((tmp_path / "node_staging.json").read_text())
+    images = res["params"]["images"]
+    assert [r["samples"] for r in res["lockstep"]] == [images, images]
+    assert all(r["stage_threads"] >= r["ranks"] for r in res["lockstep"])
+    shared, islands = res["sweep"]
+    assert shared["samples"] == islands["samples"] == [2 * images, 2 * images]
+    assert shared["opens_per_file"] <= 1.1, shared
+    assert islands["opens_per_file"] >= 1.9, islands   # control
