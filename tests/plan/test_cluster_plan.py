@@ -588,3 +588,19 @@ def test_a_node_whose_tier_is_empty_homes_its_share_of_what_the_others_hold():
     assert ((home == holder) | (home == first)).all()                  # else its holder's or first reader's
     assert (keep_held(first.copy(), residents, sizes, [10**6] * 4) == home).all()   # the same on every node
     assert not (keep_held(first.copy(), residents, sizes, [10**6] * 3 + [0]) == 3).any()   # control
+
+
+def test_tiers_near_their_shares_keep_every_file_they_hold():
+    """keep_held moves no held file between nodes near their shares (each move costs a store
+    read): two tiers that hold 22 and 18 of 40 files (55% and 45%) keep them all, whoever reads
+    them first. Control: with the second tier empty, the second node takes the files it reads
+    first."""
+    from clairvoyant.plan.cluster import keep_held
+
+    first = np.random.default_rng(1).integers(0, 2, 40).astype(np.int32)
+    sizes = np.full(40, 1000)
+    residents = [{s: 1000 for s in range(22)}, {s: 1000 for s in range(22, 40)}]
+    home = keep_held(first.copy(), residents, sizes, [30000, 30000])
+    assert (home[:22] == 0).all() and (home[22:] == 1).all()
+    emptied = keep_held(first.copy(), [{s: 1000 for s in range(40)}, {}], sizes, [30000, 30000])
+    assert (emptied[first == 1] == 1).all() and (emptied[first == 0] == 0).all()   # control

@@ -67,7 +67,8 @@ def home_nodes(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
     return home
 
 
-SHARE_SLACK = 0.05   # keep_held: a node this far below its share (a part of it) is near enough
+NEEDY = 0.5          # keep_held: a node holding less than this part of its share takes files from holders
+SHARE_SLACK = 0.05   # keep_held: a node taking files this far below its share (a part of it) is near enough
 
 
 def homes_held(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayout,
@@ -94,12 +95,13 @@ def keep_held(home: np.ndarray, residents: Sequence[Mapping[int, int]], sizes: n
     - a sample held by its first reader stays there; one no tier holds goes to its first reader
       (it is read from the store once either way);
     - a sample held elsewhere stays with its holder (the lower node, where two hold it), except
-      that a node below its share takes the samples it reads first from the holders over theirs,
-      those most over first, down to their shares; then, still more than ``SHARE_SLACK`` below
-      (its share is whole samples, spread over holders that are not all over theirs), from any
-      holder, until it reaches its share (each one store read, at the read that keeps it there). So a node whose tier is empty (one back after a loss, while the others
-      kept its files; one new to a restarted job) homes its share rather than nothing; a holder
-      over its share with no one to give to keeps what it holds.
+      that a node holding less than ``NEEDY`` of its share takes the samples it reads first from
+      the holders over theirs, those most over first, down to their shares; then, still more
+      than ``SHARE_SLACK`` below (its share is whole samples, spread over holders not all over
+      theirs), from any holder, until it reaches its share. Each sample moved costs a store read
+      (at the read that keeps it there), so a node near its share takes none; a node whose tier
+      is empty (one back after a loss, while the others kept its files; one new to a restarted
+      job) homes its share rather than nothing.
 
     The Loader's run (``homes_held``) and the mounts' first plan together (plan/cluster_walk.py
     ``plan_homes``) both keep what is held by this rule; every node computes the same."""
@@ -127,10 +129,11 @@ def keep_held(home: np.ndarray, residents: Sequence[Mapping[int, int]], sizes: n
     load -= np.bincount(home[cand], weights=sizes[cand], minlength=nodes)
     home[cand] = holder[cand]                        # kept by their holders, unless taken below
     slack = SHARE_SLACK * share
+    needy = load < NEEDY * share   # (each file moved costs a store read: a node near its share takes none)
     for bounded in (True, False):   # from holders over their shares, down to them; then from any
         for f in np.argsort(share - load)[::-1]:     # the node furthest below its share first
-            if share[f] - load[f] <= (0.0 if bounded else slack[f]):
-                break   # (the rest are nearer their shares)
+            if not needy[f] or share[f] - load[f] <= (0.0 if bounded else slack[f]):
+                continue
             for h in np.argsort(load - share)[::-1]:   # from the holders furthest over theirs
                 want = min(share[f] - load[f], load[h] - share[h]) if bounded else share[f] - load[f]
                 if want <= 0:
