@@ -34,7 +34,7 @@ import tempfile
 import time
 
 import numpy as np
-from fusebench import run_and_report
+from fusebench import add_store_args, run_and_report, store_of
 
 from clairvoyant import Loader
 from clairvoyant.mount import Mount
@@ -130,8 +130,7 @@ def run(args) -> dict:
     data = make_dataset(os.path.join(cache_home(), "demo", name), args.images, size=args.size)
     sizes = np.array([os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(data) for f in fs
                       if not f.startswith(".")], dtype=np.int64)
-    store = dict(open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth,
-                 max_inflight=args.max_inflight)
+    store = store_of(args)
     shard_store = dict(store, bandwidth=args.shard_bandwidth)
     shard_dir, shard_bytes, nshards = shards_of(data, args.shard_mib)
     rows = {}
@@ -194,12 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=3200)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--open-latency", type=float, default=0.040)
-    p.add_argument("--read-latency", type=float, default=0.002)
-    p.add_argument("--bandwidth", type=float, default=400e6)
+    add_store_args(p)
     p.add_argument("--shard-bandwidth", type=float, default=100e6)
     p.add_argument("--shard-mib", type=int, default=16)
-    p.add_argument("--max-inflight", type=int, default=64)
     p.add_argument("--workers", type=int, default=8, help="the mount door's DataLoader workers")
     p.add_argument("--doors", default="tree,shards,mount")
     p.add_argument("--repeat", type=int, default=3, help="runs per door; the median is shown")

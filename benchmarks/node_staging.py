@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 from first_epoch import file_limit
-from fusebench import run_and_report
+from fusebench import add_store_args, run_and_report, store_of
 
 from clairvoyant.nodeio.paths import cache_home
 from clairvoyant.testing import FuseStore, make_dataset
@@ -162,8 +162,7 @@ def run(args: argparse.Namespace) -> dict:
     data = make_dataset(os.path.join(cache_home(), "demo", name), args.images, size=args.size)
     sizes = np.array([os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(data) for f in fs
                       if not f.startswith(".")], dtype=np.int64)
-    store = dict(open_latency=args.open_latency, read_latency=args.read_latency, bandwidth=args.bandwidth,
-                 max_inflight=args.max_inflight)
+    store = store_of(args)
     limit = file_limit(sizes, store)
     out: dict = {"params": dict(images=len(sizes), size=args.size, batch=args.batch, store=store, limit_per_s=limit,
                                 cpus=os.cpu_count(), torch=torch.__version__)}
@@ -216,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--sweep-epochs", type=int, default=2)
-    p.add_argument("--open-latency", type=float, default=0.040)
-    p.add_argument("--read-latency", type=float, default=0.002)
-    p.add_argument("--bandwidth", type=float, default=400e6)
-    p.add_argument("--max-inflight", type=int, default=64)
+    add_store_args(p)
     p.add_argument("--cases", default="lockstep,sweep")
     p.add_argument("--repeat", type=int, default=1, help="runs of each lockstep case")
     p.add_argument("--tiny", action="store_true", help="a smoke size for CI")
