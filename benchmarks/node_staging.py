@@ -14,7 +14,10 @@ requests in service at once; nothing decoded (``decode=len``), defaults otherwis
   (b) sweep: ``--jobs`` jobs of one rank each (seeds 0, 1, ...) started together on the node,
       sharing one ``local_dir`` that can hold the whole data set, ``--sweep-epochs`` epochs each;
       prints the store's opens per file over all jobs (one shared cache: 1.00; islands: the
-      number of jobs), beside the same jobs with a ``local_dir`` each (the reference run).
+      number of jobs), beside the same jobs with a ``local_dir`` each (the reference run);
+  (c) sweep-half (``--cases sweep-half``): the same jobs on one ``local_dir`` of half the data
+      set's bytes; prints their store opens per file beside the offline optimum of the jobs'
+      merged sequence (their orders interleaved sample by sample; farthest next use, one tier).
 
 The store's counters are reset once every rank has made its Loader (the listing is not
 counted), and the clock starts there, ``import torch`` done before.
@@ -69,7 +72,7 @@ def worker(args: argparse.Namespace) -> int:
     else:
         me = args.seed
     with Loader(args.store, batch_size=args.batch, local_dir=args.local_dir, seed=args.seed, decode=len,
-                output="numpy") as loader:
+                output="numpy", local_capacity=args.local_capacity) as loader:
         open(os.path.join(args.sync, f"ready{me}"), "w").close()
         _wait_for([os.path.join(args.sync, "go")], [], "the go")
         one = torch.zeros(1)
@@ -143,18 +146,42 @@ def lockstep(data: str, store: dict, work: str, ranks: int, batch: int) -> dict:
             "store": counters, "staging": outs[0].get("staging")}
 
 
-def sweep(data: str, store: dict, work: str, jobs: int, epochs: int, batch: int, islands: bool = False) -> dict:
+def sweep(data: str, store: dict, work: str, jobs: int, epochs: int, batch: int, islands: bool = False,
+          capacity: int | None = None) -> dict:
     """``jobs`` jobs of one rank, seeds 0.., on one ``local_dir`` (``islands``: each its own, the
-    reference: every job reads the store for itself)."""
+    reference: every job reads the store for itself) of ``capacity`` bytes (None: the default)."""
     sync = tempfile.mkdtemp(dir=work, prefix="sweep-")
     with FuseStore(data, **store) as fs:
         cmds = [[sys.executable, HERE, "--worker", "--store", fs.path, "--local-dir",
                  os.path.join(sync, f"local{j}" if islands else "local"), "--sync", sync, "--batch", str(batch),
-                 "--epochs", str(epochs), "--seed", str(j)]
+                 "--epochs", str(epochs), "--seed", str(j)] + ([] if capacity is None else ["--local-capacity", str(capacity)])
                 for j in range(jobs)]
         outs, wall, counters = _run_processes(fs, cmds, sync, [str(j) for j in range(jobs)])
-    return {"jobs": jobs, "epochs": epochs, "islands": islands, "seconds": wall,
+    return {"jobs": jobs, "epochs": epochs, "islands": islands, "capacity": capacity, "seconds": wall,
             "samples": [o["samples"] for o in outs], "store": counters}
+
+
+def merged_optimum(entry: np.ndarray, jobs: int, epochs: int, capacity: int) -> int:
+    """Store reads of the offline optimum (farthest next use, one tier of ``capacity`` bytes) over
+    the jobs' merged sequence: their orders (seeds 0.., one rank each) interleaved sample by
+    sample, as jobs running at one pace read them."""
+    from clairvoyant.plan.order import epoch_order
+    from clairvoyant.plan.residency import simulate_epoch
+
+    n = len(entry)
+    orders = [np.concatenate([epoch_order(n, j, e, True) for e in range(epochs)]) for j in range(jobs)]
+    merged = np.stack(orders, axis=1).reshape(-1).astype(np.int64)
+    x = simulate_epoch(merged, np.zeros(0, np.int64), entry, int(capacity), {})
+    return int((~x.hit).sum())
+
+
+def sizes_in_manifest_order(data: str) -> np.ndarray:
+    """The files' sizes in the order of the Loader's manifest of ``data`` (its index numbers)."""
+    from clairvoyant.manifest import obtain
+    from clairvoyant.source import as_source
+
+    manifest, _ = obtain(as_source(data))
+    return np.asarray(manifest.sizes, np.int64)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -185,6 +212,15 @@ def run(args: argparse.Namespace) -> dict:
                 r["opens_per_file"] = r["store"]["opens"] / len(sizes)
                 rows.append(r)
             out["sweep"] = rows
+        if "sweep-half" in args.cases:   # the shared tier at half the data set, beside the offline optimum
+            from clairvoyant.cache.entry import entry_size
+            entry = sizes_in_manifest_order(data) + entry_size(0)
+            capacity = int(entry.sum() // 2)
+            print(f"node_staging: sweep, {args.jobs} jobs, one local_dir of half the data set", flush=True)
+            r = sweep(data, store, work, args.jobs, args.sweep_epochs, args.batch, capacity=capacity)
+            r["opens_per_file"] = r["store"]["opens"] / len(sizes)
+            r["optimum_per_file"] = merged_optimum(entry, args.jobs, args.sweep_epochs, capacity) / len(sizes)
+            out["sweep_half"] = r
     return out
 
 
@@ -200,6 +236,11 @@ def format_table(s: dict) -> str:
             waited = "/".join(f"{w:.0%}" for w in r["waited"])
             lines.append(f"{r['ranks']:5d} {r['files_per_s']:8,.0f} {r['ratio']:6.2f} {waited:>24} "
                          f"{r['stage_threads']:8d} {r['store']['peak_inflight']:5d}")
+    if "sweep_half" in s:
+        r = s["sweep_half"]
+        lines.append(f"sweep: {r['jobs']} jobs x {r['epochs']} epochs on one local_dir of half the data set: the store "
+                     f"opened {r['opens_per_file']:.2f} times per file; the offline optimum of their merged sequence "
+                     f"{r['optimum_per_file']:.2f}")
     for r in s.get("sweep", []):
         where = "a local_dir each (the reference)" if r["islands"] else "one local_dir"
         lines.append(f"sweep: {r['jobs']} jobs x {r['epochs']} epochs on {where}: the store opened "
@@ -227,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync", help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--local-capacity", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
