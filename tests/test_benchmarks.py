@@ -143,8 +143,8 @@ def test_mount_capacity_tiny():
     if not ok:
         pytest.skip(f"FUSE store unavailable: {why}")
     res = json.loads(run("mount_capacity.py", "--images", "160", "--epochs", "2", "--size", "32", "--json"))
-    assert res["store_opens"] <= res["plan_misses"] and res["plan_misses"] > 160, res
-    assert all(n["evicted_unread"] == 0 for n in res["nodes"]), res
+    assert res["store_opens"] <= res["plan_misses"] and res["plan_misses"] > 160, json.dumps(res)
+    assert all(n["evicted_unread"] == 0 for n in res["nodes"]), json.dumps(res)
 
 
 def test_rank_memory_tiny():

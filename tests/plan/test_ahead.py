@@ -10,7 +10,7 @@ import numpy as np
 
 from clairvoyant.cache.entry import entry_size
 from clairvoyant.plan.ahead import (DROP, EVICT, KEEP, LATER, NONE, SKIP, STAGE, USED, WAIT, StagedAhead,
-                                    heard_read, keep_step, next_step, to_stage)
+                                    heard_read, keep_step, next_step, to_stage, wanted)
 
 TWO_EPOCHS = np.array([0, 1, 2, 3, 0, 1, 2, 3])   # this epoch's order, then the next's
 
@@ -224,3 +224,27 @@ def test_the_follower_does_what_the_controllers_code_did():
     comparison sees a difference in what is kept."""
     assert sum(_differences(seed) for seed in range(300)) == 0
     assert sum(_differences(seed, look_back=False) for seed in range(300)) > 0
+
+
+def test_the_mount_does_not_stage_a_file_its_readers_were_heard_reading():
+    """Issue 51's capacity flake, the race it closes: a file the readers read (its handoff let go at
+    once: no copy was under way) while the walk's view of their progress was older stays out of the
+    walk's staging: ``read_since`` the walk's start has it (``wanted`` is False for it), so no copy
+    reads the store a second time. Control: a file read before the walk began, or never, is not in
+    it, and ``wanted`` stays True for it."""
+    from clairvoyant.mount.follow import Follower
+
+    n = 6
+    sizes = np.full(n, 100)
+    tier = _Tier(sizes, [], set())
+    follower = Follower(tier, tier)
+    seq = np.arange(n)
+    held = StagedAhead(seq, n, [], keep=np.ones(n, bool))
+    assert follower.heard(0, True)
+    follower.follow(held, 0, 0, 10**6)   # read before the walk began
+    start = follower.taken
+    assert follower.heard(4, True)       # read ahead of the progress the walk last saw (0)
+    follower.follow(held, 0, 0, 10**6)
+    seen = follower.read_since(start)
+    assert 4 in seen and not wanted(held, 4, 4, True, 0, seen)
+    assert 0 not in seen and 5 not in seen and wanted(held, 5, 5, True, 0, seen)   # control

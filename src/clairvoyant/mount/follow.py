@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from ..cache.entry import entry_size
 from ..plan.ahead import DROP, EVICT, KEEP, LATER, STAGE, USED, StagedAhead, heard_read, keep_step
 from .copies import BACKLOG, Copies
@@ -21,6 +23,16 @@ from .counters import Counters
 from .orders import PROGRESS_EVERY
 
 MIN_LAG = 2 * PROGRESS_EVERY   # positions handed out before a use unseen by the daemon counts as past
+
+
+class ReadSince:
+    """``f in`` it: a read of ``f`` was taken up after the first ``taken`` reads."""
+
+    def __init__(self, heard_at: np.ndarray, taken: int) -> None:
+        self._heard_at, self._taken = heard_at, taken
+
+    def __contains__(self, f: int) -> bool:
+        return bool(self._heard_at[f] > self._taken)
 
 
 class Follower:
@@ -32,6 +44,9 @@ class Follower:
         self._reads: deque[tuple[int, bool]] = deque()   # (file, from the source?)
         self.lag = MIN_LAG
         self.taken = 0   # reads taken up so far (a walk knows from it that its readers began)
+        # per file, the count of reads taken up when its last read of a use was (-1: none): a walk
+        # does not stage a file its readers read since it began (``read_since``)
+        self.heard_at = np.full(len(copies.sizes), -1, np.int64)
 
     def heard(self, f: int, from_source: bool) -> bool:
         """Queue the daemon's report of a first read of ``f`` (from the events thread); False: the
@@ -40,6 +55,10 @@ class Follower:
             return False
         self._reads.append((f, from_source))
         return True
+
+    def read_since(self, taken: int) -> "ReadSince":
+        """The files whose read was taken up after the first ``taken`` reads (a walk's start)."""
+        return ReadSince(self.heard_at, taken)
 
     def pending(self) -> bool:
         """Whether reads wait to be taken up."""
@@ -57,6 +76,8 @@ class Follower:
             self._copies.was_read(f)   # whichever use it served, a staged copy was read
             h = heard_read(held, f, from_source, handed, reach, since, self.lag, defer=len(later) < BACKLOG)
             self.lag = h.lag
+            if h.kind != LATER:
+                self.heard_at[f] = self.taken
             if h.kind == LATER:   # the readers began the next epoch before its order came
                 later.append((f, from_source))
             elif h.kind == USED:

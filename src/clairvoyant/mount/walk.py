@@ -193,6 +193,9 @@ class Walk(Following):
         the first batches a DataLoader's prefetch took (16 x 32 files) were all read from the
         store by its 8 workers one file at a time: the first epoch at 0.6 of the store's limit."""
         p, held, stage, gathered = self._p, self.held, self._stage, self._gathered
+        # not staged: a file gathered for a copy, or one its readers read since the walk began (its
+        # handoff may be gone by now: a copy would read the store a second time)
+        skip = _Either(gathered, p.follower.read_since(self._taken))
         late: list[int] = []   # chosen for eviction while their copy was on the way
         room = 0   # bytes known free in the tier beyond the chunk's
         handed = self._follow()
@@ -204,7 +207,7 @@ class Walk(Following):
                 late = self._settle(late, gathered)
             if pos % PROGRESS_EVERY == 0:
                 handed = self._follow()
-            if not wanted(held, pos, i, bool(stage[pos]), handed, gathered):
+            if not wanted(held, pos, i, bool(stage[pos]), handed, skip):
                 continue
             need = entry_size(int(p.copies.sizes[i]))
             p.counters.maybe_publish()
@@ -212,7 +215,7 @@ class Walk(Following):
                 self._flush()
                 room = self._capacity - p.copies.used()
                 handed = self._follow()
-            step = next_step(held, pos, i, True, handed, need, room, gathered)
+            step = next_step(held, pos, i, True, handed, need, room, skip)
             while step.kind in (EVICT, WAIT):   # carried out here; the decisions are plan/ahead.py's
                 if step.kind == EVICT:
                     if not p.copies.evict(step.victim):   # its copy is still on the way: it goes once there
@@ -228,7 +231,7 @@ class Walk(Following):
                     return
                 handed = self._follow()
                 room = self._capacity - p.copies.used()
-                step = next_step(held, pos, i, True, handed, need, room, gathered)
+                step = next_step(held, pos, i, True, handed, need, room, skip)
             if step.kind == SKIP:   # (also: the readers got there while it waited)
                 continue
             if not p.copies.take_slot(wait=False):   # the slots are taken: what is gathered goes first
@@ -244,3 +247,13 @@ class Walk(Following):
         deadline = time.monotonic() + 5.0
         while late and self.current and time.monotonic() < deadline and not p.stop.wait(WATCH_EVERY):
             late = self._settle(late)   # the last copies land: what was chosen goes
+
+
+class _Either:
+    """``f in`` it: in either container."""
+
+    def __init__(self, a, b) -> None:
+        self._a, self._b = a, b
+
+    def __contains__(self, f: int) -> bool:
+        return f in self._a or f in self._b

@@ -34,7 +34,7 @@ none can, the file is let go (its reader has it already: nothing waits). The mou
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Container, Iterable, NamedTuple
 
 import numpy as np
 
@@ -65,14 +65,15 @@ class Step(NamedTuple):
 
 
 def wanted(held: "StagedAhead", position: int, sample: int, stage: bool, handed: int,
-           gathered: set[int] | frozenset[int] = frozenset()) -> bool:
+           gathered: Container[int] = frozenset()) -> bool:
     """Whether ``position`` is still one to stage: a miss the plan keeps, not yet handed out to the
-    readers (a reader takes such a file from wherever it is), not resident, not gathered for a copy."""
+    readers (a reader takes such a file from wherever it is), not resident, not in ``gathered``
+    (gathered for a copy; the mount adds the files its readers were heard reading)."""
     return stage and position >= handed and sample not in held and sample not in gathered
 
 
 def next_step(held: "StagedAhead", position: int, sample: int, stage: bool, handed: int, need: int, room: int,
-              gathered: set[int] | frozenset[int] = frozenset()) -> Step:
+              gathered: Container[int] = frozenset()) -> Step:
     """The mount's decision at ``position`` of the sequence (``sample`` there; ``stage``: the plan
     keeps this miss), the readers handed out up to ``handed``, ``need`` bytes for its entry and
     ``room`` bytes free in the tier: the rule of this module's docstring. An ``EVICT`` takes its
