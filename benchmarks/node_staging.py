@@ -140,7 +140,8 @@ def lockstep(data: str, store: dict, work: str, ranks: int, batch: int) -> dict:
                "--batch", str(batch), "--epochs", "1", "--seed", "0"]
         outs, wall, counters = _run_processes(fs, [cmd], sync, [str(r) for r in range(ranks)])
     samples = sum(o["samples"] for o in outs)
-    return {"ranks": ranks, "samples": samples, "seconds": wall, "files_per_s": samples / wall,
+    seconds = max(o["seconds"] for o in outs)   # the go to the last rank's last batch (not the processes' exits)
+    return {"ranks": ranks, "samples": samples, "seconds": seconds, "wall": wall, "files_per_s": samples / seconds,
             "waited": [o["waited"] / o["seconds"] for o in outs],
             "stage_threads": sum(o["stage_threads"] for o in outs), "per_rank_threads": [o["stage_threads"] for o in outs],
             "store": counters, "staging": outs[0].get("staging")}
