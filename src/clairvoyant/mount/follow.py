@@ -13,6 +13,7 @@ in the tier, the staging slot, and the bytes an eviction freed.
 from __future__ import annotations
 
 from collections import deque
+from typing import Container
 
 import numpy as np
 
@@ -26,13 +27,13 @@ MIN_LAG = 2 * PROGRESS_EVERY   # positions handed out before a use unseen by the
 
 
 class ReadSince:
-    """``f in`` it: a read of ``f`` was taken up after the first ``taken`` reads."""
+    """``f in`` it: ``f`` is in ``also``, or a read of it was taken up after the first ``taken``."""
 
-    def __init__(self, heard_at: np.ndarray, taken: int) -> None:
-        self._heard_at, self._taken = heard_at, taken
+    def __init__(self, heard_at: np.ndarray, taken: int, also: Container[int] = ()) -> None:
+        self._heard_at, self._taken, self._also = heard_at, taken, also
 
     def __contains__(self, f: int) -> bool:
-        return bool(self._heard_at[f] > self._taken)
+        return f in self._also or bool(self._heard_at[f] > self._taken)
 
 
 class Follower:
@@ -56,9 +57,10 @@ class Follower:
         self._reads.append((f, from_source))
         return True
 
-    def read_since(self, taken: int) -> "ReadSince":
-        """The files whose read was taken up after the first ``taken`` reads (a walk's start)."""
-        return ReadSince(self.heard_at, taken)
+    def read_since(self, taken: int, also: Container[int] = ()) -> ReadSince:
+        """The files whose read was taken up after the first ``taken`` reads (a walk's start), and
+        those in ``also``."""
+        return ReadSince(self.heard_at, taken, also)
 
     def pending(self) -> bool:
         """Whether reads wait to be taken up."""
@@ -76,11 +78,11 @@ class Follower:
             self._copies.was_read(f)   # whichever use it served, a staged copy was read
             h = heard_read(held, f, from_source, handed, reach, since, self.lag, defer=len(later) < BACKLOG)
             self.lag = h.lag
-            if h.kind != LATER:
-                self.heard_at[f] = self.taken
             if h.kind == LATER:   # the readers began the next epoch before its order came
                 later.append((f, from_source))
-            elif h.kind == USED:
+                continue
+            self.heard_at[f] = self.taken
+            if h.kind == USED:
                 if from_source and not self._copies.in_flight(f):   # a copy under way takes the handoff
                     self._copies.discard(f)
             elif h.kind == KEEP:

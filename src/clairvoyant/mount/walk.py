@@ -195,7 +195,7 @@ class Walk(Following):
         p, held, stage, gathered = self._p, self.held, self._stage, self._gathered
         # not staged: a file gathered for a copy, or one its readers read since the walk began (its
         # handoff may be gone by now: a copy would read the store a second time)
-        skip = _Either(gathered, p.follower.read_since(self._taken))
+        skip = p.follower.read_since(self._taken, also=gathered)
         late: list[int] = []   # chosen for eviction while their copy was on the way
         room = 0   # bytes known free in the tier beyond the chunk's
         handed = self._follow()
@@ -247,13 +247,3 @@ class Walk(Following):
         deadline = time.monotonic() + 5.0
         while late and self.current and time.monotonic() < deadline and not p.stop.wait(WATCH_EVERY):
             late = self._settle(late)   # the last copies land: what was chosen goes
-
-
-class _Either:
-    """``f in`` it: in either container."""
-
-    def __init__(self, a, b) -> None:
-        self._a, self._b = a, b
-
-    def __contains__(self, f: int) -> bool:
-        return f in self._a or f in self._b

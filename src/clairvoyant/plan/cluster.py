@@ -75,11 +75,11 @@ def homes_held(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
                residents: Sequence[Mapping[int, int]], sizes: np.ndarray, capacities: int | Sequence[int],
                shuffle: bool = True, drop_last: bool = False, first_epoch: int = 0) -> np.ndarray:
     """The homes of a run that starts from tiers filled before it (a job restarted on fewer nodes,
-    or another layout): a sample a node's tier holds stays there within the node's fair share
-    (``keep_held``), any other goes to its first reader (``home_nodes``) while that node has room
-    in its share. Where the tiers hold only what their homes kept, these are the job's homes as
-    they were; after a restart on other nodes, the survivors' tiers are reused instead of dropped,
-    and a node new to the job homes its share. Every rank computes the same from the exchanged
+    or another layout): a sample a node's tier holds stays there, any other goes to its first
+    reader (``home_nodes``), and a node holding less than half its fair share takes the samples it
+    reads first from the others (``keep_held``). Where the tiers hold only what their homes kept,
+    these are the job's homes as they were; after a restart on other nodes, the survivors' tiers
+    are reused instead of dropped, and a node new to the job homes its share. Every rank computes the same from the exchanged
     residents."""
     return keep_held(np.array(_homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last)),
                      residents, sizes, capacities)
