@@ -79,8 +79,8 @@ def homes_held(num_samples: int, *, seed: int, batch_size: int, layout: NodeLayo
     reader (``home_nodes``), and a node holding less than half its fair share takes the samples it
     reads first from the others (``keep_held``). Where the tiers hold only what their homes kept,
     these are the job's homes as they were; after a restart on other nodes, the survivors' tiers
-    are reused instead of dropped, and a node new to the job homes its share. Every rank computes the same from the exchanged
-    residents."""
+    are reused instead of dropped, and a node new to the job homes its share. Every rank
+    computes the same from the exchanged residents."""
     return keep_held(np.array(_homes(num_samples, layout.nodes, first_epoch, seed, batch_size, shuffle, drop_last)),
                      residents, sizes, capacities)
 
